@@ -1,0 +1,212 @@
+"""The user-facing debug API, imported as ``import nvdlfw_inspect.api as debug_api``.
+
+Besides the functions below, attribute access dispatches to namespaces: ``debug_api.<namespace>.<api>(...)``
+and, for APIs of the base namespace, ``debug_api.<api>(layer_name, ...)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Hashable
+from typing import Any
+
+import torch
+
+from nvdlfw_inspect.config_manager import ConfigManager
+from nvdlfw_inspect.debug_manager import DebugManager
+from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError
+from nvdlfw_inspect.logging import MetricLogger, close_logger, get_logger, initialize_logger, print_rank_0
+from nvdlfw_inspect.registry import Registry
+from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger
+
+DEBUG_MANAGER: DebugManager | None = None
+
+_NOT_INITIALIZED = "[NVDLFW INSPECT ERROR] Debug manager not initialized. Call initialize first."
+_EXPLAIN_HELP = (
+    "Can pass a list of features or feature string to this method. use list_features() method to get the "
+    'feature names or pass "all" string to this method for all features'
+)
+_ACCEPTED_KWARGS = ("tb_writer", "default_logging_enabled", "extensions")
+
+
+def initialize(
+    config_file: Any = "",
+    feature_dirs: Any = None,
+    statistics_logger: Any = None,
+    log_dir: Any = ".",
+    init_training_step: int = 0,
+    **kwargs: Any,
+) -> None:
+    """Load features and config and open the logs; call once per rank before building debuggable layers.
+
+    Keyword arguments: ``tb_writer`` (a TensorBoard SummaryWriter for statistics) and
+    ``default_logging_enabled`` (also write statistics to the file log when another logger is given).
+    A failure leaves the process as if ``initialize`` had never been called.
+    """
+    global DEBUG_MANAGER
+    if DEBUG_MANAGER is not None:
+        raise AlreadyInitializedError("[NVDLFW INSPECT ERROR] Already initialized. Call end_debug() before initializing again.")
+    unknown = sorted(set(kwargs) - set(_ACCEPTED_KWARGS))
+    if unknown:
+        raise TypeError(f"initialize() got unexpected keyword arguments {unknown}; accepted: {list(_ACCEPTED_KWARGS)}")
+    try:
+        initialize_logger(log_dir)
+        if "extensions" in kwargs:
+            get_logger().log_message("initialize(extensions=...) is accepted for compatibility and has no effect.", logging.WARNING)
+        manager = DebugManager(
+            config_file,
+            feature_dirs=feature_dirs,
+            statistics_logger=statistics_logger,
+            log_dir=log_dir,
+            init_training_step=init_training_step,
+            tb_writer=kwargs.get("tb_writer"),
+            default_logging_enabled=bool(kwargs.get("default_logging_enabled", False)),
+        )
+        manager.load_config()
+    except BaseException as error:
+        if not isinstance(error, KeyboardInterrupt):
+            _log_failure(error)
+        _reset_process_state()
+        raise
+    DEBUG_MANAGER = manager
+
+
+def _log_failure(error: BaseException) -> None:
+    try:
+        get_logger().log_message(f"initialize failed: {type(error).__name__}: {error}", logging.ERROR)
+    except RuntimeError:
+        pass
+
+
+def _reset_process_state() -> None:
+    Registry.reset()
+    ConfigManager.reset()
+    MetricLogger.reset()
+    SingleMessageLogger.reset()
+    APICacheIdentifier.reset()
+    close_logger()
+
+
+def step() -> None:
+    """Advance the iteration counter by one and let every namespace flush its per-step work."""
+    if DEBUG_MANAGER is not None:
+        DEBUG_MANAGER.step()
+
+
+def initialize_training_step(train_step: int) -> None:
+    """Set the iteration counter, e.g. when resuming from a checkpoint (does not replace ``step``)."""
+    if DEBUG_MANAGER is not None:
+        if isinstance(train_step, bool) or not isinstance(train_step, int) or train_step < 0:
+            raise ValueError(f"train_step must be a non-negative integer, got {train_step!r}")
+        DEBUG_MANAGER._trainer_iteration_count = train_step
+
+
+def end_debug() -> None:
+    """Close the run: namespace hooks, logs, registry, config, caches; ``initialize`` may then run again."""
+    global DEBUG_MANAGER
+    if DEBUG_MANAGER is None:
+        return
+    try:
+        DEBUG_MANAGER.close()
+    finally:
+        DEBUG_MANAGER = None
+        _reset_process_state()
+
+
+def _require_manager() -> DebugManager:
+    if DEBUG_MANAGER is None:
+        raise NotInitializedError(_NOT_INITIALIZED)
+    return DEBUG_MANAGER
+
+
+def log_message(
+    msg: str,
+    layer_name: str | None = None,
+    level: int = logging.INFO,
+    extra_cachable_args: Hashable = None,
+) -> None:
+    """Write ``msg`` to the debug log once per call site, layer, ``extra_cachable_args`` and message text."""
+    _require_manager()
+    frame = sys._getframe(1)
+    site = f"{frame.f_code.co_filename}.{frame.f_lineno}"
+    del frame
+    SingleMessageLogger.log_message_once(msg, layer_name, level, extra_cachable_args, call_site=site)
+
+
+def list_features() -> list[str]:
+    """Print and return every loaded feature as ``namespace.Feature``."""
+    names = list(_require_manager()._features_explainer)
+    print_rank_0(names)
+    return names
+
+
+def explain_features(features: Any = None) -> None:
+    """Print the documentation of one feature (``"ns.Feature"``), a list of them, or ``"all"``."""
+    explainer = _require_manager()._features_explainer
+    if features is None:
+        print_rank_0("No feature provided.", _EXPLAIN_HELP)
+        return
+    if features == "all":
+        features = list(explainer)
+    elif isinstance(features, str):
+        features = [features]
+    elif not isinstance(features, list):
+        print_rank_0("Invalid type is provided to the features argument.", _EXPLAIN_HELP)
+        return
+    for name in features:
+        if name in explainer:
+            print_rank_0("-----")
+            print_rank_0(f"feature: {name}")
+            print_rank_0(explainer[name].__doc__)
+            print_rank_0("*****")
+        else:
+            print_rank_0(f"feature: {name} is not supported in this tool.", _EXPLAIN_HELP)
+
+
+def infer_and_assign_layer_names(model: torch.nn.Module | list) -> None:
+    """Set ``module.name`` on every module: ``model``, ``model.<child>``, list items by ``layer_number`` or index."""
+    models = model if isinstance(model, list) else [model]
+    for item in models:
+        _assign_names(item, "model")
+
+
+def _assign_names(obj: Any, prefix: str) -> None:
+    if isinstance(obj, torch.nn.ModuleList):
+        for index, child in enumerate(obj):
+            _assign_names(child, f"{prefix}.{getattr(child, 'layer_number', index)}")
+        return
+    if isinstance(obj, torch.nn.Module):
+        obj.name = prefix
+        if DEBUG_MANAGER is not None:
+            get_logger().log_message(f"Assigned layer name: {prefix}")
+        for child_name, child in obj.named_children():
+            _assign_names(child, f"{prefix}.{child_name}")
+        return
+    inner = getattr(obj, "module", None)
+    if inner is None:
+        raise TypeError(f"cannot name layers of {type(obj).__name__}: it is not an nn.Module and has no .module")
+    _assign_names(inner, prefix)
+
+
+def set_tensor_reduction_group(group: Any, layer_name: str | None = None) -> None:
+    """Reduce statistics over ``group`` before logging (override per call with ``reduction_group=``)."""
+    _require_manager()._tensor_reduction_group = group
+    log_message(
+        "Reduction group initialized for tensor reduction before logging statistics. If per-rank statistics are "
+        "required, pass `skip_reduction=True` when invoking the API. To pass another reduction group, use "
+        "`reduction_group` kwarg when invoking the API.",
+        level=logging.WARNING,
+    )
+
+
+def get_tensor_reduction_group() -> Any:
+    return _require_manager()._tensor_reduction_group
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    manager = _require_manager()
+    APICacheIdentifier.save_call_details()
+    return manager.get_extension_api(name)

@@ -1,0 +1,267 @@
+"""Namespace routers and config mappers: the contract every namespace and feature implements."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+from abc import ABC, abstractmethod
+from functools import partial
+from typing import Any
+
+import torch
+
+from nvdlfw_inspect.config_manager import ConfigManager
+from nvdlfw_inspect.errors import ConfigLocation, closest
+from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger
+
+_MISS = object()
+
+
+class FeatureOutputs(list):
+    """Outputs of several features for one call. A list; ``.values()`` is there for code expecting a dict."""
+
+    def values(self) -> list:  # noqa: D102
+        return list(self)
+
+
+def outputs_equal(a: Any, b: Any) -> bool:
+    """Structural equality that also works for tensors and containers of tensors."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(outputs_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+class BaseConfigAPIMapper(ABC):
+    """Turns a feature's raw config into the config for one API call (or says the call is not for it)."""
+
+    @abstractmethod
+    def parse_config_and_api(self, config: dict, **kwargs: Any) -> tuple[bool, dict | None]:
+        """Return ``(True, resolved_config)`` if this feature serves the call, else ``(False, None)``."""
+
+    def validate_config(self, config: dict, location: ConfigLocation) -> None:
+        """Raise a ConfigError for any mistake in this feature's config; called at ``initialize``.
+
+        The default accepts everything; features override it so that mistakes surface before training.
+        """
+
+    def _process_tensor_config(self, cfg: dict, api_tensor_name: str) -> dict | None:
+        """Resolve ``tensors``/``tensors_struct`` for one tensor. Mutates ``cfg``; callers pass a copy."""
+        if "tensors_struct" in cfg:
+            for item in cfg["tensors_struct"]:
+                if item["tensor"] == api_tensor_name:
+                    del cfg["tensors_struct"]
+                    cfg.update(copy.deepcopy(item))
+                    return cfg
+            return None
+        if "tensors" in cfg:
+            tensors = cfg["tensors"]
+            if isinstance(tensors, str):
+                tensors = [tensors]
+            if api_tensor_name in tensors:
+                del cfg["tensors"]
+                cfg["tensor"] = api_tensor_name
+                return cfg
+            return None
+        raise ValueError("Provide 'tensors_struct: List[Dict]' or 'tensors: List[str]' in the config yaml.")
+
+    def log_message_once(self, message: str, layer_name: str | None = None, level: int = logging.INFO) -> None:
+        """Write ``message`` to the debug log once per call site and layer."""
+        frame = sys._getframe(1)
+        site = f"{frame.f_code.co_filename}.{frame.f_lineno}"
+        del frame
+        SingleMessageLogger.log_message_once(message, layer_name, level, call_site=site)
+
+
+class BaseNamespaceAPI(ABC):
+    """Routes ``debug_api.<namespace>.<api>(layer_name, **kwargs)`` to the features configured for the layer.
+
+    Routing results are cached per call site, layer and the API's cacheable kwargs; the cache stores
+    which feature method and resolved config serve the call, never the answer itself.
+    """
+
+    def __init__(self) -> None:
+        self.namespace_features: dict[str, Any] = {}
+        self.api_to_features_map: dict[str, list[str]] = {}
+        self._api_cache: dict[str | None, Any] = {}
+        self._default_api_impl: Any = None
+        self._default_api_map: dict[str, Any] = {}
+        self._cacheable_api_kwargs_map: dict[str, list[str]] = {}
+        self.name: str | None = None
+
+    # --- set up by the registry -------------------------------------------------------------
+    def set_default_api_impl(self) -> None:
+        impl = self._default_api_impl
+        self._default_api_map = {}
+        if impl is None:
+            return
+        for name in dir(impl):
+            attr = getattr(impl, name)
+            if not name.startswith("_") and callable(attr):
+                self._default_api_map[name] = attr
+
+    def set_api_map(self, api_to_features_map: dict[str, list[str]]) -> None:
+        self.api_to_features_map = api_to_features_map
+
+    def set_features(self, features: dict[str, Any]) -> None:
+        self.namespace_features = features
+
+    def api_names(self) -> set[str]:
+        """Every API this namespace can route: those of its features and of its default implementation."""
+        return set(self.api_to_features_map) | set(self._default_api_map)
+
+    # --- hooks a namespace implements ---------------------------------------------------------
+    @abstractmethod
+    def input_assertions_hook(self, api_name: str, **kwargs: Any) -> None:
+        """Raise if the kwargs of a call are incomplete; runs on every call."""
+
+    @abstractmethod
+    def routing_condition(
+        self, api_name: str, config: dict, layer_name: str, feature_obj: Any, **kwargs: Any
+    ) -> tuple[bool, dict | None]:
+        """Whether ``feature_obj`` (configured with ``config``) serves this call, and its resolved config."""
+
+    @abstractmethod
+    def output_assertions_hook(self, api_name: str, ret: Any, **kwargs: Any) -> None:
+        """Raise if a feature returned something the namespace cannot use."""
+
+    @abstractmethod
+    def is_multiple_feature_invocation_allowed(self, api_name: str) -> bool:
+        """Whether several features may serve one call of ``api_name``."""
+
+    def handle_multi_feature_output(
+        self, api_name: str, multi_feature_outputs: list, features_to_invoke: dict, **kwargs: Any
+    ) -> Any:
+        """Combine the outputs of several features; by default they must all be equal."""
+        first = multi_feature_outputs[0]
+        if not all(outputs_equal(first, out) for out in multi_feature_outputs[1:]):
+            raise ValueError(
+                f"Different outputs when invoking multiple features per API call is not allowed. Features "
+                f"{list(features_to_invoke)} for {self.name}.{api_name} returned {multi_feature_outputs!r}."
+            )
+        return first
+
+    def call_feature(self, call: Any, feat_config: dict, layer_name: str, **kwargs: Any) -> Any:
+        """The single place where a feature (or default) method is invoked."""
+        return call(feat_config, layer_name, **kwargs)
+
+    def validate_feature_config(self, feature_name: str, feature_obj: Any, config: dict, location: ConfigLocation) -> None:
+        """Validate one feature's config at ``initialize``; delegates to the feature's ``validate_config``."""
+        validate = getattr(feature_obj, "validate_config", None)
+        if validate is not None:
+            validate(config, location)
+
+    def step(self) -> None:
+        """Called by ``debug_api.step()`` after the iteration counter advanced."""
+
+    def end_debug(self) -> None:
+        """Called by ``debug_api.end_debug()``."""
+
+    # --- routing ----------------------------------------------------------------------------
+    def route_api(self, layer_name: str | None = None, api_name: str | None = None, **kwargs: Any) -> Any:
+        self.input_assertions_hook(api_name, **kwargs)
+        uid = APICacheIdentifier.get_unique_identifier(self._cacheable_api_kwargs_map, layer_name, api_name, **kwargs)
+        if uid is not None:
+            cached = self._api_cache.get(uid, _MISS)
+            if cached is not _MISS:
+                if cached is None:
+                    return {}
+                return self.call_feature(cached[0], cached[1], layer_name, **kwargs)
+
+        from nvdlfw_inspect.logging import get_logger
+
+        logger = get_logger()
+        if uid not in logger.logged_api_encountered:
+            logger.logged_api_encountered.add(uid)
+            logger.log_message(
+                f"Debug API call '{api_name}' encountered at the line: {APICacheIdentifier.get_call_details()}",
+                level=logging.DEBUG,
+            )
+
+        layer_config = ConfigManager.get_config_for_layer(layer_name).get(self.name, {})
+        features_to_invoke: dict[str, dict] = {}
+        for feature_name in self.api_to_features_map.get(api_name, ()):
+            cfg = layer_config.get(feature_name)
+            if not cfg or not cfg.get("enabled"):
+                continue
+            status, resolved = self.routing_condition(
+                api_name, cfg, layer_name, self.namespace_features[feature_name], **kwargs
+            )
+            if status:
+                features_to_invoke[feature_name] = resolved or cfg
+
+        if not features_to_invoke:
+            default = self._default_api_map.get(api_name)
+            if uid is not None:
+                self._api_cache[uid] = None if default is None else (default, {})
+            if default is None:
+                return {}
+            return self.call_feature(default, {}, layer_name, **kwargs)
+
+        if len(features_to_invoke) > 1:
+            if not self.is_multiple_feature_invocation_allowed(api_name):
+                raise ValueError(
+                    f"Only 1 feature may serve {self.name}.{api_name} for layer '{layer_name}', but "
+                    f"{list(features_to_invoke)} are enabled for {kwargs_summary(kwargs)}; "
+                    "select the layer in only one of them"
+                )
+            outputs = FeatureOutputs()
+            for feature_name, cfg in features_to_invoke.items():
+                out = self._call_named(feature_name, api_name, cfg, layer_name, kwargs)
+                self.output_assertions_hook(api_name, out, **kwargs)
+                outputs.append(out)
+            self._log_executed(api_name, f"Debug API call '{api_name}' found and multiple debug features were executed.")
+            return self.handle_multi_feature_output(api_name, outputs, features_to_invoke, **kwargs)
+
+        (feature_name, cfg), = features_to_invoke.items()
+        method = getattr(self.namespace_features[feature_name], api_name)
+        if uid is not None:
+            self._api_cache[uid] = (method, cfg)
+        self._log_executed(
+            api_name, f"Debug API call '{api_name}' found and the corresponding debug feature '{feature_name}' was called."
+        )
+        out = self._call_named(feature_name, api_name, cfg, layer_name, kwargs)
+        self.output_assertions_hook(api_name, out, **kwargs)
+        return out
+
+    def _call_named(self, feature_name: str, api_name: str, cfg: dict, layer_name: str, kwargs: dict) -> Any:
+        method = getattr(self.namespace_features[feature_name], api_name)
+        try:
+            return self.call_feature(method, cfg, layer_name, **kwargs)
+        except Exception as error:
+            error.add_note(f"raised by feature {self.name}.{feature_name}, API {api_name}, layer '{layer_name}'")
+            raise
+
+    def _log_executed(self, api_name: str, message: str) -> None:
+        from nvdlfw_inspect.logging import get_logger
+
+        logger = get_logger()
+        if api_name not in logger.logged_api_executed:
+            logger.logged_api_executed.add(api_name)
+            logger.log_message(message, level=logging.DEBUG)
+
+    def __getattr__(self, api_name: str) -> Any:
+        if api_name.startswith("_"):
+            raise AttributeError(api_name)
+        known = self.__dict__.get("api_to_features_map", {}).keys() | self.__dict__.get("_default_api_map", {}).keys()
+        if api_name in known:
+            return partial(self.route_api, api_name=api_name)
+        hint = closest(api_name, known)
+        suffix = f"; did you mean '{hint}'?" if hint else ""
+        raise AttributeError(
+            f"namespace '{self.__dict__.get('name')}' has no API '{api_name}'; known APIs: {sorted(known)}{suffix}"
+        )
+
+
+def kwargs_summary(kwargs: dict) -> str:
+    """Short text of call kwargs for error messages, tensors shown by shape."""
+    parts = []
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            value = f"Tensor{tuple(value.shape)}"
+        parts.append(f"{key}={value}")
+    return "(" + ", ".join(parts) + ")"

@@ -1,0 +1,346 @@
+"""Config loading: YAML file or dict -> validated sections; which features apply to a layer.
+
+Everything that can be checked without running the model is checked at load time, and every error
+names the source, the key path, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nvdlfw_inspect.errors import ConfigError, ConfigLocation
+
+BASE_NAMESPACE = "base"
+SECTION_KEYS = ("enabled", "layers")
+SELECTOR_KEYS = (
+    "layer_numbers",
+    "layer_types",
+    "exact_layer_names",
+    "layer_name_regex_pattern",
+    "layer_type_regex_pattern",
+)
+_DIGITS_NOT_AFTER_FC = re.compile(r"(?<!fc)\d+")
+
+
+def require_bool(value: Any, location: ConfigLocation) -> bool:
+    if not isinstance(value, bool):
+        raise location.error("must be a boolean", value, [True, False])
+    return value
+
+
+def extract_layer_number(layer_name: str) -> int | None:
+    """The layer number in a name, or None when it has none.
+
+    The last dot-separated part made only of digits wins (``decoder.layers.3.mlp.fc1`` -> 3); without
+    one, a single digit run not directly after ``fc`` is used (``Layer_3`` -> 3, ``fc1`` -> None).
+    """
+    parts = [p for p in layer_name.split(".") if p.isdigit()]
+    if parts:
+        return int(parts[-1])
+    found = _DIGITS_NOT_AFTER_FC.findall(layer_name)
+    return int(found[0]) if len(found) == 1 else None
+
+
+def _parse_number_item(item: Any, location: ConfigLocation) -> range | None:
+    """One ``layer_numbers`` entry: an int, ``"N"``, ``"A-B"`` (inclusive) or ``"all"`` (returned as None)."""
+    allowed = "a non-negative int, a string 'A-B' (inclusive range), or 'all'"
+    if isinstance(item, bool):
+        raise location.error("invalid layer number", item, allowed)
+    if isinstance(item, int):
+        if item < 0:
+            raise location.error("layer numbers cannot be negative", item, allowed)
+        return range(item, item + 1)
+    if isinstance(item, str):
+        text = item.strip()
+        if text.lower() == "all":
+            return None
+        if text.isdigit():
+            return range(int(text), int(text) + 1)
+        bounds = text.split("-")
+        if len(bounds) == 2 and all(b.strip().isdigit() for b in bounds):
+            low, high = int(bounds[0]), int(bounds[1])
+            if low > high:
+                raise location.error("range start is greater than its end", item, allowed)
+            return range(low, high + 1)
+    raise location.error("invalid layer number", item, allowed)
+
+
+def _as_string_list(value: Any, location: ConfigLocation, what: str) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) and i for i in items):
+        raise location.error(f"must be a non-empty {what} or list of them", value)
+    return items
+
+
+def _compile(pattern: Any, location: ConfigLocation) -> re.Pattern:
+    if not isinstance(pattern, str):
+        raise location.error("must be a regular expression string", pattern)
+    try:
+        return re.compile(pattern)
+    except re.error as err:
+        raise location.error(f"invalid regular expression ({err})", pattern) from None
+
+
+class LayerSpec:
+    """The ``layers:`` selector of a section.
+
+    Precedence follows the reference: ``exact_layer_names`` alone, else ``layer_name_regex_pattern``
+    alone (unanchored search), else ``layer_numbers`` AND ``layer_types`` (either may be absent).
+    ``layer_types`` match a substring of the layer name or one of the types the layer declared.
+    """
+
+    def __init__(self, layers: Any, location: ConfigLocation):
+        if not isinstance(layers, dict):
+            raise location.error("must be a mapping of layer selectors", layers, SELECTOR_KEYS)
+        for key in layers:
+            if key not in SELECTOR_KEYS:
+                raise location.child(key).error("unknown layer selector", key, SELECTOR_KEYS)
+        if not any(key in layers for key in SELECTOR_KEYS[:4]):
+            raise location.error("needs at least one layer selector", layers, SELECTOR_KEYS[:4])
+        self.raw = dict(layers)
+        self.exact_layer_names: frozenset[str] | None = None
+        self.name_regex: re.Pattern | None = None
+        self.all_numbers = False
+        self.numbers: list[range] | None = None
+        self.type_regex: re.Pattern | None = None
+        self.all_types = False
+
+        if "exact_layer_names" in layers:
+            names = _as_string_list(layers["exact_layer_names"], location.child("exact_layer_names"), "layer name")
+            self.exact_layer_names = frozenset(names)
+        if "layer_name_regex_pattern" in layers:
+            self.name_regex = _compile(layers["layer_name_regex_pattern"], location.child("layer_name_regex_pattern"))
+        if "layer_numbers" in layers:
+            self._parse_numbers(layers["layer_numbers"], location.child("layer_numbers"))
+        if "layer_types" in layers:
+            types = _as_string_list(layers["layer_types"], location.child("layer_types"), "layer type")
+            self.all_types = "all" in types
+            self.type_regex = re.compile("|".join(re.escape(t) for t in types))
+        if "layer_type_regex_pattern" in layers:
+            self.type_regex = _compile(layers["layer_type_regex_pattern"], location.child("layer_type_regex_pattern"))
+        self.ignored_keys = self._ignored_keys()
+
+    def _parse_numbers(self, value: Any, location: ConfigLocation) -> None:
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            raise location.error("must not be empty", value)
+        ranges = [_parse_number_item(item, location) for item in items]
+        self.all_numbers = any(r is None for r in ranges)
+        self.numbers = [r for r in ranges if r is not None]
+
+    def _ignored_keys(self) -> list[str]:
+        """Selectors present but overridden by a stronger one (reported as a warning at load)."""
+        given = [k for k in SELECTOR_KEYS if k in self.raw]
+        if self.exact_layer_names is not None:
+            return [k for k in given if k != "exact_layer_names"]
+        if self.name_regex is not None:
+            return [k for k in given if k != "layer_name_regex_pattern"]
+        return []
+
+    def matches(self, layer_name: str, layer_types: tuple[str, ...] = ()) -> bool:
+        if self.exact_layer_names is not None:
+            return layer_name in self.exact_layer_names
+        if self.name_regex is not None:
+            return self.name_regex.search(layer_name) is not None
+        number_ok = True
+        if self.numbers is not None and not self.all_numbers:
+            number = extract_layer_number(layer_name)
+            number_ok = number is not None and any(number in r for r in self.numbers)
+        type_ok = True
+        if self.type_regex is not None and not self.all_types:
+            candidates = (layer_name, *layer_types)
+            type_ok = any(self.type_regex.search(c) for c in candidates)
+        return number_ok and type_ok
+
+    def signature(self) -> tuple:
+        """Equal for two specs that select exactly the same layers by construction."""
+        return tuple(sorted((k, repr(v)) for k, v in self.raw.items()))
+
+
+@dataclass
+class ConfigSpec:
+    """One enabled section: its name, layer selector and ``{namespace: {Feature: raw config}}``."""
+
+    name: str
+    layer_spec: LayerSpec
+    extension_config: dict[str, dict[str, dict]]
+
+
+def _read_config(config: Any) -> tuple[str, Any]:
+    """Return ``(source description, parsed content)`` for a file path or a dict."""
+    if isinstance(config, dict):
+        return "config dict", config
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {str(path)!r} (current directory: {os.getcwd()})")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return f"config file {str(path)!r}", yaml.safe_load(handle)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(path)!r}: not valid YAML: {err}") from None
+    raise TypeError(f"config must be a file path (str or pathlib.Path) or a dict, got {type(config).__name__}")
+
+
+class ConfigManager:
+    """Holds the validated sections of the current run and answers which features apply to a layer."""
+
+    configs: dict[str, ConfigSpec] = {}
+    layer_name_to_config_cache: dict[str, dict] = {}
+    layer_types: dict[str, tuple[str, ...]] = {}
+    source: str = ""
+    section_names: list[str] = []
+    warnings: list[str] = []
+
+    @classmethod
+    def load_config(cls, config: Any, registry_data: dict) -> None:
+        """Parse and validate ``config`` against the registered namespaces and features."""
+        source, raw = _read_config(config)
+        top = ConfigLocation(source)
+        if raw is None or raw == {}:
+            raise top.error("the config is empty; it needs at least one section with 'enabled' and 'layers'")
+        if not isinstance(raw, dict):
+            raise top.error("the config must be a mapping of section names to sections", type(raw).__name__)
+        warnings: list[str] = []
+        specs: dict[str, ConfigSpec] = {}
+        for name, section in raw.items():
+            spec = _parse_section(str(name), section, top.child(name), registry_data, warnings)
+            if spec is not None:
+                specs[spec.name] = spec
+        _check_static_conflicts(list(specs.values()), top)
+        if not specs:
+            warnings.append(f"{source}: every section is disabled; no feature is active")
+        cls.configs = specs
+        cls.layer_name_to_config_cache = {}
+        cls.source = source
+        cls.section_names = [str(name) for name in raw]
+        cls.warnings = warnings
+
+    _load_config = load_config
+
+    @classmethod
+    def set_layer_types(cls, layer_name: str, *types: str) -> None:
+        """Declare type names of a layer that ``layer_types`` selectors also match (e.g. its class)."""
+        cls.layer_types[layer_name] = tuple(types)
+        cls.layer_name_to_config_cache.pop(layer_name, None)
+
+    @classmethod
+    def get_config_for_layer(cls, layer_name: str) -> dict[str, dict[str, dict]]:
+        """``{namespace: {Feature: raw config}}`` merged over every section that selects the layer."""
+        cached = cls.layer_name_to_config_cache.get(layer_name)
+        if cached is not None:
+            return cached
+        types = cls.layer_types.get(layer_name, ())
+        merged: dict[str, dict[str, dict]] = {}
+        owner: dict[tuple[str, str], str] = {}
+        for spec in cls.configs.values():
+            if not spec.layer_spec.matches(layer_name, types):
+                continue
+            for namespace, features in spec.extension_config.items():
+                for feature, feature_cfg in features.items():
+                    previous = owner.get((namespace, feature))
+                    if previous is not None:
+                        raise ConfigError(
+                            f"{cls.source}: sections '{previous}' and '{spec.name}' both configure "
+                            f"{namespace}.{feature} for layer '{layer_name}'; a layer may get each feature "
+                            "from one section only"
+                        )
+                    owner[(namespace, feature)] = spec.name
+                    merged.setdefault(namespace, {})[feature] = feature_cfg
+        cls.layer_name_to_config_cache[layer_name] = merged
+        return merged
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.configs = {}
+        cls.layer_name_to_config_cache = {}
+        cls.layer_types = {}
+        cls.source = ""
+        cls.section_names = []
+        cls.warnings = []
+
+
+def _parse_section(
+    name: str, section: Any, location: ConfigLocation, registry_data: dict, warnings: list[str]
+) -> ConfigSpec | None:
+    if not isinstance(section, dict):
+        raise location.error("a section must be a mapping with 'enabled', 'layers' and features", section)
+    if "enabled" not in section:
+        raise location.error("missing required key 'enabled'")
+    if not require_bool(section["enabled"], location.child("enabled")):
+        return None
+    if "layers" not in section:
+        raise location.error("missing required key 'layers'")
+    layer_spec = LayerSpec(section["layers"], location.child("layers"))
+    if layer_spec.ignored_keys:
+        warnings.append(
+            f"{location.source}: key '{location.child('layers').key_path}': selectors {layer_spec.ignored_keys} "
+            "are ignored because a stronger selector (exact_layer_names, then layer_name_regex_pattern) is given"
+        )
+    base_features = registry_data[BASE_NAMESPACE].features if BASE_NAMESPACE in registry_data else {}
+    extension_config: dict[str, dict[str, dict]] = {}
+    for key, value in section.items():
+        if key in SECTION_KEYS:
+            continue
+        key_loc = location.child(key)
+        if key in registry_data:
+            if not isinstance(value, dict) or not value:
+                raise key_loc.error(f"namespace '{key}' must map feature names to feature configs", value)
+            for feature, feature_cfg in value.items():
+                _add_feature(extension_config, key, str(feature), feature_cfg, key_loc.child(feature), registry_data)
+        elif key in base_features:
+            _add_feature(extension_config, BASE_NAMESPACE, key, value, key_loc, registry_data)
+        else:
+            allowed = [*SECTION_KEYS, *sorted(registry_data), *sorted(base_features)]
+            raise key_loc.error("not a namespace nor a feature of the base namespace", key, allowed)
+    return ConfigSpec(name, layer_spec, extension_config)
+
+
+def _add_feature(
+    extension_config: dict, namespace: str, feature: str, cfg: Any, location: ConfigLocation, registry_data: dict
+) -> None:
+    ns = registry_data[namespace]
+    if feature not in ns.features:
+        raise location.error(f"unknown feature of namespace '{namespace}'", feature, sorted(ns.features))
+    if feature in extension_config.get(namespace, {}):
+        raise location.error(f"feature {namespace}.{feature} is configured twice in this section")
+    if not isinstance(cfg, dict):
+        raise location.error("a feature config must be a mapping with at least 'enabled'", cfg)
+    if "enabled" not in cfg:
+        raise location.error("missing required key 'enabled'")
+    if require_bool(cfg["enabled"], location.child("enabled")):
+        ns.api.validate_feature_config(feature, ns.features[feature], cfg, location)
+    extension_config.setdefault(namespace, {})[feature] = cfg
+
+
+def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation) -> None:
+    """Reject two sections that configure the same feature for layers known to overlap."""
+    for i, first in enumerate(specs):
+        for second in specs[i + 1 :]:
+            shared = [
+                f"{ns}.{feature}"
+                for ns, features in first.extension_config.items()
+                for feature in features
+                if feature in second.extension_config.get(ns, {})
+            ]
+            if not shared:
+                continue
+            a, b = first.layer_spec, second.layer_spec
+            same_layers = a.signature() == b.signature()
+            common_names = (
+                a.exact_layer_names & b.exact_layer_names
+                if a.exact_layer_names is not None and b.exact_layer_names is not None
+                else frozenset()
+            )
+            if same_layers or common_names:
+                which = sorted(common_names) if common_names else "the same layers"
+                raise top.error(
+                    f"sections '{first.name}' and '{second.name}' both configure {shared} for {which}; "
+                    "a layer may get each feature from one section only"
+                )

@@ -1,0 +1,1 @@
+"""Built-in features of the ``base`` namespace; always loaded by ``initialize``."""

@@ -1,0 +1,123 @@
+"""The ``base`` namespace: framework-agnostic features reached as ``debug_api.<api>(layer_name, ...)``."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from nvdlfw_inspect.base import BaseConfigAPIMapper, BaseNamespaceAPI
+from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.registry import Registry
+
+
+class GenericConfigAPIMapper(BaseConfigAPIMapper):
+    """Tensor selection for a feature, in one of two shapes:
+
+    tensors: [activation, gradient]          # the same options for every listed tensor
+    tensors_struct:                          # per-tensor options, overriding the feature-level ones
+      - tensor: activation
+        stats: [mean]
+    """
+
+    tensor_config_docstring = __doc__
+    #: keys allowed at the feature level, or None to skip the check (for features with free-form keys)
+    config_keys: frozenset[str] | None = None
+    #: keys allowed in a ``tensors_struct`` item, or None to skip the check
+    tensor_struct_keys: frozenset[str] | None = None
+
+    def parse_config_and_api(self, config: dict, **kwargs: Any) -> tuple[bool, dict | None]:
+        processed = copy.deepcopy(config)
+        if kwargs.get("tensor_parsing"):
+            processed = self._process_tensor_config(processed, kwargs["tensor_name"])
+        else:
+            processed = None
+        if not processed:
+            return False, None
+        processed.pop("enabled", None)
+        return True, processed
+
+    def validate_config(self, config: dict, location: ConfigLocation) -> None:
+        check_keys(config, self.config_keys, location)
+        for view, where in tensor_views(config, location):
+            check_keys(view, self.tensor_struct_keys, where, ignore=set(config) | {"tensor"})
+            self.validate_tensor_config(view, where)
+
+    def validate_tensor_config(self, config: dict, location: ConfigLocation) -> None:
+        """Validate the options one tensor resolves to; features override this."""
+
+
+def check_keys(config: dict, allowed: frozenset[str] | None, location: ConfigLocation, ignore: set = frozenset()) -> None:
+    if allowed is None:
+        return
+    for key in config:
+        if key not in allowed and key not in ignore:
+            raise location.child(key).error("unknown key", key, sorted(allowed))
+
+
+def tensor_views(config: dict, location: ConfigLocation) -> list[tuple[dict, ConfigLocation]]:
+    """Validate the ``tensors``/``tensors_struct`` grammar; return each tensor's resolved options and location.
+
+    A ``tensors_struct`` item's view reports its own keys at the item's location.
+    """
+    if "tensors_struct" in config:
+        items = config["tensors_struct"]
+        struct_loc = location.child("tensors_struct")
+        if not isinstance(items, list) or not items:
+            raise struct_loc.error("must be a non-empty list of mappings, each with a 'tensor' key", items)
+        shared = {k: v for k, v in config.items() if k not in ("tensors_struct", "tensors", "enabled")}
+        views = []
+        for i, item in enumerate(items):
+            item_loc = struct_loc.child(i)
+            if not isinstance(item, dict) or not isinstance(item.get("tensor"), str):
+                raise item_loc.error("each item must be a mapping with a string 'tensor' key", item)
+            views.append(({**shared, **item}, _ItemLocation(item_loc, location, set(item))))
+        return views
+    if "tensors" in config:
+        tensors = config["tensors"]
+        if isinstance(tensors, str):
+            tensors = [tensors]
+        if not isinstance(tensors, list) or not tensors or not all(isinstance(t, str) for t in tensors):
+            raise location.child("tensors").error("must be a non-empty list of tensor names", config["tensors"])
+        return [(config, location)]
+    raise location.error("needs 'tensors: [names]' or 'tensors_struct: [{tensor: name, ...}]'")
+
+
+class _ItemLocation(ConfigLocation):
+    """Location of one ``tensors_struct`` item: keys it defines are reported there, others at the feature."""
+
+    def __init__(self, item: ConfigLocation, feature: ConfigLocation, own_keys: set[str]):
+        super().__init__(item.source, item.path)
+        self._feature = feature
+        self._own_keys = own_keys
+
+    def child(self, key: Any) -> ConfigLocation:
+        if key in self._own_keys:
+            return super().child(key)
+        return self._feature.child(key)
+
+
+@Registry.register_namespace_api(namespace="base")
+class GenericFrameworkAPI(BaseNamespaceAPI):
+    """Routes base-namespace APIs such as ``debug_api.log_tensor_stats(layer_name, tensor=..., tensor_name=...)``."""
+
+    _required_kwargs = {"log_tensor_stats": ("tensor", "tensor_name")}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cacheable_api_kwargs_map = {"log_tensor_stats": ["tensor_name"]}
+
+    def input_assertions_hook(self, api_name: str, **kwargs: Any) -> None:
+        for key in self._required_kwargs.get(api_name, ()):
+            if key not in kwargs:
+                raise TypeError(f"debug_api.{api_name}() needs the keyword argument '{key}'")
+
+    def routing_condition(
+        self, api_name: str, config: dict, layer_name: str, feature_obj: Any, **kwargs: Any
+    ) -> tuple[bool, dict | None]:
+        return feature_obj.parse_config_and_api(config, tensor_parsing=True, **kwargs)
+
+    def output_assertions_hook(self, api_name: str, ret: Any, **kwargs: Any) -> None:
+        pass
+
+    def is_multiple_feature_invocation_allowed(self, api_name: str) -> bool:
+        return False

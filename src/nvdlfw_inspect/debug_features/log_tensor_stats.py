@@ -1,0 +1,154 @@
+"""``LogTensorStats`` of the base namespace: min, max, mean, std, l1_norm and l2_norm of any tensor."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.debug_features.generic_feature_api import GenericConfigAPIMapper
+from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.logging import MetricLogger, enable_logging_at_current_step
+from nvdlfw_inspect.registry import Registry, api_method
+from nvdlfw_inspect.stats import compute_partials, derive_stats, reduce_partials
+from nvdlfw_inspect.stats.derive import fields_for
+from nvdlfw_inspect.utils import append_parent_docstring, get_distributed_world_size
+
+WINDOW_KEYS = frozenset({"freq", "start_step", "end_step", "start_end_list"})
+
+
+def validate_window(config: dict, location: ConfigLocation) -> None:
+    """Check ``freq`` (int > 0), ``start_step`` (int >= 0), ``end_step`` (int >= -1) and ``start_end_list``."""
+    if "freq" in config:
+        freq = config["freq"]
+        if isinstance(freq, bool) or not isinstance(freq, int) or freq <= 0:
+            raise location.child("freq").error("must be a positive integer (log every freq steps)", freq)
+    if "start_step" in config:
+        start = config["start_step"]
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise location.child("start_step").error("must be a non-negative integer", start)
+    if "end_step" in config:
+        end = config["end_step"]
+        if isinstance(end, bool) or not isinstance(end, int) or end < -1:
+            raise location.child("end_step").error("must be an integer >= 0, or -1 for no end", end)
+    if "start_end_list" in config:
+        _validate_start_end_list(config["start_end_list"], location.child("start_end_list"))
+
+
+def _validate_start_end_list(pairs: Any, location: ConfigLocation) -> None:
+    shape = "a list of [start, end] integer pairs in increasing, non-overlapping order (end -1: no end)"
+    if not isinstance(pairs, list):
+        raise location.error(f"must be {shape}", pairs)
+    previous_end = -1
+    for i, pair in enumerate(pairs):
+        ok = (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+            and pair[0] >= 0
+            and (pair[1] == -1 or pair[1] > pair[0])
+        )
+        if not ok:
+            raise location.child(i).error(f"must be [start, end] with 0 <= start < end; the list is {shape}", pair)
+        if i > 0 and (previous_end == -1 or pair[0] < previous_end):
+            raise location.child(i).error(f"overlaps the previous window; the list is {shape}", pair)
+        previous_end = pair[1]
+
+
+@Registry.register_feature(namespace="base")
+@append_parent_docstring(parent=GenericConfigAPIMapper)
+class LogTensorStats(GenericConfigAPIMapper):
+    """Logs statistics of the tensors passed to ``debug_api.log_tensor_stats``.
+
+    Keys: ``stats`` (min, max, mean, std, l1_norm, l2_norm), ``tensors``/``tensors_struct``, and the
+    window keys ``freq`` (default 1), ``start_step``, ``end_step`` (closed window; -1 no end),
+    ``start_end_list`` (half-open [start, end) windows; overrides start/end). Statistics are computed
+    in float64 from one pass over the tensor; across ranks only the partial sums travel.
+
+    Call: ``debug_api.log_tensor_stats(layer_name, tensor=t, tensor_name="activation",
+    [iteration=i], [skip_reduction=True], [reduction_group=g])``. Each statistic goes to the
+    statistics loggers as ``{layer_name}_{tensor_name}_{stat}``.
+    """
+
+    config_keys = frozenset({"enabled", "tensors", "tensors_struct", "stats"}) | WINDOW_KEYS
+    tensor_struct_keys = frozenset({"tensor", "stats"}) | WINDOW_KEYS
+
+    def _get_supported_stats_list(self) -> set[str]:
+        return {"min", "max", "mean", "std", "l1_norm", "l2_norm"}
+
+    def validate_tensor_config(self, config: dict, location: ConfigLocation) -> None:
+        supported = sorted(self._get_supported_stats_list())
+        stats = config.get("stats")
+        if stats is None:
+            raise location.error(f"tensor '{config.get('tensor', '<tensors>')}' has no 'stats' list", allowed=supported)
+        if isinstance(stats, str) or not isinstance(stats, list) or not stats:
+            raise location.child("stats").error("must be a non-empty list of statistic names", stats, supported)
+        for i, stat in enumerate(stats):
+            if not isinstance(stat, str) or stat.lower() not in supported:
+                raise location.child("stats").child(i).error("unsupported statistic", stat, supported)
+        validate_window(config, location)
+
+    def _get_current_iteration(self, **kwargs: Any) -> int:
+        if "iteration" in kwargs:
+            return kwargs["iteration"]
+        return debug_api.DEBUG_MANAGER._trainer_iteration_count
+
+    def _check_log_frequency(self, config: dict, **kwargs: Any) -> bool:
+        return enable_logging_at_current_step(
+            self._get_current_iteration(**kwargs),
+            config.get("freq", 1),
+            config.get("start_step", 0),
+            config.get("end_step", -1),
+            config.get("start_end_list"),
+        )
+
+    def _check_params(self, config: dict, layer_name: str, **kwargs: Any) -> bool:
+        """Whether statistics are due at this call's iteration."""
+        return self._check_log_frequency(config, **kwargs)
+
+    def _reduce(self, partials: torch.Tensor, layer_name: str, **kwargs: Any) -> torch.Tensor | None:
+        if kwargs.get("skip_reduction", False):
+            return partials
+        group = kwargs.get("reduction_group")
+        if group is None:
+            group = debug_api.get_tensor_reduction_group()
+        if group is not None:
+            return reduce_partials(partials, group)
+        if get_distributed_world_size() > 1:
+            debug_api.log_message(
+                "No `reduction_group` given and `skip_reduction` is False: statistics are reduced over all ranks "
+                "of the default process group and logged on its last rank only. Pass `reduction_group` (or set "
+                "one with debug_api.set_tensor_reduction_group) or `skip_reduction=True` for per-rank statistics.",
+                layer_name,
+                level=logging.WARNING,
+            )
+        return reduce_partials(partials, None, to_last_rank=True)
+
+    @api_method
+    def log_tensor_stats(self, config: dict, layer_name: str, **kwargs: Any) -> dict[str, torch.Tensor]:
+        tensor_name = kwargs["tensor_name"]
+        debug_api.log_message(
+            f"Feature=LogTensorStats, API=log_tensor_stats, TENSOR={tensor_name}: Called",
+            layer_name,
+            extra_cachable_args=(tensor_name,),
+        )
+        if not self._check_params(config, layer_name, **kwargs):
+            return {}
+        stats = [s.lower() for s in config.get("stats", [])]
+        unsupported = [s for s in stats if s not in self._get_supported_stats_list()]
+        if unsupported:
+            raise ValueError(
+                f"[NVDLFW INSPECT ERROR] LogTensorStats for layer '{layer_name}': statistics {unsupported} are not "
+                f"supported; supported: {sorted(self._get_supported_stats_list())}"
+            )
+        partials = compute_partials(kwargs["tensor"], fields_for(stats))
+        merged = self._reduce(partials, layer_name, **kwargs)
+        if merged is None:
+            return {}
+        iteration = self._get_current_iteration(**kwargs)
+        values = derive_stats(merged, stats)
+        for stat, value in values.items():
+            MetricLogger.log_scalar(f"{layer_name}_{tensor_name}_{stat}", value, iteration)
+        return {stat: torch.tensor(value, dtype=torch.float32) for stat, value in values.items()}

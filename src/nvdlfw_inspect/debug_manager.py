@@ -1,0 +1,114 @@
+"""The one object that owns a debug run: loaded namespaces, config, statistics loggers and step counter."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Any
+
+from nvdlfw_inspect.config_manager import BASE_NAMESPACE, ConfigManager
+from nvdlfw_inspect.errors import UnknownAPIError, closest
+from nvdlfw_inspect.feature_loading import load_feature_dirs, normalize_feature_dirs
+from nvdlfw_inspect.logging import (
+    BaseLogger,
+    MetricLogger,
+    get_logger,
+    make_default_statistics_logger,
+    wrap_tensorboard_writer,
+)
+from nvdlfw_inspect.registry import Registry
+
+
+class DebugManager:
+    """Built by ``debug_api.initialize``; ``close`` undoes everything it set up."""
+
+    def __init__(
+        self,
+        config_file: Any,
+        feature_dirs: Any = None,
+        statistics_logger: BaseLogger | None = None,
+        log_dir: str = ".",
+        init_training_step: int = 0,
+        tb_writer: Any = None,
+        default_logging_enabled: bool = False,
+    ):
+        if isinstance(init_training_step, bool) or not isinstance(init_training_step, int) or init_training_step < 0:
+            raise ValueError(f"init_training_step must be a non-negative integer, got {init_training_step!r}")
+        self.log_dir = str(log_dir)
+        self.config_file = config_file
+        self._trainer_iteration_count = init_training_step
+        self._tensor_reduction_group: Any = None
+        self._initialize_loggers(statistics_logger, tb_writer, default_logging_enabled)
+        self._load_namespace_apis_and_features(normalize_feature_dirs(feature_dirs))
+
+    def _initialize_loggers(self, statistics_logger: Any, tb_writer: Any, default_logging_enabled: bool) -> None:
+        logger = get_logger()
+        if statistics_logger is not None:
+            if not isinstance(statistics_logger, BaseLogger):
+                raise TypeError(
+                    "statistics_logger must be an instance of nvdlfw_inspect.logging.BaseLogger (implement "
+                    f"log_scalar(name, value, iteration)), got {type(statistics_logger).__name__}"
+                )
+            logger.log_message("Using the provided logger for logging tensor statistics.")
+            MetricLogger.add_logger(statistics_logger)
+            if tb_writer is not None:
+                logger.log_message("Both statistics_logger and tb_writer given: logging statistics to both.")
+        if tb_writer is not None:
+            if not callable(getattr(tb_writer, "add_scalar", None)):
+                raise TypeError(f"tb_writer must have an add_scalar method (a SummaryWriter), got {type(tb_writer).__name__}")
+            logger.log_message("TB Writer found. Logging to Tensorboard..")
+            MetricLogger.add_logger(wrap_tensorboard_writer(tb_writer))
+        if default_logging_enabled or not MetricLogger.enabled_loggers:
+            logger.log_message(f"Default logging to file enabled at {self.log_dir}")
+            MetricLogger.add_logger(make_default_statistics_logger())
+
+    def _load_namespace_apis_and_features(self, feature_dirs: list) -> None:
+        Registry.add_tagged(load_feature_dirs(feature_dirs))
+        Registry.validate_and_init()
+        self._features_explainer = {
+            f"{ns}.{name}": feature for ns, data in Registry.data.items() for name, feature in data.features.items()
+        }
+        self._namespace_features_api_map = {ns: data.feat_api_to_features for ns, data in Registry.data.items()}
+        self._namespace_apis = {ns: data.api for ns, data in Registry.data.items()}
+        for ns, data in Registry.data.items():
+            get_logger().log_message(f"Registered {ns} namespace with features {sorted(data.features)}.", logging.DEBUG)
+
+    def load_config(self) -> None:
+        logger = get_logger()
+        if self.config_file is None or self.config_file == "":
+            logger.log_message("No config given: no feature is active.", logging.WARNING)
+            return
+        if isinstance(self.config_file, dict):
+            logger.log_message("Reading config from Python dictionary.")
+        else:
+            logger.log_message(f"Reading config from {self.config_file}.")
+        ConfigManager.load_config(self.config_file, Registry.data)
+        for warning in ConfigManager.warnings:
+            logger.log_message(warning, logging.WARNING)
+        logger.log_message(f"Loaded configs for dict_keys({ConfigManager.section_names}).")
+
+    def get_extension_api(self, name: str) -> Any:
+        """A base-namespace API router for ``name``, else the namespace API object called ``name``."""
+        base = self._namespace_apis.get(BASE_NAMESPACE)
+        if base is not None and name in base.api_names():
+            return partial(base.route_api, api_name=name)
+        if name in self._namespace_apis:
+            return self._namespace_apis[name]
+        known = list(self._namespace_apis) + (sorted(base.api_names()) if base is not None else [])
+        hint = closest(name, known)
+        get_logger().log_message(f"API for {name} not found.", logging.ERROR)
+        raise UnknownAPIError(
+            f"debug_api has no namespace or base API named '{name}'; known: {known}"
+            + (f"; did you mean '{hint}'?" if hint else "")
+        )
+
+    def step(self) -> None:
+        self._trainer_iteration_count += 1
+        for api in self._namespace_apis.values():
+            api.step()
+
+    def close(self) -> None:
+        """Run every namespace's ``end_debug`` hook."""
+        for api in self._namespace_apis.values():
+            api.end_debug()
+

@@ -1,0 +1,241 @@
+"""The main debug log, the statistics loggers (file, TensorBoard, custom) and logging-window helpers.
+
+Directory names, file names and line formats match the reference framework, since users parse them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from nvdlfw_inspect.utils import get_distributed_rank, is_distributed
+
+MAIN_LOG_DIR = "nvdlfw_inspect_logs"
+STATISTICS_LOG_DIR = "nvdlfw_inspect_statistics_logs"
+LOG_FORMAT = "%(asctime)s - %(levelname)s - %(message)s"
+STDERR_FORMAT = "NVDLFW INSPECT - %(asctime)s - %(levelname)s - %(message)s"
+
+ENV_LOG_LEVEL = "NVDLFW_INSPECT_LOG_LEVEL"
+ENV_OVERWRITE = "NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE"
+ENV_TIMESTAMP = "NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP"
+ENV_TIMESTAMP_VALUE = "NVDLFW_INSPECT_LOG_TIMESTAMP"
+_LEVEL_NAMES = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
+
+
+class BaseLogger(ABC):
+    """A statistics sink. Implement ``log_scalar`` and pass an instance as ``statistics_logger``."""
+
+    @abstractmethod
+    def log_scalar(self, name: str, value: float | int, iteration: int, **kwargs: Any) -> None: ...
+
+
+class MetricLogger:
+    """Fans each statistic out to every enabled statistics logger."""
+
+    enabled_loggers: list[BaseLogger] = []
+
+    @classmethod
+    def log_scalar(cls, name: str, value: Any, iteration: int, **kwargs: Any) -> None:
+        for logger in cls.enabled_loggers:
+            logger.log_scalar(name, value, iteration, **kwargs)
+
+    @classmethod
+    def add_logger(cls, logger: BaseLogger) -> None:
+        cls.enabled_loggers.append(logger)
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.enabled_loggers.clear()
+
+
+class TensorboardLogger(BaseLogger):
+    """Writes statistics as TensorBoard scalars through a ``SummaryWriter``-like object."""
+
+    def __init__(self, writer: Any):
+        self.writer = writer
+
+    def log_scalar(self, name: str, value: Any, iteration: int, **kwargs: Any) -> None:
+        if self.writer is not None:
+            self.writer.add_scalar(name, _as_float(value), iteration)
+
+
+def wrap_tensorboard_writer(writer: Any) -> TensorboardLogger:
+    return TensorboardLogger(writer)
+
+
+def _as_float(value: Any) -> float:
+    return float(value.item()) if hasattr(value, "item") else float(value)
+
+
+def _env_int_flag(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} must be an integer (0 or 1)") from None
+
+
+def _log_level_from_env() -> int:
+    raw = os.environ.get(ENV_LOG_LEVEL, "INFO")
+    name = raw.strip().upper()
+    if name not in _LEVEL_NAMES:
+        raise ValueError(f"environment variable {ENV_LOG_LEVEL}={raw!r} is not a log level; allowed: {', '.join(_LEVEL_NAMES)}")
+    return getattr(logging, name)
+
+
+def _global_rank() -> int:
+    """The rank used in log file names: the process group's if it exists, else the launcher's RANK variable."""
+    if is_distributed():
+        return get_distributed_rank()
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def log_file_name() -> str:
+    """``nvdlfw_inspect[_YYYYmmdd_HHMMSS]_globalrank-{R}.log``; the timestamp is fixed once per process."""
+    base = "nvdlfw_inspect"
+    if _env_int_flag(ENV_TIMESTAMP):
+        stamp = os.environ.get(ENV_TIMESTAMP_VALUE)
+        if not stamp:
+            stamp = time.strftime("%Y%m%d_%H%M%S")
+            os.environ[ENV_TIMESTAMP_VALUE] = stamp
+        base += f"_{stamp}"
+    return f"{base}_globalrank-{_global_rank()}.log"
+
+
+def _file_mode() -> str:
+    overwrite = _env_int_flag(ENV_OVERWRITE)
+    return "w" if overwrite is None or overwrite else "a"
+
+
+def _attach_file_handler(logger: logging.Logger, path: str) -> logging.FileHandler:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handler = logging.FileHandler(path, mode=_file_mode())
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logger.addHandler(handler)
+    return handler
+
+
+class FileLogger(BaseLogger):
+    """The main debug log, and (once enabled) the default statistics log file.
+
+    Python's FileHandler flushes after every record, so nothing logged is lost if the process dies.
+    """
+
+    def __init__(self, name: str, log_dir: str):
+        self.log_dir = str(log_dir)
+        self.logger = logging.getLogger(name)
+        self.logger.setLevel(_log_level_from_env())
+        self.logger.propagate = False
+        self._handlers: list[tuple[logging.Logger, logging.Handler]] = []
+        self.main_log_path = os.path.join(self.log_dir, MAIN_LOG_DIR, log_file_name())
+        self._add(self.logger, _attach_file_handler(self.logger, self.main_log_path))
+        stderr = logging.StreamHandler(sys.stderr)
+        stderr.setLevel(logging.WARNING)
+        stderr.setFormatter(logging.Formatter(STDERR_FORMAT))
+        self._add(self.logger, stderr)
+        self.stats_logger: logging.Logger | None = None
+        self.stats_log_path: str | None = None
+        self.logged_api_executed: set[str] = set()
+        self.logged_api_encountered: set[str | None] = set()
+
+    def _add(self, logger: logging.Logger, handler: logging.Handler) -> None:
+        logger.addHandler(handler)
+        self._handlers.append((logger, handler))
+
+    def _initialize_stats_logger(self, dir_name: str = STATISTICS_LOG_DIR) -> FileLogger:
+        if self.stats_logger is None:
+            self.stats_logger = logging.getLogger("Default Statistics")
+            self.stats_logger.setLevel(logging.INFO)
+            self.stats_logger.propagate = False
+            self.stats_log_path = os.path.join(self.log_dir, dir_name, log_file_name())
+            self._add(self.stats_logger, _attach_file_handler(self.stats_logger, self.stats_log_path))
+        return self
+
+    def log_message(self, message: str, level: int = logging.INFO) -> None:
+        self.logger.log(level, message)
+
+    def log_scalar(self, name: str, value: Any, iteration: int, **kwargs: Any) -> None:
+        if self.stats_logger is None:
+            raise RuntimeError("[NVDLFW INSPECT ERROR] Default stats logger not initialized.")
+        line = f"{name} \t\t\t\t iteration={int(iteration):06d} \t\t\t\t value={_as_float(value):.4f}"
+        self.stats_logger.log(kwargs.get("level", logging.INFO), line)
+
+    def close(self) -> None:
+        """Detach and close every handler this logger added, so a later initialize starts clean."""
+        for logger, handler in self._handlers:
+            logger.removeHandler(handler)
+            handler.close()
+        self._handlers.clear()
+
+
+LOGGER: FileLogger | None = None
+
+
+def initialize_logger(log_dir: str) -> FileLogger:
+    global LOGGER
+    close_logger()
+    LOGGER = FileLogger("nvdlfw_inspect", log_dir)
+    return LOGGER
+
+
+def get_logger() -> FileLogger:
+    if LOGGER is None:
+        raise RuntimeError("[NVDLFW INSPECT ERROR] Debug manager not initialized. Call initialize first.")
+    return LOGGER
+
+
+def close_logger() -> None:
+    global LOGGER
+    if LOGGER is not None:
+        LOGGER.close()
+        LOGGER = None
+
+
+def make_default_statistics_logger() -> FileLogger:
+    return get_logger()._initialize_stats_logger(STATISTICS_LOG_DIR)
+
+
+def print_rank_0(*msgs: Any) -> None:
+    """Print on rank 0 only (every process prints when not distributed)."""
+    if is_distributed() and get_distributed_rank() != 0:
+        return
+    print("".join(f"{m} " for m in msgs))
+
+
+def enable_logging_at_current_step(
+    cur_step: int,
+    freq: int = 1,
+    start_step: int = 0,
+    end_step: int = -1,
+    start_end_list: list[list[int]] | None = None,
+) -> bool:
+    """Whether a statistic scheduled by these keys is logged at ``cur_step``.
+
+    ``start_end_list`` windows are half-open ``[start, end)`` (end -1: no end) and override
+    ``start_step``/``end_step``, whose window is closed ``[start_step, end_step]``. ``freq`` counts
+    absolute steps, not steps since the start.
+    """
+    if freq <= 0:
+        raise ValueError(f"freq must be a positive integer, got {freq!r}")
+    if cur_step % freq != 0:
+        return False
+    if start_end_list:
+        return any(cur_step >= start and (end == -1 or cur_step < end) for start, end in start_end_list)
+    return cur_step >= start_step and (end_step == -1 or cur_step <= end_step)
+
+
+def custom_assert(condition: Any, message: str, level: int = logging.ERROR) -> None:
+    """Log ``message`` and raise AssertionError when ``condition`` is false (kept for downstream code)."""
+    if not condition:
+        if LOGGER is not None:
+            LOGGER.log_message(message, level=level)
+        raise AssertionError(message)

@@ -1,0 +1,131 @@
+"""Call-site identifiers, once-only messages, distributed helpers and docstring helpers."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    """True when a default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_distributed_world_size(group: Any = None) -> int:
+    return dist.get_world_size(group) if is_distributed() else 1
+
+
+def get_distributed_rank(group: Any = None) -> int:
+    return dist.get_rank(group) if is_distributed() else 0
+
+
+def gather_along_first_dim(tensor: torch.Tensor, process_group: Any = None) -> tuple[torch.Tensor, None]:
+    """All-gather ``tensor`` from every member of ``process_group`` and concatenate along dim 0.
+
+    Returns ``(gathered, None)``, the shape downstream code unpacks.
+    """
+    world_size = get_distributed_world_size(process_group)
+    if world_size == 1:
+        return tensor, None
+    parts = [torch.empty_like(tensor) for _ in range(world_size)]
+    dist.all_gather(parts, tensor.contiguous(), group=process_group)
+    return torch.cat(parts, dim=0), None
+
+
+def gather_tensor_on_last_rank(tensor: torch.Tensor) -> torch.Tensor | None:
+    """Gather ``tensor`` from every rank of the default group onto the last rank; other ranks get None."""
+    world_size = get_distributed_world_size()
+    if world_size == 1:
+        return tensor
+    dst = world_size - 1
+    parts = [torch.empty_like(tensor) for _ in range(world_size)] if dist.get_rank() == dst else None
+    dist.gather(tensor.contiguous(), parts, dst=dst)
+    return torch.cat(parts, dim=0) if parts is not None else None
+
+
+class APICacheIdentifier:
+    """Remembers the user line that last touched the debug API, so routing results can be cached per call site."""
+
+    _call_details: str | None = None
+
+    @classmethod
+    def save_call_details(cls, depth: int = 2) -> None:
+        """Record ``file.line`` of the frame ``depth`` levels above this method (default: the caller's caller)."""
+        frame = sys._getframe(depth)
+        cls._call_details = f"{frame.f_code.co_filename}.{frame.f_lineno}"
+        del frame
+
+    @classmethod
+    def get_call_details(cls) -> str | None:
+        return cls._call_details
+
+    @classmethod
+    def get_unique_identifier(
+        cls,
+        cacheable_apis: dict[str, list[str]],
+        layer_name: str | None,
+        api_name: str,
+        **kwargs: Any,
+    ) -> str | None:
+        """Cache key ``{call site}.{layer}.{api}.{kwarg}...`` for cacheable APIs, None for the rest."""
+        keys = cacheable_apis.get(api_name)
+        if keys is None:
+            return None
+        uid = f"{cls._call_details}.{layer_name}.{api_name}"
+        for key in keys:
+            uid += f".{kwargs.get(key, 0)}"
+        return uid
+
+    @classmethod
+    def reset(cls) -> None:
+        cls._call_details = None
+
+
+class SingleMessageLogger:
+    """Writes each distinct message once per call site, layer and extra key until ``reset``."""
+
+    logged_messages: set[tuple[Hashable, ...]] = set()
+
+    @classmethod
+    def log_message_once(
+        cls,
+        message: str,
+        layer_name: str | None = None,
+        level: int = logging.INFO,
+        extra_cachable_args: Hashable = None,
+        call_site: str | None = None,
+    ) -> bool:
+        """Log ``message`` unless this exact message was logged from the same place before; True if written."""
+        if call_site is None:
+            frame = sys._getframe(1)
+            call_site = f"{frame.f_code.co_filename}.{frame.f_lineno}"
+            del frame
+        key = (call_site, layer_name, extra_cachable_args, message)
+        if key in cls.logged_messages:
+            return False
+        cls.logged_messages.add(key)
+        from nvdlfw_inspect.logging import get_logger
+
+        text = f"LAYER={layer_name}: {message}" if layer_name else message
+        get_logger().log_message(text, level=level)
+        return True
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.logged_messages.clear()
+
+
+def append_parent_docstring(parent: type) -> Callable[[type], type]:
+    """Class decorator: append ``parent``'s docstring to the decorated class's own, separated by a blank line."""
+
+    def decorate(cls: type) -> type:
+        own = cls.__doc__ or ""
+        cls.__doc__ = f"{own}\n\n{parent.__doc__ or ''}"
+        return cls
+
+    return decorate
