@@ -53,7 +53,9 @@ def initialize(
     try:
         initialize_logger(log_dir)
         if "extensions" in kwargs:
-            get_logger().log_message("initialize(extensions=...) is accepted for compatibility and has no effect.", logging.WARNING)
+            get_logger().log_message(
+                "initialize(extensions=...) is accepted for compatibility and has no effect.", logging.WARNING
+            )
         manager = DebugManager(
             config_file,
             feature_dirs=feature_dirs,

@@ -32,7 +32,7 @@ def outputs_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(outputs_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b))
+        return type(a) is type(b) and len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
 
 
@@ -188,9 +188,7 @@ class BaseNamespaceAPI(ABC):
             cfg = layer_config.get(feature_name)
             if not cfg or not cfg.get("enabled"):
                 continue
-            status, resolved = self.routing_condition(
-                api_name, cfg, layer_name, self.namespace_features[feature_name], **kwargs
-            )
+            status, resolved = self.routing_condition(api_name, cfg, layer_name, self.namespace_features[feature_name], **kwargs)
             if status:
                 features_to_invoke[feature_name] = resolved or cfg
 
@@ -217,7 +215,7 @@ class BaseNamespaceAPI(ABC):
             self._log_executed(api_name, f"Debug API call '{api_name}' found and multiple debug features were executed.")
             return self.handle_multi_feature_output(api_name, outputs, features_to_invoke, **kwargs)
 
-        (feature_name, cfg), = features_to_invoke.items()
+        ((feature_name, cfg),) = features_to_invoke.items()
         method = getattr(self.namespace_features[feature_name], api_name)
         if uid is not None:
             self._api_cache[uid] = (method, cfg)

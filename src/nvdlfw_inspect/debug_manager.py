@@ -111,4 +111,3 @@ class DebugManager:
         """Run every namespace's ``end_debug`` hook."""
         for api in self._namespace_apis.values():
             api.end_debug()
-

@@ -60,5 +60,5 @@ def fields_for(stats: Iterable[str]) -> set[str]:
 
 def derive_stats(partials: torch.Tensor, stats: Iterable[str]) -> dict[str, float]:
     """Compute the named statistics from one merged partial, copying it to the host once."""
-    values = dict(zip(FIELDS, partials.detach().cpu().tolist()))
+    values = dict(zip(FIELDS, partials.detach().cpu().tolist(), strict=True))
     return {stat: float(_DERIVATIONS[stat][0](values)) for stat in stats}
