@@ -6,6 +6,7 @@ names the source, the key path, the bad value and what is allowed.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from dataclasses import dataclass
@@ -25,7 +26,9 @@ SELECTOR_KEYS = (
     "layer_name_regex_pattern",
     "layer_type_regex_pattern",
 )
-_DIGITS_NOT_AFTER_FC = re.compile(r"(?<!fc)\d+")
+# A whole ASCII digit run that does not follow "fc" (so "fc1" and "fc12" carry no layer number).
+_DIGITS_NOT_AFTER_FC = re.compile(r"(?<!fc)(?<![0-9])[0-9]+")
+_ASCII_DIGITS = re.compile(r"[0-9]+")
 
 
 def require_bool(value: Any, location: ConfigLocation) -> bool:
@@ -38,9 +41,9 @@ def extract_layer_number(layer_name: str) -> int | None:
     """The layer number in a name, or None when it has none.
 
     The last dot-separated part made only of digits wins (``decoder.layers.3.mlp.fc1`` -> 3); without
-    one, a single digit run not directly after ``fc`` is used (``Layer_3`` -> 3, ``fc1`` -> None).
+    one, a single digit run not directly after ``fc`` is used (``Layer_3`` -> 3; ``fc1``, ``fc12`` -> None).
     """
-    parts = [p for p in layer_name.split(".") if p.isdigit()]
+    parts = [p for p in layer_name.split(".") if _ASCII_DIGITS.fullmatch(p)]
     if parts:
         return int(parts[-1])
     found = _DIGITS_NOT_AFTER_FC.findall(layer_name)
@@ -60,10 +63,10 @@ def _parse_number_item(item: Any, location: ConfigLocation) -> range | None:
         text = item.strip()
         if text.lower() == "all":
             return None
-        if text.isdigit():
+        if _ASCII_DIGITS.fullmatch(text):
             return range(int(text), int(text) + 1)
         bounds = text.split("-")
-        if len(bounds) == 2 and all(b.strip().isdigit() for b in bounds):
+        if len(bounds) == 2 and all(_ASCII_DIGITS.fullmatch(b.strip()) for b in bounds):
             low, high = int(bounds[0]), int(bounds[1])
             if low > high:
                 raise location.error("range start is greater than its end", item, allowed)
@@ -92,7 +95,8 @@ class LayerSpec:
 
     Precedence follows the reference: ``exact_layer_names`` alone, else ``layer_name_regex_pattern``
     alone (unanchored search), else ``layer_numbers`` AND ``layer_types`` (either may be absent).
-    ``layer_types`` match a substring of the layer name or one of the types the layer declared.
+    ``layer_types`` match a substring of the layer name or, exactly, one of the types the layer declared
+    with ``ConfigManager.set_layer_types``; ``layer_type_regex_pattern`` is searched in both.
     """
 
     def __init__(self, layers: Any, location: ConfigLocation):
@@ -109,6 +113,7 @@ class LayerSpec:
         self.all_numbers = False
         self.numbers: list[range] | None = None
         self.type_regex: re.Pattern | None = None
+        self.type_names: frozenset[str] | None = None
         self.all_types = False
 
         if "exact_layer_names" in layers:
@@ -118,9 +123,15 @@ class LayerSpec:
             self.name_regex = _compile(layers["layer_name_regex_pattern"], location.child("layer_name_regex_pattern"))
         if "layer_numbers" in layers:
             self._parse_numbers(layers["layer_numbers"], location.child("layer_numbers"))
+        if "layer_types" in layers and "layer_type_regex_pattern" in layers:
+            raise location.error(
+                "give either 'layer_types' or 'layer_type_regex_pattern', not both",
+                {k: layers[k] for k in ("layer_types", "layer_type_regex_pattern")},
+            )
         if "layer_types" in layers:
             types = _as_string_list(layers["layer_types"], location.child("layer_types"), "layer type")
             self.all_types = "all" in types
+            self.type_names = frozenset(types)
             self.type_regex = re.compile("|".join(re.escape(t) for t in types))
         if "layer_type_regex_pattern" in layers:
             self.type_regex = _compile(layers["layer_type_regex_pattern"], location.child("layer_type_regex_pattern"))
@@ -154,8 +165,10 @@ class LayerSpec:
             number_ok = number is not None and any(number in r for r in self.numbers)
         type_ok = True
         if self.type_regex is not None and not self.all_types:
-            candidates = (layer_name, *layer_types)
-            type_ok = any(self.type_regex.search(c) for c in candidates)
+            type_ok = self.type_regex.search(layer_name) is not None or any(
+                t in self.type_names if self.type_names is not None else self.type_regex.search(t) is not None
+                for t in layer_types
+            )
         return number_ok and type_ok
 
     def signature(self) -> tuple:
@@ -172,19 +185,50 @@ class ConfigSpec:
     extension_config: dict[str, dict[str, dict]]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """Safe YAML loading that rejects a key repeated in one mapping (YAML would keep only the last)."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # keys from '<<: *anchor' may be overridden on purpose
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # the regular constructor reports unhashable keys
+        if key in first_line:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {key!r} (first given on line {first_line[key] + 1})",
+                key_node.start_mark,
+            )
+        first_line[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
 def _read_config(config: Any) -> tuple[str, Any]:
     """Return ``(source description, parsed content)`` for a file path or a dict."""
     if isinstance(config, dict):
-        return "config dict", config
+        # A private copy: later changes to the caller's dict cannot bypass validation.
+        return "config dict", copy.deepcopy(config)
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {str(path)!r} (current directory: {os.getcwd()})")
         try:
             with open(path, encoding="utf-8") as handle:
-                return f"config file {str(path)!r}", yaml.safe_load(handle)
+                return f"config file {str(path)!r}", yaml.load(handle, Loader=_UniqueKeyLoader)
         except yaml.YAMLError as err:
             raise ConfigError(f"config file {str(path)!r}: not valid YAML: {err}") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"config file {str(path)!r}: not UTF-8 text: {err}") from None
     raise TypeError(f"config must be a file path (str or pathlib.Path) or a dict, got {type(config).__name__}")
 
 
@@ -227,12 +271,16 @@ class ConfigManager:
     @classmethod
     def set_layer_types(cls, layer_name: str, *types: str) -> None:
         """Declare type names of a layer that ``layer_types`` selectors also match (e.g. its class)."""
+        if not isinstance(layer_name, str) or not all(isinstance(t, str) for t in types):
+            raise TypeError(f"set_layer_types needs a layer name and type names as strings, got {layer_name!r}, {types!r}")
         cls.layer_types[layer_name] = tuple(types)
         cls.layer_name_to_config_cache.pop(layer_name, None)
 
     @classmethod
     def get_config_for_layer(cls, layer_name: str) -> dict[str, dict[str, dict]]:
         """``{namespace: {Feature: raw config}}`` merged over every section that selects the layer."""
+        if not isinstance(layer_name, str):
+            raise TypeError(f"layer_name must be a string, got {layer_name!r} ({type(layer_name).__name__})")
         cached = cls.layer_name_to_config_cache.get(layer_name)
         if cached is not None:
             return cached

@@ -70,6 +70,7 @@ class DebugManager:
         }
         self._namespace_features_api_map = {ns: data.feat_api_to_features for ns, data in Registry.data.items()}
         self._namespace_apis = {ns: data.api for ns, data in Registry.data.items()}
+        self._build_dispatch_table()
         for ns, data in Registry.data.items():
             get_logger().log_message(f"Registered {ns} namespace with features {sorted(data.features)}.", logging.DEBUG)
 
@@ -87,14 +88,20 @@ class DebugManager:
             logger.log_message(warning, logging.WARNING)
         logger.log_message(f"Loaded configs for dict_keys({ConfigManager.section_names}).")
 
+    def _build_dispatch_table(self) -> None:
+        """Map every name ``debug_api.<name>`` may resolve to: base APIs first, then namespaces."""
+        self._dispatch: dict[str, Any] = dict(self._namespace_apis)
+        base = self._namespace_apis.get(BASE_NAMESPACE)
+        if base is not None:
+            for api_name in base.api_names():
+                self._dispatch[api_name] = partial(base.route_api, api_name=api_name)
+
     def get_extension_api(self, name: str) -> Any:
         """A base-namespace API router for ``name``, else the namespace API object called ``name``."""
-        base = self._namespace_apis.get(BASE_NAMESPACE)
-        if base is not None and name in base.api_names():
-            return partial(base.route_api, api_name=name)
-        if name in self._namespace_apis:
-            return self._namespace_apis[name]
-        known = list(self._namespace_apis) + (sorted(base.api_names()) if base is not None else [])
+        found = self._dispatch.get(name)
+        if found is not None:
+            return found
+        known = sorted(self._dispatch)
         hint = closest(name, known)
         get_logger().log_message(f"API for {name} not found.", logging.ERROR)
         raise UnknownAPIError(

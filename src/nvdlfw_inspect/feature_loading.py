@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from nvdlfw_inspect.errors import FeatureLoadError
-from nvdlfw_inspect.registry import REGISTRATION_TAG
+from nvdlfw_inspect.registry import registrations_of
 
 BUILTIN_FEATURE_DIR = Path(__file__).parent / "debug_features"
 
@@ -35,7 +35,11 @@ def normalize_feature_dirs(feature_dirs: Any) -> list[Path]:
     for entry in feature_dirs:
         if not isinstance(entry, (str, os.PathLike)):
             raise TypeError(f"feature_dirs entries must be paths, got {entry!r}")
+        if os.fspath(entry) == "":
+            raise FeatureLoadError(f"feature_dirs contains an empty path: {feature_dirs!r}")
         path = Path(entry)
+        if path.exists() and not path.is_dir():
+            raise FeatureLoadError(f"feature directory {str(path)!r} is not a directory")
         if not path.is_dir():
             raise FeatureLoadError(f"feature directory not found: {str(path)!r} (current directory: {os.getcwd()})")
         dirs.append(path.resolve())
@@ -48,13 +52,18 @@ def load_feature_dirs(dirs: list[Path]) -> list[type]:
     for directory in [BUILTIN_FEATURE_DIR, *dirs]:
         for module in _load_directory(directory):
             for value in list(vars(module).values()):
-                if isinstance(value, type) and REGISTRATION_TAG in value.__dict__ and value not in classes:
+                if isinstance(value, type) and registrations_of(value) and value not in classes:
                     classes.append(value)
     return classes
 
 
 def _python_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*.py") if "__pycache__" not in p.parts)
+    """Every ``*.py`` file below ``directory``, skipping ``__pycache__`` and hidden entries (``.ipynb_checkpoints``)."""
+    return sorted(
+        p
+        for p in directory.rglob("*.py")
+        if not any(part == "__pycache__" or part.startswith(".") for part in p.relative_to(directory).parts)
+    )
 
 
 def _package_name(directory: Path) -> str | None:
@@ -71,6 +80,10 @@ def _package_name(directory: Path) -> str | None:
         spec = importlib.util.find_spec(dotted)
     except (ImportError, ValueError):
         return None
+    except Exception as error:
+        raise FeatureLoadError(
+            f"feature directory {str(directory)!r} is package {dotted!r}, whose import failed: {type(error).__name__}: {error}"
+        ) from error
     if spec is None or spec.origin is None or Path(spec.origin).resolve() != (directory / "__init__.py").resolve():
         return None
     return dotted
@@ -93,7 +106,7 @@ def _load_directory(directory: Path) -> list[ModuleType]:
 def _import(name: str, path: Path) -> ModuleType:
     try:
         return importlib.import_module(name)
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         raise FeatureLoadError(f"feature file {str(path)!r} failed to import: {type(error).__name__}: {error}") from error
 
 
@@ -115,11 +128,12 @@ def _load_file(path: Path) -> ModuleType:
     sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
-        del sys.modules[name]
+    except (Exception, SystemExit) as error:
+        sys.modules.pop(name, None)
         raise FeatureLoadError(f"feature file {str(path)!r} failed to import: {type(error).__name__}: {error}") from error
     finally:
-        sys.path.remove(str(path.parent))
+        if str(path.parent) in sys.path:
+            sys.path.remove(str(path.parent))
     return module
 
 

@@ -30,7 +30,10 @@ def api_names_of(obj: Any) -> list[str]:
     for name in dir(obj):
         if name.startswith("_"):
             continue
-        attr = getattr(obj, name, None)
+        try:
+            attr = getattr(obj, name)
+        except Exception:  # a property that fails on this instance is no API
+            continue
         if callable(attr) and getattr(attr, "is_api", False):
             names.append(name)
     return names
@@ -52,6 +55,28 @@ def _origin(cls: type) -> str:
         return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _instantiate(cls: type, what: str) -> Any:
+    """``cls()``; registered classes are built without arguments, and a failure names the class."""
+    try:
+        return cls()
+    except Exception as error:
+        raise RegistryError(
+            f"{what} ({_origin(cls)}) could not be created with no arguments: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _tag(cls: type, kind: str, namespace: str) -> None:
+    """Record a registration on ``cls`` itself (never inherited); a class may be registered more than once."""
+    tags = cls.__dict__.get(REGISTRATION_TAG, ())
+    if (kind, namespace) not in tags:
+        setattr(cls, REGISTRATION_TAG, (*tags, (kind, namespace)))
+
+
+def registrations_of(cls: type) -> tuple[tuple[str, str], ...]:
+    """The ``(kind, namespace)`` registrations made by decorating ``cls`` itself."""
+    return cls.__dict__.get(REGISTRATION_TAG, ())
+
+
 class Registry:
     """Process-wide store of namespaces, their API objects and feature instances."""
 
@@ -60,7 +85,7 @@ class Registry:
     @classmethod
     def register_feature(cls, namespace: str) -> Callable[[T], T]:
         def decorate(feature_cls: T) -> T:
-            setattr(feature_cls, REGISTRATION_TAG, ("feature", namespace))
+            _tag(feature_cls, "feature", namespace)
             cls.add_feature(namespace, feature_cls)
             return feature_cls
 
@@ -69,7 +94,7 @@ class Registry:
     @classmethod
     def register_namespace_api(cls, namespace: str) -> Callable[[T], T]:
         def decorate(api_cls: T) -> T:
-            setattr(api_cls, REGISTRATION_TAG, ("namespace_api", namespace))
+            _tag(api_cls, "namespace_api", namespace)
             cls.add_namespace_api(namespace, api_cls)
             return api_cls
 
@@ -110,7 +135,7 @@ class Registry:
 
     @staticmethod
     def _instantiate_feature(ns: NamespaceData, feature_cls: type) -> None:
-        feature = feature_cls()
+        feature = _instantiate(feature_cls, f"feature '{feature_cls.__name__}' of namespace '{ns.name}'")
         ns.features[feature_cls.__name__] = feature
         for api_name in api_names_of(feature):
             ns.feat_api_to_features[api_name].append(feature_cls.__name__)
@@ -120,7 +145,7 @@ class Registry:
         """Install an instance of ``api_cls`` as the namespace's API, then register the waiting features."""
         ns = cls._namespace(namespace)
         if type(ns.api) is not api_cls:
-            ns.api = api_cls()
+            ns.api = _instantiate(api_cls, f"API class '{api_cls.__name__}' of namespace '{namespace}'")
         deferred, ns.deferred_features = ns.deferred_features, []
         for feature_cls in deferred:
             cls.add_feature(namespace, feature_cls)
@@ -128,9 +153,9 @@ class Registry:
     @classmethod
     def add_tagged(cls, classes: list[type]) -> None:
         """Register classes carrying a registration tag; two different classes claiming one name is an error."""
+        tagged = [(item, kind, namespace) for item in classes for kind, namespace in registrations_of(item)]
         seen: dict[tuple[str, str, str], type] = {}
-        for item in classes:
-            kind, namespace = getattr(item, REGISTRATION_TAG)
+        for item, kind, namespace in tagged:
             key = (kind, namespace, item.__name__)
             if key in seen and seen[key] is not item:
                 raise RegistryError(
@@ -138,14 +163,18 @@ class Registry:
                     f"'{namespace}': {_origin(seen[key])} and {_origin(item)}; rename one of them"
                 )
             seen[key] = item
-        for item in classes:
-            kind, namespace = getattr(item, REGISTRATION_TAG)
+        for item, kind, namespace in tagged:
             if kind == "namespace_api":
                 cls.add_namespace_api(namespace, item)
-        for item in classes:
-            kind, namespace = getattr(item, REGISTRATION_TAG)
+        for item, kind, namespace in tagged:
             if kind == "feature":
                 cls.add_feature(namespace, item, replace=True)
+        # Namespaces in load order (built-ins first), whether or not their modules ran during this load.
+        order = list(dict.fromkeys(namespace for _, _, namespace in tagged))
+        ordered = {name: cls.data[name] for name in order if name in cls.data}
+        ordered.update(cls.data)
+        cls.data.clear()
+        cls.data.update(ordered)
 
     @classmethod
     def validate_and_init(cls) -> None:

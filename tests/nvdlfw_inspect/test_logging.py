@@ -1,0 +1,197 @@
+"""Log files, their names and formats, and the choice of statistics loggers."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+import torch
+from logreader import main_log_path, read_messages, read_stats, stats_log_path
+
+import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.logging import (
+    BaseLogger,
+    FileLogger,
+    MetricLogger,
+    TensorboardLogger,
+    custom_assert,
+    log_file_name,
+    print_rank_0,
+    wrap_tensorboard_writer,
+)
+
+CONFIG = {
+    "s": {
+        "enabled": True,
+        "layers": {"layer_types": ["fc"]},
+        "LogTensorStats": {"enabled": True, "stats": ["min", "max"], "tensors": ["activation"]},
+    }
+}
+
+
+class ListLogger(BaseLogger):
+    def __init__(self):
+        self.records = []
+
+    def log_scalar(self, name, value, iteration, **kwargs):
+        self.records.append((name, float(value), iteration))
+
+
+class FakeWriter:
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, value, step))
+
+
+def log_stats_once():
+    debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([-2.0, 5.0]), tensor_name="activation")
+
+
+def test_default_file_logger_line_format(log_dir):
+    debug_api.initialize(CONFIG, log_dir=log_dir, init_training_step=7)
+    log_stats_once()
+    lines = stats_log_path(log_dir).read_text().splitlines()
+    assert len(lines) == 2
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - INFO - net\.fc_activation_min \t\t\t\t iteration=000007 \t\t\t\t value=-2\.0000",
+        lines[0],
+    )
+    assert read_stats(log_dir) == {("net.fc_activation_min", 7): -2.0, ("net.fc_activation_max", 7): 5.0}
+    first_main = main_log_path(log_dir).read_text().splitlines()[0]
+    assert re.fullmatch(r"\S+ \S+ - INFO - Default logging to file enabled at .*", first_main)
+
+
+def test_custom_logger_replaces_the_file_logger(log_dir):
+    sink = ListLogger()
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=sink)
+    log_stats_once()
+    assert sink.records == [("net.fc_activation_min", -2.0, 0), ("net.fc_activation_max", 5.0, 0)]
+    assert not (log_dir / "nvdlfw_inspect_statistics_logs").exists()
+    assert ("INFO", "Using the provided logger for logging tensor statistics.") in read_messages(log_dir)
+
+
+def test_default_logging_enabled_adds_the_file_logger(log_dir):
+    sink = ListLogger()
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=sink, default_logging_enabled=True)
+    log_stats_once()
+    assert len(sink.records) == 2
+    assert read_stats(log_dir)[("net.fc_activation_max", 0)] == 5.0
+
+
+def test_custom_logger_and_tb_writer_both_receive(log_dir):
+    sink, writer = ListLogger(), FakeWriter()
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=sink, tb_writer=writer)
+    log_stats_once()
+    assert len(sink.records) == 2
+    assert writer.scalars == [("net.fc_activation_min", -2.0, 0), ("net.fc_activation_max", 5.0, 0)]
+
+
+def test_statistics_logger_must_be_a_base_logger(log_dir):
+    class DuckLogger:
+        def log_scalar(self, name, value, iteration, **kwargs):
+            pass
+
+    with pytest.raises(TypeError, match="statistics_logger must be an instance of nvdlfw_inspect.logging.BaseLogger"):
+        debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=DuckLogger())
+    assert debug_api.DEBUG_MANAGER is None
+    with pytest.raises(TypeError, match="tb_writer must have an add_scalar method"):
+        debug_api.initialize(CONFIG, log_dir=log_dir, tb_writer=object())
+
+
+def test_tensorboard_events_are_written_and_read_back(log_dir, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    debug_api.initialize(CONFIG, log_dir=log_dir, tb_writer=writer)
+    log_stats_once()
+    debug_api.step()
+    debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([1.5, 3.25]), tensor_name="activation")
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"net.fc_activation_min", "net.fc_activation_max"}
+    assert [(e.step, e.value) for e in events.Scalars("net.fc_activation_min")] == [(0, -2.0), (1, 1.5)]
+    assert [(e.step, e.value) for e in events.Scalars("net.fc_activation_max")] == [(0, 5.0), (1, 3.25)]
+    assert ("INFO", "TB Writer found. Logging to Tensorboard..") in read_messages(log_dir)
+    assert not (log_dir / "nvdlfw_inspect_statistics_logs").exists()
+
+
+def test_overwrite_is_default_and_append_on_request(log_dir, monkeypatch):
+    for _ in range(2):
+        debug_api.initialize(CONFIG, log_dir=log_dir)
+        log_stats_once()
+        debug_api.end_debug()
+    assert len(stats_log_path(log_dir).read_text().splitlines()) == 2
+    monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE", "0")
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    log_stats_once()
+    debug_api.end_debug()
+    assert len(stats_log_path(log_dir).read_text().splitlines()) == 4
+    monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE", "yes")
+    with pytest.raises(ValueError, match="NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE='yes' must be an integer"):
+        debug_api.initialize(CONFIG, log_dir=log_dir)
+
+
+def test_timestamped_file_names(log_dir, monkeypatch):
+    monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP", "1")
+    monkeypatch.delenv("NVDLFW_INSPECT_LOG_TIMESTAMP", raising=False)
+    name = log_file_name()
+    assert re.fullmatch(r"nvdlfw_inspect_\d{8}_\d{6}_globalrank-0\.log", name)
+    assert log_file_name() == name  # fixed once per process
+    monkeypatch.setenv("NVDLFW_INSPECT_LOG_TIMESTAMP", "shared_stamp")
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    assert (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_shared_stamp_globalrank-0.log").is_file()
+    monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP", "0")
+    assert log_file_name() == "nvdlfw_inspect_globalrank-0.log"
+
+
+def test_rank_from_launcher_environment_when_not_distributed(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    assert log_file_name() == "nvdlfw_inspect_globalrank-3.log"
+
+
+def test_file_logger_without_statistics_file_refuses_scalars(tmp_path):
+    logger = FileLogger("nvdlfw_inspect_test_logger", str(tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match="Default stats logger not initialized"):
+            logger.log_scalar("x", 1.0, 0)
+        logger.log_message("kept", level=logging.INFO)
+        assert "kept" in (tmp_path / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    finally:
+        logger.close()
+
+
+def test_metric_logger_fans_out_and_tensorboard_wrapper():
+    writer, sink = FakeWriter(), ListLogger()
+    MetricLogger.add_logger(sink)
+    MetricLogger.add_logger(wrap_tensorboard_writer(writer))
+    try:
+        MetricLogger.log_scalar("a", torch.tensor(2.5), 4)
+    finally:
+        MetricLogger.reset()
+    assert sink.records == [("a", 2.5, 4)]
+    assert writer.scalars == [("a", 2.5, 4)]
+    TensorboardLogger(None).log_scalar("ignored", 1.0, 0)
+
+
+def test_print_rank_0_and_custom_assert(capsys):
+    print_rank_0("a", 1)
+    assert capsys.readouterr().out == "a 1 \n"
+    custom_assert(True, "fine")
+    with pytest.raises(AssertionError, match="broken"):
+        custom_assert(False, "broken")
+
+
+def test_warnings_are_echoed_to_stderr(log_dir, capsys):
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    capsys.readouterr()
+    debug_api.log_message("watch out", level=logging.WARNING)
+    debug_api.log_message("quiet")
+    err = capsys.readouterr().err
+    assert re.search(r"NVDLFW INSPECT - \S+ \S+ - WARNING - watch out", err)
+    assert "quiet" not in err

@@ -1,0 +1,33 @@
+"""The README's quick start runs as written and logs what it says."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from logreader import read_stats
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def quick_start_code() -> str:
+    text = README.read_text()
+    section = text.split("## Quick start", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_quick_start_runs_as_written(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", quick_start_code()], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout.strip().splitlines()
+    assert [line.split(" ", 1)[0] for line in printed] == ["0", "1", "2"]
+    stats = read_stats(tmp_path / "quickstart_logs")
+    assert {iteration for _, iteration in stats} == {0, 1, 2}
+    assert len(stats) == 18
+    assert all(name.startswith("model.fc1_activation_") for name, _ in stats)
+    std = stats[("model.fc1_activation_std", 0)]
+    assert 0.9 < std < 1.1  # torch.randn
