@@ -19,9 +19,7 @@ def quick_start_code() -> str:
 
 
 def test_quick_start_runs_as_written(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-c", quick_start_code()], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    result = subprocess.run([sys.executable, "-c", quick_start_code()], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     printed = result.stdout.strip().splitlines()
     assert [line.split(" ", 1)[0] for line in printed] == ["0", "1", "2"]

@@ -1,0 +1,88 @@
+"""Side-by-side timing across Python environments.
+
+The reference ``nvdlfw_inspect`` shares our package's import name, so it runs in its own virtual
+environment (``reference_python``). Each environment hosts one long-lived worker process that times
+one variant per request; the driver interleaves requests so machine noise hits every variant alike.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import venv
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_VENV = ROOT / "benchmarks" / ".reference-venv"
+REFERENCE_REQUIREMENT = "nvdlfw-inspect==0.2.2"
+
+
+def reference_python() -> tuple[Path | None, str]:
+    """The interpreter of an environment with the reference installed, created on first use.
+
+    Returns ``(path, "")`` or ``(None, reason)`` when it cannot be set up (for example offline).
+    """
+    python = REFERENCE_VENV / "bin" / "python"
+    stamp = REFERENCE_VENV / ".installed"
+    if stamp.exists() and stamp.read_text() == REFERENCE_REQUIREMENT:
+        return python, ""
+    print(f"Setting up {REFERENCE_REQUIREMENT} in {REFERENCE_VENV} (once) ...", file=sys.stderr)
+    venv.create(REFERENCE_VENV, with_pip=True, clear=True)
+    command = [str(python), "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt"), "torch", REFERENCE_REQUIREMENT]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        return None, f"pip install {REFERENCE_REQUIREMENT} failed: {result.stderr.strip().splitlines()[-1:]}"
+    stamp.write_text(REFERENCE_REQUIREMENT)
+    return python, ""
+
+
+def serve(run_variant: Callable[[str], float]) -> None:
+    """Worker loop: read a variant name per line from stdin, answer its seconds per step as JSON."""
+    for line in sys.stdin:
+        print(json.dumps(run_variant(line.strip())), flush=True)
+
+
+class Worker:
+    """A worker process running ``script --worker`` under ``python``."""
+
+    def __init__(self, python: Path | str, script: Path, args: list[str]):
+        self._process = subprocess.Popen(
+            [str(python), str(script), "--worker", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
+        )
+
+        self._requests, self._answers = self._process.stdin, self._process.stdout
+
+    def time(self, variant: str) -> float:
+        self._requests.write(variant + "\n")
+        self._requests.flush()
+        answer = self._answers.readline()
+        if not answer:
+            raise RuntimeError(f"benchmark worker died while timing {variant!r} (exit code {self._process.wait()})")
+        return json.loads(answer)
+
+    def close(self) -> None:
+        self._requests.close()
+        self._process.wait()
+
+
+def interleave(plan: list[tuple[str, Worker, str]], repeats: int) -> dict[str, float]:
+    """Median seconds per step of each ``(label, worker, variant)``, after one warm-up round."""
+    samples: dict[str, list[float]] = {label: [] for label, _, _ in plan}
+    for round_index in range(repeats + 1):
+        for label, worker, variant in plan:
+            seconds = worker.time(variant)
+            if round_index > 0:
+                samples[label].append(seconds)
+    return {label: statistics.median(values) for label, values in samples.items()}
+
+
+def print_ratio_table(title: str, medians: dict[str, float], baseline: str, missing: dict[str, str]) -> None:
+    print(title)
+    print(f"{'variant':<24} {'ms/step':>9} {'ratio':>7}")
+    for label, seconds in medians.items():
+        print(f"{label:<24} {seconds * 1e3:>9.2f} {seconds / medians[baseline]:>7.3f}")
+    for label, reason in missing.items():
+        print(f"{label:<24} {'-':>9} {'-':>7}  ({reason})")
