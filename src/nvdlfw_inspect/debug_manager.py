@@ -17,6 +17,7 @@ from nvdlfw_inspect.logging import (
     wrap_tensorboard_writer,
 )
 from nvdlfw_inspect.registry import Registry
+from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 
 
 class DebugManager:
@@ -111,10 +112,12 @@ class DebugManager:
 
     def step(self) -> None:
         self._trainer_iteration_count += 1
+        STATS_BUFFERS.flush()
         for api in self._namespace_apis.values():
             api.step()
 
     def close(self) -> None:
-        """Run every namespace's ``end_debug`` hook."""
+        """Run every namespace's ``end_debug`` hook and drop unflushed statistics buffers."""
+        STATS_BUFFERS.reset()
         for api in self._namespace_apis.values():
             api.end_debug()

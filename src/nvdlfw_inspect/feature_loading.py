@@ -21,6 +21,20 @@ from nvdlfw_inspect.errors import FeatureLoadError
 from nvdlfw_inspect.registry import registrations_of
 
 BUILTIN_FEATURE_DIR = Path(__file__).parent / "debug_features"
+_default_feature_dirs: list[Path] = []
+
+
+def register_default_feature_dir(directory: str | os.PathLike) -> None:
+    """Load ``directory`` at every ``initialize`` as if it were in ``feature_dirs``.
+
+    Libraries that ship a namespace (``lowprec`` does for ``transformer_engine``) call this on import,
+    so that configs naming their features work without extra ``feature_dirs``.
+    """
+    path = Path(directory).resolve()
+    if not path.is_dir():
+        raise FeatureLoadError(f"default feature directory not found: {str(path)!r}")
+    if path not in _default_feature_dirs:
+        _default_feature_dirs.append(path)
 
 
 def normalize_feature_dirs(feature_dirs: Any) -> list[Path]:
@@ -49,7 +63,7 @@ def normalize_feature_dirs(feature_dirs: Any) -> list[Path]:
 def load_feature_dirs(dirs: list[Path]) -> list[type]:
     """Import every ``*.py`` file under the built-in and the given directories; return tagged classes in order."""
     classes: list[type] = []
-    for directory in [BUILTIN_FEATURE_DIR, *dirs]:
+    for directory in dict.fromkeys([BUILTIN_FEATURE_DIR, *_default_feature_dirs, *dirs]):
         for module in _load_directory(directory):
             for value in list(vars(module).values()):
                 if isinstance(value, type) and registrations_of(value) and value not in classes:
