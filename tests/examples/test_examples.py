@@ -52,25 +52,20 @@ def test_training_example_statistics_are_consistent(log_dir):
         assert get["l1_norm"] / n == pytest.approx(math.sqrt(2 / math.pi), rel=0.05)
 
 
+def run_training_script(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(EXAMPLES / "train_mlp_stats.py"), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
 def test_training_example_command_line(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "train_mlp_stats.py"), "--steps", "3", "--log-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_training_script("--steps", "3", "--log-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert f"Statistics log: {tmp_path / 'nvdlfw_inspect_statistics_logs'}" in result.stdout
     assert "mlp.out_activation_l2_norm iteration=000002 value=" in result.stdout
 
 
 def test_training_example_rejects_bad_steps(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "train_mlp_stats.py"), "--steps", "0", "--log-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_training_script("--steps", "0", "--log-dir", str(tmp_path))
     assert result.returncode == 2
     assert "--steps must be at least 1, got 0" in result.stderr
 

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from logreader import read_stats, stats_log_path
+from statref import SIX, reference_stats
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
@@ -22,15 +23,7 @@ import dist_workers  # noqa: E402
 
 
 def reference(t: torch.Tensor) -> dict[str, float]:
-    v = t.to(torch.float64)
-    return {
-        "min": v.min().item(),
-        "max": v.max().item(),
-        "mean": v.mean().item(),
-        "std": v.std().item(),
-        "l1_norm": v.abs().sum().item(),
-        "l2_norm": v.norm().item(),
-    }
+    return reference_stats(t, SIX)
 
 
 def spawn(body: str, world: int, tmp_path: Path) -> Path:

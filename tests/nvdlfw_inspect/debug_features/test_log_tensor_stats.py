@@ -7,30 +7,21 @@ import math
 import pytest
 import torch
 from logreader import read_messages, read_stats
+from statref import SIX, reference_stats
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.logging import BaseLogger
 
-SIX = ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
-
 
 def config(**feature) -> dict:
-    body = {"enabled": True, "tensors": ["activation"], "stats": SIX}
+    body = {"enabled": True, "tensors": ["activation"], "stats": list(SIX)}
     body.update(feature)
     return {"block": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "LogTensorStats": body}}
 
 
 def expected(x: torch.Tensor) -> dict[str, float]:
-    v = x.to(torch.float64).reshape(-1)
-    return {
-        "min": v.min().item(),
-        "max": v.max().item(),
-        "mean": v.mean().item(),
-        "std": v.std().item(),
-        "l1_norm": v.abs().sum().item(),
-        "l2_norm": v.norm().item(),
-    }
+    return reference_stats(x, SIX)
 
 
 def run_steps(steps: int, layer: str = "l1", tensor_name: str = "activation", **kwargs) -> list[torch.Tensor]:

@@ -6,28 +6,12 @@ import math
 
 import pytest
 import torch
+from statref import reference_stats
 
 from nvdlfw_inspect.stats import compute_partials, derive_stats, merge_partials, supported_stats
 from nvdlfw_inspect.stats.partials import FIELDS, INDEX, empty_partials
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def reference_stats(x: torch.Tensor) -> dict[str, float]:
-    """Float64 statistics computed directly, independent of the partials."""
-    v = x.detach().to(torch.float64).reshape(-1)
-    nonzero = v.abs()[v != 0]
-    amax = v.abs().max().item()
-    return {
-        "min": v.min().item(),
-        "max": v.max().item(),
-        "mean": v.mean().item(),
-        "std": v.std().item(),
-        "l1_norm": v.abs().sum().item(),
-        "l2_norm": math.sqrt((v * v).sum().item()),
-        "cur_amax": amax,
-        "dynamic_range": math.log2(amax) - math.log2(nonzero.min().item()) if nonzero.numel() else 0.0,
-    }
 
 
 def stats_of(x: torch.Tensor) -> dict[str, float]:
