@@ -59,6 +59,8 @@ def tensor_views(config: dict, location: ConfigLocation) -> list[tuple[dict, Con
 
     A ``tensors_struct`` item's view reports its own keys at the item's location.
     """
+    if "tensors_struct" in config and "tensors" in config:
+        raise location.error("give either 'tensors' or 'tensors_struct', not both", sorted(config))
     if "tensors_struct" in config:
         items = config["tensors_struct"]
         struct_loc = location.child("tensors_struct")
@@ -70,6 +72,8 @@ def tensor_views(config: dict, location: ConfigLocation) -> list[tuple[dict, Con
             item_loc = struct_loc.child(i)
             if not isinstance(item, dict) or not isinstance(item.get("tensor"), str):
                 raise item_loc.error("each item must be a mapping with a string 'tensor' key", item)
+            if any(other.get("tensor") == item["tensor"] for other in items[:i]):
+                raise item_loc.child("tensor").error("this tensor already has an item in tensors_struct", item["tensor"])
             views.append(({**shared, **item}, _ItemLocation(item_loc, location, set(item))))
         return views
     if "tensors" in config:

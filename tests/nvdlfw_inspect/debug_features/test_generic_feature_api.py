@@ -44,6 +44,8 @@ def test_tensor_views_give_each_tensor_its_merged_options():
         ({"tensors": [1]}, r"tensors': must be a non-empty list of tensor names; got \[1\]"),
         ({"tensors_struct": {"tensor": "a"}}, r"tensors_struct': must be a non-empty list of mappings"),
         ({"tensors_struct": [{"stats": ["min"]}]}, r"tensors_struct\.0': each item must be a mapping with a string 'tensor' key"),
+        ({"tensors": ["a"], "tensors_struct": [{"tensor": "a"}]}, r"either 'tensors' or 'tensors_struct', not both"),
+        ({"tensors_struct": [{"tensor": "a"}, {"tensor": "a"}]}, r"tensors_struct\.1\.tensor'.*already has an item.*'a'"),
     ],
 )
 def test_tensor_grammar_errors(config, message):
