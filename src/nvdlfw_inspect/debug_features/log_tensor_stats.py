@@ -19,8 +19,9 @@ from nvdlfw_inspect.utils import append_parent_docstring, get_distributed_world_
 WINDOW_KEYS = frozenset({"freq", "start_step", "end_step", "start_end_list"})
 
 
-def validate_window(config: dict, location: ConfigLocation) -> None:
-    """Check ``freq`` (int > 0), ``start_step`` (int >= 0), ``end_step`` (int >= -1) and ``start_end_list``."""
+def validate_window(config: dict, location: ConfigLocation, closed: bool = False) -> None:
+    """Check ``freq`` (int > 0), ``start_step`` (int >= 0), ``end_step`` (int >= -1) and ``start_end_list``
+    (half-open ``[start, end)`` windows, or closed ``[start, end]`` ones with ``closed``)."""
     if "freq" in config:
         freq = config["freq"]
         if isinstance(freq, bool) or not isinstance(freq, int) or freq <= 0:
@@ -34,11 +35,12 @@ def validate_window(config: dict, location: ConfigLocation) -> None:
         if isinstance(end, bool) or not isinstance(end, int) or end < -1:
             raise location.child("end_step").error("must be an integer >= 0, or -1 for no end", end)
     if "start_end_list" in config:
-        _validate_start_end_list(config["start_end_list"], location.child("start_end_list"))
+        _validate_start_end_list(config["start_end_list"], location.child("start_end_list"), closed)
 
 
-def _validate_start_end_list(pairs: Any, location: ConfigLocation) -> None:
+def _validate_start_end_list(pairs: Any, location: ConfigLocation, closed: bool) -> None:
     shape = "a list of [start, end] integer pairs in increasing, non-overlapping order (end -1: no end)"
+    order = "<=" if closed else "<"
     if not isinstance(pairs, list):
         raise location.error(f"must be {shape}", pairs)
     previous_end = -1
@@ -48,11 +50,11 @@ def _validate_start_end_list(pairs: Any, location: ConfigLocation) -> None:
             and len(pair) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
             and pair[0] >= 0
-            and (pair[1] == -1 or pair[1] > pair[0])
+            and (pair[1] == -1 or pair[1] > pair[0] or (closed and pair[1] == pair[0]))
         )
         if not ok:
-            raise location.child(i).error(f"must be [start, end] with 0 <= start < end; the list is {shape}", pair)
-        if i > 0 and (previous_end == -1 or pair[0] < previous_end):
+            raise location.child(i).error(f"must be [start, end] with 0 <= start {order} end; the list is {shape}", pair)
+        if i > 0 and (previous_end == -1 or pair[0] < previous_end or (closed and pair[0] == previous_end)):
             raise location.child(i).error(f"overlaps the previous window; the list is {shape}", pair)
         previous_end = pair[1]
 

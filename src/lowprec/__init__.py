@@ -1,0 +1,33 @@
+"""FP8 training layers for plain PyTorch whose every GEMM can be inspected and steered by ``nvdlfw_inspect``.
+
+Importing ``lowprec`` makes its debug features (config namespace ``transformer_engine``) load at every
+``nvdlfw_inspect.api.initialize``.
+"""
+
+from lowprec.autocast import autocast, fp8_autocast
+from lowprec.debug import FEATURE_DIR
+from lowprec.formats import E4M3, E5M2, FP8Format
+from lowprec.modules import LayerNormLinear, LayerNormMLP, Linear, TransformerLayer, convert
+from lowprec.quantization import Float8Tensor
+from lowprec.recipe import DelayedScaling, Float8CurrentScaling, Format
+from nvdlfw_inspect.feature_loading import register_default_feature_dir
+
+register_default_feature_dir(FEATURE_DIR)
+
+__all__ = [
+    "E4M3",
+    "E5M2",
+    "FEATURE_DIR",
+    "DelayedScaling",
+    "FP8Format",
+    "Float8CurrentScaling",
+    "Float8Tensor",
+    "Format",
+    "LayerNormLinear",
+    "LayerNormMLP",
+    "Linear",
+    "TransformerLayer",
+    "autocast",
+    "convert",
+    "fp8_autocast",
+]

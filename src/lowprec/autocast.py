@@ -1,0 +1,57 @@
+"""``lowprec.fp8_autocast`` / ``lowprec.autocast``: which recipe the layers run under, if any."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from lowprec.recipe import DelayedScaling, Float8CurrentScaling, Recipe
+
+
+@dataclass(frozen=True)
+class AutocastState:
+    enabled: bool = False
+    recipe: Recipe | None = None
+
+
+_stack: list[AutocastState] = [AutocastState()]
+
+
+def current() -> AutocastState:
+    """The innermost autocast state; outside any ``autocast`` FP8 is off."""
+    return _stack[-1]
+
+
+def active_recipe() -> Recipe | None:
+    """The recipe layers should quantize with now, or None for high precision."""
+    state = _stack[-1]
+    return state.recipe if state.enabled else None
+
+
+@contextmanager
+def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[None]:
+    """Run ``lowprec`` layers inside the block in FP8 with ``recipe`` (default: delayed scaling, HYBRID).
+
+    ``enabled=False`` runs them in high precision, also inside an enclosing autocast.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"autocast(enabled=...) must be a bool, got {enabled!r}")
+    if recipe is None:
+        recipe = DelayedScaling()
+    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
+        raise TypeError(
+            f"autocast recipe must be lowprec.DelayedScaling or lowprec.Float8CurrentScaling, got {type(recipe).__name__}"
+        )
+    _stack.append(AutocastState(enabled, recipe))
+    try:
+        yield
+    finally:
+        _stack.pop()
+
+
+@contextmanager
+def fp8_autocast(enabled: bool = True, fp8_recipe: Recipe | None = None) -> Iterator[None]:
+    """The seeds' spelling of :func:`autocast`."""
+    with autocast(enabled=enabled, recipe=fp8_recipe):
+        yield

@@ -1,0 +1,1 @@
+"""The ``transformer_engine`` config namespace: its API (``api.py``) and one module per feature."""

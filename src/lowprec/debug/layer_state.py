@@ -1,0 +1,49 @@
+"""When a layer asks its routing questions, and what it remembers of the answers.
+
+A layer asks at its first forward of an iteration, and only if the previous answers said something
+may change by now (their ``next_iteration``). Later micro-batches of the iteration reuse the plan.
+Turning FP8 on or off, or a new debug session, makes the layer ask again at once.
+"""
+
+from __future__ import annotations
+
+import nvdlfw_inspect.api as debug_api
+from lowprec.debug.plan import LayerPlan, build_plan
+from nvdlfw_inspect.config_manager import ConfigManager
+
+
+class DebugLayerState:
+    """Per-layer routing memory; ``plan_for`` answers None when the layer can take its plain path."""
+
+    def __init__(self) -> None:
+        self._session: object = None
+        self._key: tuple[int, bool] | None = None
+        self._plan: LayerPlan | None = None
+        self._next_iteration: int | None = 0
+        self._fp8: bool | None = None
+
+    def plan_for(self, layer_name: str, fp8: bool, layer_types: tuple[str, ...] = ()) -> LayerPlan | None:
+        """The plan of this forward, or None for the plain path. ``layer_types`` are the type names that
+        config ``layer_types`` selectors match besides substrings of the name."""
+        manager = debug_api.DEBUG_MANAGER
+        if manager is None:
+            return None
+        if manager is not self._session:
+            self.__init__()
+            self._session = manager
+        iteration = manager._trainer_iteration_count
+        key = (iteration, fp8)
+        if key == self._key:
+            return self._plan
+        self._key = key
+        due = self._next_iteration is not None and iteration >= self._next_iteration
+        if due or fp8 != self._fp8:
+            if layer_types:
+                ConfigManager.set_layer_types(layer_name, *layer_types)
+            plan = build_plan(layer_name, iteration, fp8)
+            self._fp8 = fp8
+            self._next_iteration = plan.next_iteration
+            self._plan = plan if plan.active else None
+        else:
+            self._plan = None
+        return self._plan

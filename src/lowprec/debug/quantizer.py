@@ -1,0 +1,112 @@
+"""The debug path of a layer's tensors: inspect, modify or quantize each operand as the plan says.
+
+For an input tensor (activation, weight, gradient) it produces one operand per GEMM that consumes it:
+the recipe's FP8 tensor (one cast shared by both GEMMs), the high-precision tensor, or whatever
+``modify_tensor`` returns; then ``inspect_tensor`` sees the high-precision tensor and both operands.
+Outputs (output, dgrad, wgrad) can be modified and inspected after their GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import nvdlfw_inspect.api as debug_api
+from lowprec.debug.names import TENSOR_GEMMS
+from lowprec.debug.plan import LayerPlan, Precision
+from lowprec.gemm import Operand
+from lowprec.quantization import Quantizer
+
+
+def _iteration() -> int:
+    manager = debug_api.DEBUG_MANAGER
+    return manager._trainer_iteration_count if manager is not None else 0
+
+
+class DebugProcessing:
+    """Turns a layer's tensors into GEMM operands under a debug plan (see module docstring)."""
+
+    def __init__(self, layer_name: str, quantizers: dict[str, Quantizer], plan: LayerPlan):
+        self.layer_name = layer_name
+        self.quantizers = quantizers
+        self.plan = plan
+
+    def input(self, tensor_name: str, tensor: torch.Tensor) -> tuple[Operand, Operand]:
+        """``(operand for the tensor's first GEMM, operand for its second GEMM)``."""
+        api = debug_api.transformer_engine
+        plan = self.plan.tensors[tensor_name]
+        first, second = TENSOR_GEMMS[tensor_name]
+        quantizer = self.quantizers.get(tensor_name)
+        tensor = tensor.detach()
+        iteration = _iteration()
+        quantized = quantizer.quantize(tensor) if quantizer is not None and plan.quantized_anywhere else None
+        operands: dict[str, Operand] = {}
+        for gemm in (second, first):
+            precision = plan.gemms[gemm]
+            if precision is Precision.MODIFY:
+                operands[gemm] = api.modify_tensor(
+                    layer_name=self.layer_name,
+                    gemm=gemm,
+                    tensor_name=tensor_name,
+                    tensor=tensor,
+                    default_quantizer=quantizer,
+                    iteration=iteration,
+                    dtype=tensor.dtype,
+                )
+            elif precision is Precision.QUANTIZE and quantized is not None:
+                operands[gemm] = quantized
+            else:
+                operands[gemm] = tensor
+        if plan.inspect:
+            api.inspect_tensor(
+                layer_name=self.layer_name,
+                tensor_name=tensor_name,
+                tensor=tensor,
+                iteration=iteration,
+                tp_group=None,
+                tp_size=1,
+                rowwise_quantized_tensor=operands[first],
+                columnwise_quantized_tensor=operands[second],
+                quantizer=quantizer,
+            )
+        for gemm in (first, second):
+            if plan.inspect_postquantize.get(gemm) and plan.gemms[gemm] is not Precision.HIGH_PRECISION:
+                api.inspect_tensor_postquantize(
+                    layer_name=self.layer_name,
+                    tensor_name=tensor_name,
+                    gemm=gemm,
+                    tensor=operands[gemm],
+                    iteration=iteration,
+                    tp_group=None,
+                    tp_size=1,
+                    rowwise=gemm == first,
+                )
+        return operands[first], operands[second]
+
+    def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The GEMM result ``tensor_name`` (output, dgrad or wgrad), modified and inspected as planned."""
+        api = debug_api.transformer_engine
+        plan = self.plan.tensors[tensor_name]
+        gemm = TENSOR_GEMMS[tensor_name][0]
+        iteration = _iteration()
+        if plan.gemms[gemm] is Precision.MODIFY:
+            tensor = api.modify_tensor(
+                layer_name=self.layer_name,
+                gemm=gemm,
+                tensor_name=tensor_name,
+                tensor=tensor,
+                default_quantizer=None,
+                iteration=iteration,
+            )
+        if plan.inspect:
+            api.inspect_tensor(
+                layer_name=self.layer_name,
+                tensor_name=tensor_name,
+                tensor=tensor.detach(),
+                iteration=iteration,
+                tp_group=None,
+                tp_size=1,
+                rowwise_quantized_tensor=None,
+                columnwise_quantized_tensor=None,
+                quantizer=None,
+            )
+        return tensor

@@ -1,0 +1,43 @@
+"""Low-precision number formats: their torch dtypes, largest finite values, and saturating casts.
+
+``torch``'s own ``.to(float8)`` does not saturate the same way everywhere (NaN on CUDA eager,
+saturation on the CPU), so every cast here clamps to the format's range first. NaN stays NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class FP8Format:
+    """One FP8 encoding: its name in configs, its torch dtype and its largest finite magnitude."""
+
+    name: str
+    dtype: torch.dtype
+    max: float
+
+    def cast(self, scaled: torch.Tensor) -> torch.Tensor:
+        """Round ``scaled`` (already multiplied by the scale) to this format, saturating at ``±max``."""
+        return scaled.float().clamp(-self.max, self.max).to(self.dtype)
+
+    def count_overflows(self, scaled: torch.Tensor) -> torch.Tensor:
+        """How many elements of ``scaled`` lie beyond ``±max`` (and so saturate): a 0-dim device tensor."""
+        return (scaled.float().abs() > self.max).sum()
+
+
+E4M3 = FP8Format("FP8E4M3", torch.float8_e4m3fn, 448.0)
+E5M2 = FP8Format("FP8E5M2", torch.float8_e5m2, 57344.0)
+
+FP8_FORMATS = {fmt.name: fmt for fmt in (E4M3, E5M2)}
+BY_DTYPE = {fmt.dtype: fmt for fmt in (E4M3, E5M2)}
+
+
+def fp8_format(name: str) -> FP8Format:
+    """The format called ``name`` (``FP8E4M3`` or ``FP8E5M2``)."""
+    try:
+        return FP8_FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown FP8 format {name!r}; known: {sorted(FP8_FORMATS)}") from None

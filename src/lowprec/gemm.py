@@ -1,0 +1,72 @@
+"""One matrix-multiply entry point for high-precision and FP8 operands.
+
+``gemm(a, b, out_dtype)`` computes ``a @ b`` for 2-D operands. Two ``Float8Tensor``s give an FP8
+GEMM: ``torch._scaled_mm`` on CUDA devices of compute capability 8.9 and later when the shapes allow,
+otherwise an emulation with the same numerics (exact products of the FP8 values summed in fp32, then
+scaled). If only one operand is FP8 it is dequantized and the GEMM runs in high precision, so both
+operands of a GEMM always share a precision.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from lowprec.formats import E5M2
+from lowprec.quantization import Float8Tensor
+
+Operand = torch.Tensor | Float8Tensor
+
+logger = logging.getLogger("lowprec")
+_explained: set[str] = set()
+
+
+def _say_once(reason: str) -> None:
+    if reason not in _explained:
+        _explained.add(reason)
+        logger.info(reason)
+
+
+def gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b`` in ``out_dtype``."""
+    a_fp8, b_fp8 = isinstance(a, Float8Tensor), isinstance(b, Float8Tensor)
+    if a_fp8 and b_fp8:
+        reason = scaled_mm_unsupported(a, b)
+        if reason is None:
+            return _scaled_mm(a, b, out_dtype)
+        if a.device.type == "cuda":
+            _say_once(f"lowprec: FP8 GEMM emulated on {a.device}: {reason}")
+        return emulated_fp8_gemm(a, b, out_dtype)
+    if a_fp8 or b_fp8:
+        _say_once("lowprec: a GEMM got one FP8 and one high-precision operand; it runs in high precision")
+        a = a.dequantize(out_dtype) if a_fp8 else a
+        b = b.dequantize(out_dtype) if b_fp8 else b
+    return torch.matmul(a.to(out_dtype), b.to(out_dtype))
+
+
+def emulated_fp8_gemm(a: Float8Tensor, b: Float8Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """What an FP8 tensor core computes: ``(qa @ qb) * scale_inv_a * scale_inv_b`` with fp32 accumulation."""
+    product = torch.matmul(a.data.float(), b.data.float())
+    return (product * (a.scale_inv * b.scale_inv)).to(out_dtype)
+
+
+def scaled_mm_unsupported(a: Float8Tensor, b: Float8Tensor) -> str | None:
+    """Why ``torch._scaled_mm`` cannot run this GEMM, or None if it can."""
+    if a.device.type != "cuda":
+        return "not a CUDA device"
+    if torch.cuda.get_device_capability(a.device) < (8, 9):
+        return "FP8 tensor cores need compute capability 8.9 or later"
+    if a.format is E5M2 and b.format is E5M2:
+        return "E5M2 x E5M2 is not supported by the hardware"
+    (m, k), n = a.shape, b.shape[1]
+    if k % 16 or n % 16:
+        return f"inner and output dimensions must be multiples of 16 (got k={k}, n={n}, m={m})"
+    return None
+
+
+def _scaled_mm(a: Float8Tensor, b: Float8Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    # _scaled_mm wants the first operand row-major and the second column-major.
+    a_data = a.data if a.data.is_contiguous() else a.data.contiguous()
+    b_data = b.data if b.data.t().is_contiguous() else b.data.t().contiguous().t()
+    return torch._scaled_mm(a_data, b_data, scale_a=a.scale_inv.reshape(()), scale_b=b.scale_inv.reshape(()), out_dtype=out_dtype)

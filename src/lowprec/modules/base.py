@@ -1,0 +1,41 @@
+"""Layer names for debugging: given with ``name=``, derived by composite layers, or ``Layer_{n}``."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+_unnamed = itertools.count(1)
+
+
+def default_name() -> str:
+    """``Layer_1``, ``Layer_2``, ... for layers built without a name (numbers are never reused)."""
+    return f"Layer_{next(_unnamed)}"
+
+
+class NamedModule(torch.nn.Module):
+    """A module with a debug ``name``; renaming a composite layer renames the layers inside it."""
+
+    def __init__(self, name: str | None):
+        super().__init__()
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a string, got {name!r}")
+        self._name = default_name() if name is None else name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        if not isinstance(value, str):
+            raise TypeError(f"name must be a string, got {value!r}")
+        self._name = value
+        self._name_children(value)
+
+    def _name_children(self, name: str) -> None:
+        """Composite layers derive their children's names from ``name``."""
+
+    def extra_repr(self) -> str:
+        return f"name={self._name!r}"

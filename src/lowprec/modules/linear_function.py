@@ -1,0 +1,75 @@
+"""The autograd function shared by every GEMM-bearing layer: fprop, dgrad and wgrad in one place.
+
+For ``y = x W^T + b`` the three GEMMs are fprop ``x W^T``, dgrad ``dy W`` and wgrad ``dy^T x``.
+Running them here, not through ``torch.nn.functional.linear``, lets each operand be quantized,
+modified or inspected on its way in, and each result on its way out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from lowprec.gemm import Operand, gemm
+from lowprec.quantization import Quantizer
+
+
+class Processing(Protocol):
+    """How a layer turns tensors into GEMM operands and treats GEMM results."""
+
+    def input(self, tensor_name: str, tensor: torch.Tensor) -> tuple[Operand, Operand]: ...
+
+    def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor: ...
+
+
+class PlainProcessing:
+    """No debug feature: quantize each input once with the recipe's quantizer, if there is one."""
+
+    def __init__(self, quantizers: dict[str, Quantizer]):
+        self.quantizers = quantizers
+
+    def input(self, tensor_name: str, tensor: torch.Tensor) -> tuple[Operand, Operand]:
+        quantizer = self.quantizers.get(tensor_name)
+        operand = quantizer.quantize(tensor) if quantizer is not None else tensor.detach()
+        return operand, operand
+
+    def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+
+class LinearFunction(torch.autograd.Function):
+    """``y = x W^T + b`` with every operand of the three GEMMs passing through ``processing``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, processing: Processing
+    ) -> torch.Tensor:
+        x2d = x.reshape(-1, x.shape[-1])
+        activation_fprop, activation_wgrad = processing.input("activation", x2d)
+        weight_fprop, weight_dgrad = processing.input("weight", weight)
+        out = gemm(activation_fprop, weight_fprop.t(), x.dtype)
+        if bias is not None:
+            out = out + bias.to(out.dtype)
+        out = processing.output("output", out)
+        ctx.processing = processing
+        ctx.saved = (activation_wgrad, weight_dgrad)
+        ctx.x_shape, ctx.weight_dtype, ctx.has_bias = x.shape, weight.dtype, bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        processing: Processing = ctx.processing
+        activation_wgrad, weight_dgrad = ctx.saved
+        ctx.saved = None
+        dy = grad_out.reshape(-1, grad_out.shape[-1])
+        gradient_dgrad, gradient_wgrad = processing.input("gradient", dy)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = processing.output("dgrad", gemm(gradient_dgrad, weight_dgrad, dy.dtype)).reshape(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            dw = processing.output("wgrad", gemm(gradient_wgrad.t(), activation_wgrad, dy.dtype)).to(ctx.weight_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.sum(dim=0).to(ctx.bias_dtype)
+        return dx, dw, db, None
