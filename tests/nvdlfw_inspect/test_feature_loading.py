@@ -327,3 +327,18 @@ def test_directory_with_init_but_not_importable_is_loaded_file_by_file(tmp_path,
     (directory / "__init__.py").write_text("")
     init(directory, log_dir)
     assert set(features_of(ns.name)) == {"FeatA", "FeatB"}
+
+
+def test_default_feature_dirs_load_at_every_initialize(tmp_path, log_dir):
+    from nvdlfw_inspect.feature_loading import register_default_feature_dir
+
+    ns = write_namespace(tmp_path / "features")
+    register_default_feature_dir(ns.directory)
+    register_default_feature_dir(ns.directory)  # once is enough
+    init(None, log_dir, config_for(ns))
+    assert set(features_of(ns.name)) == set(ns.features)
+    debug_api.end_debug()
+    init([ns.directory], log_dir, config_for(ns))  # also passed explicitly: loaded once
+    assert set(features_of(ns.name)) == set(ns.features)
+    with pytest.raises(FeatureLoadError, match="default feature directory not found"):
+        register_default_feature_dir(tmp_path / "missing")
