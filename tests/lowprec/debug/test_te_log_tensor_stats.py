@@ -1,0 +1,156 @@
+"""transformer_engine LogTensorStats: every tensor of every GEMM, micro-batches, schedule, float64 references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from debugrun import make_linear, section, start, train_step
+from logreader import read_messages, read_stats
+from statref import reference_stats
+
+import lowprec
+import nvdlfw_inspect.api as debug_api
+from lowprec.debug.schedule import next_enabled_iter
+from nvdlfw_inspect.logging import BaseLogger
+
+ALL_STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
+ALL_TENSORS = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
+
+
+class Collect(BaseLogger):
+    def __init__(self):
+        self.values: dict[tuple[str, int], float] = {}
+
+    def log_scalar(self, name, value, iteration):
+        self.values[(name, iteration)] = value
+
+
+def stats_config(**keys) -> dict:
+    feature = {"enabled": True, "tensors": ALL_TENSORS, "stats": ALL_STATS}
+    feature.update(keys)
+    return section({"LogTensorStats": feature})
+
+
+def assert_stats(values: dict, layer: str, tensor: str, t: torch.Tensor, iteration: int = 0) -> None:
+    for stat, want in reference_stats(t).items():
+        assert values[(f"{layer}_{tensor}_{stat}", iteration)] == pytest.approx(want, rel=1e-5, abs=1e-6), (tensor, stat)
+
+
+def test_every_tensor_of_an_fp8_linear(log_dir):
+    collect = Collect()
+    start(stats_config(), log_dir, statistics_logger=collect)
+    layer = make_linear()
+    x, dy = torch.randn(8, 32), torch.randn(8, 24)
+    y, dx, dw = train_step(layer, x, dy)
+    debug_api.step()
+    assert_stats(collect.values, "lin", "activation", x)
+    assert_stats(collect.values, "lin", "weight", layer.weight)
+    assert_stats(collect.values, "lin", "gradient", dy)
+    assert_stats(collect.values, "lin", "output", y)
+    assert_stats(collect.values, "lin", "dgrad", dx)
+    assert_stats(collect.values, "lin", "wgrad", dw)
+    assert len(collect.values) == len(ALL_TENSORS) * len(ALL_STATS)
+
+
+def test_micro_batches_accumulate_but_weights_count_once(log_dir):
+    collect = Collect()
+    start(
+        stats_config(tensors=["activation", "weight", "gradient"], stats=["mean", "std", "l1_norm"]),
+        log_dir,
+        statistics_logger=collect,
+    )
+    layer = make_linear()
+    xs = [torch.randn(8, 32) + i for i in range(3)]
+    dys = [torch.randn(8, 24) * (i + 1) for i in range(3)]
+    for x, dy in zip(xs, dys, strict=True):
+        train_step(layer, x, dy)
+    debug_api.step()
+    for stat in ("mean", "std", "l1_norm"):
+        assert collect.values[(f"lin_activation_{stat}", 0)] == pytest.approx(reference_stats(torch.cat(xs))[stat], rel=1e-6)
+        assert collect.values[(f"lin_gradient_{stat}", 0)] == pytest.approx(reference_stats(torch.cat(dys))[stat], rel=1e-6)
+        assert collect.values[(f"lin_weight_{stat}", 0)] == pytest.approx(reference_stats(layer.weight)[stat], rel=1e-6)
+
+
+def test_file_log_and_once_only_message(log_dir):
+    start(stats_config(tensors=["activation"], stats=["max"]), log_dir)
+    layer = make_linear()
+    for _ in range(3):
+        train_step(layer, torch.ones(2, 32), torch.ones(2, 24), fp8=False)
+        debug_api.step()
+    debug_api.end_debug()
+    assert read_stats(log_dir) == {("lin_activation_max", i): 1.0 for i in range(3)}
+    messages = [m for _, m in read_messages(log_dir)]
+    assert messages.count("LAYER=lin: Feature=LogTensorStats, API=look_at_tensor_before_process: activation") == 1
+
+
+@pytest.mark.parametrize(
+    ("window", "iterations"),
+    [
+        ({"freq": 2, "start_step": 1, "end_step": 5}, {2, 4}),
+        ({"start_end_list": [[0, 1], [4, 4]]}, {0, 1, 4}),  # closed windows
+        ({"start_step": 3}, {3, 4, 5, 6, 7}),
+        ({"end_step": -1, "freq": 4}, {0, 4}),
+    ],
+)
+def test_schedule_and_the_layer_sleeps_in_between(log_dir, window, iterations, monkeypatch):
+    import lowprec.debug.layer_state as layer_state
+
+    asked = []
+    original = layer_state.build_plan
+    monkeypatch.setattr(layer_state, "build_plan", lambda name, it, fp8: asked.append(it) or original(name, it, fp8))
+    start(stats_config(tensors=["activation"], stats=["mean"], **window), log_dir)
+    layer = make_linear()
+    for _ in range(8):
+        train_step(layer, torch.randn(2, 32), torch.randn(2, 24))
+        debug_api.step()
+    debug_api.end_debug()
+    assert {it for name, it in read_stats(log_dir)} == iterations
+    assert set(asked) == {0} | iterations  # routing questions only when something is due
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((1, None, None, 3, 0), (False, 3)),
+        ((1, None, None, 3, 2), (False, 3)),
+        ((1, None, None, 3, 3), (True, 6)),
+        ((None, None, [[0, 2], [5, 6]], 2, 2), (True, 6)),
+        ((None, None, [[0, 2], [5, 6]], 2, 6), (True, None)),
+        ((0, 4, None, 1, 4), (True, None)),
+        ((0, -1, None, 1, 9), (True, 10)),  # -1: no end
+    ],
+)
+def test_next_enabled_iter(args, expected):
+    assert next_enabled_iter(*args) == expected
+
+
+def test_stats_of_a_transformer_layer_by_type(log_dir):
+    """layer_types: [layernorm_linear] selects the QKV projection whose name is ...layernorm_qkv."""
+    collect = Collect()
+    config = section(
+        {"LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["std"]}}, {"layer_types": ["layernorm_linear"]}
+    )
+    start(config, log_dir, statistics_logger=collect)
+    layer = lowprec.TransformerLayer(32, 32, 4, name="tl", hidden_dropout=0.0, attention_dropout=0.0)
+    captured = []
+    layer.self_attention.layernorm_qkv.norm.register_forward_hook(lambda _m, _a, out: captured.append(out.detach()))
+    with lowprec.fp8_autocast():
+        layer(torch.randn(5, 2, 32)).sum().backward()
+    debug_api.step()
+    assert list(collect.values) == [("tl.self_attention.layernorm_qkv_activation_std", 0)]
+    expected = reference_stats(captured[0])["std"]
+    assert collect.values[("tl.self_attention.layernorm_qkv_activation_std", 0)] == pytest.approx(expected, rel=1e-6)
+
+
+def test_debug_path_without_fp8_keeps_exact_gradients(log_dir):
+    start(stats_config(tensors=["activation", "gradient"], stats=["max"]), log_dir)
+    layer = make_linear()
+    x, dy = torch.randn(4, 32), torch.randn(4, 24)
+    y, dx, dw = train_step(layer, x, dy, fp8=False)
+    ref = torch.nn.Linear(32, 24)
+    ref.load_state_dict({"weight": layer.weight.detach(), "bias": layer.bias.detach()})
+    x_ref = x.clone().requires_grad_()
+    y_ref = ref(x_ref)
+    y_ref.backward(dy)
+    assert torch.allclose(y, y_ref, atol=1e-6) and torch.allclose(dx, x_ref.grad, atol=1e-6)
+    assert torch.allclose(dw, ref.weight.grad, atol=1e-5)
