@@ -125,11 +125,12 @@ class TEConfigAPIMapper(BaseConfigAPIMapper):
 
     def _check_tensor_names(self, view: dict, location: ConfigLocation) -> None:
         if "tensor" in view:
-            names, where = [view["tensor"]], location.child("tensor")
+            named = [(view["tensor"], location.child("tensor"))]
+        elif isinstance(view["tensors"], list):
+            named = [(name, location.child("tensors").child(i)) for i, name in enumerate(view["tensors"])]
         else:
-            names = view["tensors"] if isinstance(view["tensors"], list) else [view["tensors"]]
-            where = location.child("tensors")
-        for name in names:
+            named = [(view["tensors"], location.child("tensors"))]
+        for name, where in named:
             if name not in self.allowed_tensors:
                 raise where.error(f"tensor not supported by {type(self).__name__}", name, self.allowed_tensors)
 
