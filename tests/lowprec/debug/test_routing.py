@@ -127,13 +127,19 @@ def test_two_features_modifying_one_tensor_is_an_error(log_dir):
 @pytest.mark.parametrize(
     ("features", "message"),
     [
-        ({"DisableFP8GEMM": {"enabled": True, "gemms": ["fprp"]}}, r"DisableFP8GEMM\.gemms\.0'.*unknown GEMM.*'fprp'.*did you mean 'fprop'"),
+        (
+            {"DisableFP8GEMM": {"enabled": True, "gemms": ["fprp"]}},
+            r"DisableFP8GEMM\.gemms\.0'.*unknown GEMM.*'fprp'.*did you mean 'fprop'",
+        ),
         ({"DisableFP8GEMM": {"enabled": True}}, r"DisableFP8GEMM'.*needs 'gemms: \[names\]' or 'gemms_struct"),
-        ({"DisableFP8GEMM": {"enabled": True, "gemms": ["fprop"], "tensors": ["weight"]}}, r"DisableFP8GEMM\.tensors'.*unknown key"),
+        (
+            {"DisableFP8GEMM": {"enabled": True, "gemms": ["fprop"], "tensors": ["weight"]}},
+            r"DisableFP8GEMM\.tensors'.*unknown key",
+        ),
         ({"DisableFP8Layer": {"enabled": True, "gemms": ["fprop"]}}, r"DisableFP8Layer\.gemms'.*takes no keys besides 'enabled'"),
         (
             {"PerTensorScaling": {"enabled": True, "gemms": ["fprop"], "tensors": ["output"]}},
-            r"PerTensorScaling\.tensors\.0'.*not supported by PerTensorScaling.*'output'.*allowed: 'activation', 'weight', 'gradient'",
+            r"PerTensorScaling\.tensors\.0'.*not supported by PerTensorScaling.*'output'.*allowed: 'activation', 'weight'",
         ),
         ({"PerTensorScaling": {"enabled": True, "gemms": ["fprop"], "tensors": ["weight"], "margin": -1}}, r"margin'.*got -1"),
         ({"FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["weight"]}}, r"FakeQuant'.*needs 'quant_format'"),
@@ -146,9 +152,18 @@ def test_two_features_modifying_one_tensor_is_an_error(log_dir):
             r"FakeQuant\.gemms_struct\.0\.quant_format'.*'E5'",
         ),
         ({"LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["p99"]}}, r"LogTensorStats\.stats\.0'.*'p99'"),
-        ({"LogTensorStats": {"enabled": True, "tensors": ["act"], "stats": ["max"]}}, r"LogTensorStats\.tensors\.0'.*'act'.*allowed: 'activation'"),
-        ({"LogTensorStats": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "stats": ["max"]}}, r"LogTensorStats\.gemms'.*unknown key"),
-        ({"DisableFP8Gemm": {"enabled": True, "gemms": ["fprop"]}}, r"transformer_engine\.DisableFP8Gemm'.*did you mean 'DisableFp8Gemm'"),
+        (
+            {"LogTensorStats": {"enabled": True, "tensors": ["act"], "stats": ["max"]}},
+            r"LogTensorStats\.tensors\.0'.*'act'.*allowed: 'activation'",
+        ),
+        (
+            {"LogTensorStats": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "stats": ["max"]}},
+            r"LogTensorStats\.gemms'.*unknown key",
+        ),
+        (
+            {"DisableFP8Gemm": {"enabled": True, "gemms": ["fprop"]}},
+            r"transformer_engine\.DisableFP8Gemm'.*did you mean 'DisableFp8Gemm'",
+        ),
     ],
 )
 def test_config_errors_at_initialize(log_dir, features, message):
