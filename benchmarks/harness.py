@@ -68,7 +68,17 @@ class Worker:
         self._process.wait()
 
 
-def interleave(plan: list[tuple[str, Worker, str]], repeats: int) -> dict[str, float]:
+class InProcess:
+    """A worker that times variants in this process with ``run_variant(variant) -> seconds per step``."""
+
+    def __init__(self, run_variant: Callable[[str], float]):
+        self.time = run_variant
+
+    def close(self) -> None:
+        pass
+
+
+def interleave(plan: list[tuple[str, Worker | InProcess, str]], repeats: int) -> dict[str, float]:
     """Median seconds per step of each ``(label, worker, variant)``, after one warm-up round."""
     samples: dict[str, list[float]] = {label: [] for label, _, _ in plan}
     for round_index in range(repeats + 1):

@@ -29,3 +29,11 @@ def test_quick_start_runs_as_written(tmp_path):
     assert all(name.startswith("model.fc1_activation_") for name, _ in stats)
     std = stats[("model.fc1_activation_std", 0)]
     assert 0.9 < std < 1.1  # torch.randn
+
+
+def test_lowprec_snippet_runs_as_written(tmp_path):
+    section = README.read_text().split("## FP8 layers: `lowprec`", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code += "\nassert y.shape == (16, 32) and x.grad.shape == (16, 64) and layer.weight.grad is not None\n"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
