@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.features.api import TEConfigAPIMapper
+from lowprec.debug.features.api import ModifiesSelectedTensors
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 
@@ -36,7 +36,7 @@ def round_mantissa(tensor: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
 
 
 @Registry.register_feature(namespace="transformer_engine")
-class UserProvidedPrecision(TEConfigAPIMapper):
+class UserProvidedPrecision(ModifiesSelectedTensors):
     """Rounds the selected operands to ``mantissa_bits`` (1 to 23) and runs their GEMMs in high precision."""
 
     option_keys = frozenset({"mantissa_bits"})
@@ -50,10 +50,6 @@ class UserProvidedPrecision(TEConfigAPIMapper):
     @api_method
     def fp8_gemm_enabled(self, config, layer_name, gemm, iteration):
         return False, iteration + 1
-
-    @api_method
-    def modify_tensor_enabled(self, config, layer_name, gemm, tensor_name, iteration):
-        return True, iteration + 1
 
     @api_method
     def modify_tensor(self, config, layer_name, gemm, tensor_name, tensor, iteration, dtype=None, **kwargs):

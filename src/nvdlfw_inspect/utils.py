@@ -108,11 +108,12 @@ class SingleMessageLogger:
         key = (call_site, layer_name, extra_cachable_args, message)
         if key in cls.logged_messages:
             return False
-        cls.logged_messages.add(key)
         from nvdlfw_inspect.logging import get_logger
 
+        logger = get_logger()  # raises before initialize; the message must not count as written then
+        cls.logged_messages.add(key)
         text = f"LAYER={layer_name}: {message}" if layer_name else message
-        get_logger().log_message(text, level=level)
+        logger.log_message(text, level=level)
         return True
 
     @classmethod

@@ -57,17 +57,7 @@ class DebugProcessing:
             else:
                 operands[gemm] = tensor
         if plan.inspect:
-            api.inspect_tensor(
-                layer_name=self.layer_name,
-                tensor_name=tensor_name,
-                tensor=tensor,
-                iteration=iteration,
-                tp_group=None,
-                tp_size=1,
-                rowwise_quantized_tensor=operands[first],
-                columnwise_quantized_tensor=operands[second],
-                quantizer=quantizer,
-            )
+            self._inspect(tensor_name, tensor, iteration, operands[first], operands[second], quantizer)
         for gemm in (first, second):
             if plan.inspect_postquantize.get(gemm) and plan.gemms[gemm] is not Precision.HIGH_PRECISION:
                 api.inspect_tensor_postquantize(
@@ -98,15 +88,26 @@ class DebugProcessing:
                 iteration=iteration,
             )
         if plan.inspect:
-            api.inspect_tensor(
-                layer_name=self.layer_name,
-                tensor_name=tensor_name,
-                tensor=tensor.detach(),
-                iteration=iteration,
-                tp_group=None,
-                tp_size=1,
-                rowwise_quantized_tensor=None,
-                columnwise_quantized_tensor=None,
-                quantizer=None,
-            )
+            self._inspect(tensor_name, tensor.detach(), iteration, None, None, None)
         return tensor
+
+    def _inspect(
+        self,
+        tensor_name: str,
+        tensor: torch.Tensor,
+        iteration: int,
+        rowwise: Operand | None,
+        columnwise: Operand | None,
+        quantizer: Quantizer | None,
+    ) -> None:
+        debug_api.transformer_engine.inspect_tensor(
+            layer_name=self.layer_name,
+            tensor_name=tensor_name,
+            tensor=tensor,
+            iteration=iteration,
+            tp_group=None,
+            tp_size=1,
+            rowwise_quantized_tensor=rowwise,
+            columnwise_quantized_tensor=columnwise,
+            quantizer=quantizer,
+        )

@@ -38,6 +38,18 @@ def validate_window(config: dict, location: ConfigLocation, closed: bool = False
         _validate_start_end_list(config["start_end_list"], location.child("start_end_list"), closed)
 
 
+def validate_stats(config: dict, location: ConfigLocation, supported: list[str]) -> None:
+    """``stats`` must be a non-empty list of names from ``supported`` (case-insensitive)."""
+    stats = config.get("stats")
+    if stats is None:
+        raise location.error(f"tensor '{config.get('tensor', '<tensors>')}' has no 'stats' list", allowed=supported)
+    if isinstance(stats, str) or not isinstance(stats, list) or not stats:
+        raise location.child("stats").error("must be a non-empty list of statistic names", stats, supported)
+    for i, stat in enumerate(stats):
+        if not isinstance(stat, str) or stat.lower() not in supported:
+            raise location.child("stats").child(i).error("unsupported statistic", stat, supported)
+
+
 def _validate_start_end_list(pairs: Any, location: ConfigLocation, closed: bool) -> None:
     shape = "a list of [start, end] integer pairs in increasing, non-overlapping order (end -1: no end)"
     order = "<=" if closed else "<"
@@ -81,15 +93,7 @@ class LogTensorStats(GenericConfigAPIMapper):
         return {"min", "max", "mean", "std", "l1_norm", "l2_norm"}
 
     def validate_tensor_config(self, config: dict, location: ConfigLocation) -> None:
-        supported = sorted(self._get_supported_stats_list())
-        stats = config.get("stats")
-        if stats is None:
-            raise location.error(f"tensor '{config.get('tensor', '<tensors>')}' has no 'stats' list", allowed=supported)
-        if isinstance(stats, str) or not isinstance(stats, list) or not stats:
-            raise location.child("stats").error("must be a non-empty list of statistic names", stats, supported)
-        for i, stat in enumerate(stats):
-            if not isinstance(stat, str) or stat.lower() not in supported:
-                raise location.child("stats").child(i).error("unsupported statistic", stat, supported)
+        validate_stats(config, location, sorted(self._get_supported_stats_list()))
         validate_window(config, location)
 
     def _get_current_iteration(self, **kwargs: Any) -> int:

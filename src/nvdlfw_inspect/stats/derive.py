@@ -31,9 +31,19 @@ def _dynamic_range(p: Values) -> float:
     amax = _amax(p)
     if math.isnan(amax) or math.isnan(amin):
         return math.nan
-    if math.isinf(amin) or amax == 0:
+    if amax == 0:
         return 0.0
+    if math.isinf(amin):
+        # every non-zero magnitude is infinite: log2(inf) - log2(inf) is undefined
+        return math.nan if math.isinf(amax) else 0.0
     return math.log2(amax) - math.log2(amin)
+
+
+def _l2_norm(p: Values) -> float:
+    """``sqrt(sum x^2)`` rebuilt from M2 and the mean; inf (not nan) when the tensor holds +/-inf but no NaN."""
+    if math.isinf(p["abs_sum"]):
+        return math.inf
+    return math.sqrt(max(p["m2"] + p["count"] * p["mean"] ** 2, 0.0))
 
 
 _DERIVATIONS: dict[str, tuple[Callable[[Values], float], tuple[str, ...]]] = {
@@ -42,7 +52,7 @@ _DERIVATIONS: dict[str, tuple[Callable[[Values], float], tuple[str, ...]]] = {
     "mean": (_nan_if_empty(lambda p: p["mean"]), ()),
     "std": (_std, ()),
     "l1_norm": (lambda p: p["abs_sum"], ()),
-    "l2_norm": (lambda p: math.sqrt(max(p["m2"] + p["count"] * p["mean"] ** 2, 0.0)), ()),
+    "l2_norm": (_l2_norm, ()),
     "cur_amax": (_nan_if_empty(_amax), ()),
     "dynamic_range": (_nan_if_empty(_dynamic_range), ("abs_min_nonzero",)),
 }

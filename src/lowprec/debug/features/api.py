@@ -20,7 +20,7 @@ from lowprec.quantization import Float8Tensor
 from nvdlfw_inspect.base import BaseConfigAPIMapper, BaseNamespaceAPI
 from nvdlfw_inspect.debug_features.generic_feature_api import check_keys, tensor_views
 from nvdlfw_inspect.errors import ConfigLocation
-from nvdlfw_inspect.registry import Registry
+from nvdlfw_inspect.registry import Registry, api_method
 
 Answer = tuple[bool, int | None]
 
@@ -136,6 +136,14 @@ class TEConfigAPIMapper(BaseConfigAPIMapper):
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
         """Check the options one (GEMM, tensor) resolves to; features override this."""
+
+
+class ModifiesSelectedTensors(TEConfigAPIMapper):
+    """Base of features that replace the selected operands through ``modify_tensor`` every iteration."""
+
+    @api_method
+    def modify_tensor_enabled(self, config: dict, layer_name: str, gemm: str, tensor_name: str, iteration: int) -> Answer:
+        return True, iteration + 1
 
 
 _TENSOR_KEYS = ("tensors", "tensors_struct")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.features.api import TEConfigAPIMapper
+from lowprec.debug.features.api import ModifiesSelectedTensors
 from lowprec.debug.features.per_tensor_scaling import validate_margin
 from lowprec.formats import FP8_FORMATS
 from lowprec.quantization import CurrentScalingQuantizer
@@ -19,7 +19,7 @@ def fake_quantize(tensor: torch.Tensor, quant_format: str, margin: int = 0) -> t
 
 
 @Registry.register_feature(namespace="transformer_engine")
-class FakeQuant(TEConfigAPIMapper):
+class FakeQuant(ModifiesSelectedTensors):
     """Fake-quantizes the selected (GEMM, tensor) operands with per-tensor current scaling,
     ``scale = fp8_max / (amax * 2**margin)``, and runs the listed GEMMs in high precision (so the other
     operand of each is not quantized unless FakeQuant selects it too).
@@ -40,12 +40,6 @@ class FakeQuant(TEConfigAPIMapper):
     @api_method
     def fp8_gemm_enabled(self, config: dict, layer_name: str, gemm: str, iteration: int) -> tuple[bool, int]:
         return False, iteration + 1
-
-    @api_method
-    def modify_tensor_enabled(
-        self, config: dict, layer_name: str, gemm: str, tensor_name: str, iteration: int
-    ) -> tuple[bool, int]:
-        return True, iteration + 1
 
     @api_method
     def modify_tensor(

@@ -15,7 +15,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.schedule import next_enabled_iter
 from lowprec.quantization import Float8Tensor
-from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_window
+from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_stats, validate_window
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
@@ -36,18 +36,6 @@ def window_key(config: dict) -> tuple:
     return config.get("start_step"), config.get("end_step"), pairs, config.get("freq", 1)
 
 
-def validate_stats(config: dict, location: ConfigLocation, supported: tuple[str, ...]) -> None:
-    stats = config.get("stats")
-    if stats is None:
-        raise location.error(f"tensor '{config.get('tensor', '<tensors>')}' has no 'stats' list", allowed=supported)
-    if isinstance(stats, str) or not isinstance(stats, list) or not stats:
-        raise location.child("stats").error("must be a non-empty list of statistic names", stats, supported)
-    for i, stat in enumerate(stats):
-        if stat not in supported:
-            raise location.child("stats").child(i).error("unsupported statistic", stat, supported)
-    validate_window(config, location, closed=True)
-
-
 @Registry.register_feature(namespace="transformer_engine")
 class LogTensorStats(TEConfigAPIMapper):
     """Logs statistics of high-precision tensors of the selected layers.
@@ -61,7 +49,8 @@ class LogTensorStats(TEConfigAPIMapper):
     option_keys = frozenset({"stats"}) | WINDOW_KEYS
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
-        validate_stats(view, location, STATS)
+        validate_stats(view, location, list(STATS))
+        validate_window(view, location, closed=True)
 
     @api_method
     def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int) -> tuple[bool, int | None]:

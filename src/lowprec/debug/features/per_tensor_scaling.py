@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.features.api import TEConfigAPIMapper
+from lowprec.debug.features.api import ModifiesSelectedTensors
 from lowprec.formats import E4M3, E5M2
 from lowprec.quantization import CurrentScalingQuantizer, Float8Tensor, Quantizer
 from nvdlfw_inspect.errors import ConfigLocation
@@ -19,7 +19,7 @@ def validate_margin(view: dict, location: ConfigLocation) -> None:
 
 
 @Registry.register_feature(namespace="transformer_engine")
-class PerTensorScaling(TEConfigAPIMapper):
+class PerTensorScaling(ModifiesSelectedTensors):
     """Quantizes the selected (GEMM, tensor) operands with per-tensor current scaling,
     ``scale = fp8_max / (amax * 2**margin)``, in the format the recipe gives the tensor (E4M3 for
     activation and weight, E5M2 for gradient when no recipe is active). Works under any recipe.
@@ -33,12 +33,6 @@ class PerTensorScaling(TEConfigAPIMapper):
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
         validate_margin(view, location)
-
-    @api_method
-    def modify_tensor_enabled(
-        self, config: dict, layer_name: str, gemm: str, tensor_name: str, iteration: int
-    ) -> tuple[bool, int]:
-        return True, iteration + 1
 
     @api_method
     def modify_tensor(
