@@ -46,9 +46,7 @@ def np_stats(x: torch.Tensor) -> dict[str, float]:
     v = f64(x)
     if v.size == 0:
         nan = math.nan
-        return dict(
-            min=nan, max=nan, mean=nan, std=nan, l1_norm=0.0, l2_norm=0.0, cur_amax=nan, dynamic_range=nan
-        )
+        return dict(min=nan, max=nan, mean=nan, std=nan, l1_norm=0.0, l2_norm=0.0, cur_amax=nan, dynamic_range=nan)
     with np.errstate(all="ignore"):
         amax = float(np.abs(v).max())
         nonzero = np.abs(v)[v != 0]
