@@ -117,7 +117,10 @@ class DebugManager:
             api.step()
 
     def close(self) -> None:
-        """Run every namespace's ``end_debug`` hook and drop unflushed statistics buffers."""
-        STATS_BUFFERS.reset()
-        for api in self._namespace_apis.values():
-            api.end_debug()
+        """Log the statistics of the unfinished step, run every namespace's ``end_debug`` hook, drop the buffers."""
+        try:
+            STATS_BUFFERS.flush()
+        finally:
+            STATS_BUFFERS.reset()
+            for api in self._namespace_apis.values():
+                api.end_debug()

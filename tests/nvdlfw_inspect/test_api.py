@@ -130,6 +130,7 @@ def test_base_api_is_reachable_directly_and_through_the_namespace(log_dir):
     via_ns = debug_api.base.log_tensor_stats(layer_name="decoder.1", tensor=t, tensor_name="activation")
     assert direct == {"max": torch.tensor(6.0), "mean": torch.tensor(3.0)}
     assert via_ns == direct
+    debug_api.step()
     stats = read_stats(log_dir)
     assert stats[("decoder.0_activation_max", 0)] == 6.0
     assert stats[("decoder.1_activation_mean", 0)] == 3.0
@@ -288,6 +289,7 @@ def test_step_counter(log_dir):
     debug_api.log_tensor_stats("decoder.0", tensor=torch.ones(2), tensor_name="activation")
     debug_api.initialize_training_step(3)
     debug_api.log_tensor_stats("decoder.0", tensor=torch.ones(2), tensor_name="activation")
+    debug_api.step()
     assert set(read_stats(log_dir)) == {(f"decoder.0_activation_{s}", i) for s in ("max", "mean") for i in (66, 3)}
     with pytest.raises(ValueError, match="train_step must be a non-negative integer"):
         debug_api.initialize_training_step(-1)

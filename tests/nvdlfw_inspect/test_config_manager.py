@@ -234,6 +234,7 @@ def test_merged_sections_log_the_right_statistics(log_dir):
     tensor = torch.tensor([1.0, 2.0, 6.0])
     for name in ("model.1.fc1", "model.2.fc1", "model.3.fc1"):
         debug_api.log_tensor_stats(name, tensor=tensor, tensor_name="activation", iteration=0)
+    debug_api.step()
     assert read_stats(log_dir) == {
         ("model.1.fc1_activation_min", 0): 1.0,
         ("model.2.fc1_activation_max", 0): 6.0,

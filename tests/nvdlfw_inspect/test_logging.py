@@ -47,7 +47,9 @@ class FakeWriter:
 
 
 def log_stats_once():
+    """One call, then ``step()``: statistics reach the loggers when the step ends."""
     debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([-2.0, 5.0]), tensor_name="activation")
+    debug_api.step()
 
 
 def test_default_file_logger_line_format(log_dir):
@@ -109,8 +111,8 @@ def test_tensorboard_events_are_written_and_read_back(log_dir, tmp_path):
     writer = SummaryWriter(str(tmp_path / "tb"))
     debug_api.initialize(CONFIG, log_dir=log_dir, tb_writer=writer)
     log_stats_once()
-    debug_api.step()
     debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([1.5, 3.25]), tensor_name="activation")
+    debug_api.end_debug()  # logs the unfinished step
     writer.close()
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()

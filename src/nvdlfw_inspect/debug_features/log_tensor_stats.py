@@ -10,10 +10,11 @@ import torch
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.debug_features.generic_feature_api import GenericConfigAPIMapper
 from nvdlfw_inspect.errors import ConfigLocation
-from nvdlfw_inspect.logging import MetricLogger, enable_logging_at_current_step
+from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
-from nvdlfw_inspect.stats import compute_partials, derive_stats, reduce_partials
-from nvdlfw_inspect.stats.derive import fields_for
+from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
+from nvdlfw_inspect.stats.derive import derive_tensors, fields_for
+from nvdlfw_inspect.stats.partials import compute_partials
 from nvdlfw_inspect.utils import append_parent_docstring, get_distributed_world_size
 
 WINDOW_KEYS = frozenset({"freq", "start_step", "end_step", "start_end_list"})
@@ -36,6 +37,12 @@ def validate_window(config: dict, location: ConfigLocation, closed: bool = False
             raise location.child("end_step").error("must be an integer >= 0, or -1 for no end", end)
     if "start_end_list" in config:
         _validate_start_end_list(config["start_end_list"], location.child("start_end_list"), closed)
+
+
+def window_key(config: dict) -> tuple:
+    """The window keys as a hashable value: requests with different windows get different buffers."""
+    pairs = tuple(tuple(pair) for pair in config.get("start_end_list") or ())
+    return config.get("start_step"), config.get("end_step"), pairs, config.get("freq", 1)
 
 
 def validate_stats(config: dict, location: ConfigLocation, supported: list[str]) -> None:
@@ -78,12 +85,13 @@ class LogTensorStats(GenericConfigAPIMapper):
 
     Keys: ``stats`` (min, max, mean, std, l1_norm, l2_norm), ``tensors``/``tensors_struct``, and the
     window keys ``freq`` (default 1), ``start_step``, ``end_step`` (closed window; -1 no end),
-    ``start_end_list`` (half-open [start, end) windows; overrides start/end). Statistics are computed
-    in float64 from one pass over the tensor; across ranks only the partial sums travel.
+    ``start_end_list`` (half-open [start, end) windows; overrides start/end).
 
     Call: ``debug_api.log_tensor_stats(layer_name, tensor=t, tensor_name="activation",
-    [iteration=i], [skip_reduction=True], [reduction_group=g])``. Each statistic goes to the
-    statistics loggers as ``{layer_name}_{tensor_name}_{stat}``.
+    [iteration=i], [skip_reduction=True], [reduction_group=g])``. One pass over the tensor stores its
+    partial statistics on its device; calls of one step for the same layer and tensor accumulate
+    (a ``weight`` counts once per step). ``debug_api.step()`` reduces them over the group (only a few
+    floats per rank travel), and logs each statistic as ``{layer_name}_{tensor_name}_{stat}``.
     """
 
     config_keys = frozenset({"enabled", "tensors", "tensors_struct", "stats"}) | WINDOW_KEYS
@@ -114,14 +122,15 @@ class LogTensorStats(GenericConfigAPIMapper):
         """Whether statistics are due at this call's iteration."""
         return self._check_log_frequency(config, **kwargs)
 
-    def _reduce(self, partials: torch.Tensor, layer_name: str, **kwargs: Any) -> torch.Tensor | None:
+    def _reduction(self, layer_name: str, **kwargs: Any) -> dict[str, Any]:
+        """Where this call's statistics are reduced at ``step()``: its group, or this rank alone."""
         if kwargs.get("skip_reduction", False):
-            return partials
+            return {"skip_reduction": True}
         group = kwargs.get("reduction_group")
         if group is None:
             group = debug_api.get_tensor_reduction_group()
         if group is not None:
-            return reduce_partials(partials, group)
+            return {"reduction_group": group}
         if get_distributed_world_size() > 1:
             debug_api.log_message(
                 "No `reduction_group` given and `skip_reduction` is False: statistics are reduced over all ranks "
@@ -130,10 +139,12 @@ class LogTensorStats(GenericConfigAPIMapper):
                 layer_name,
                 level=logging.WARNING,
             )
-        return reduce_partials(partials, None, to_last_rank=True)
+        return {"last_rank_only": True}
 
     @api_method
     def log_tensor_stats(self, config: dict, layer_name: str, **kwargs: Any) -> dict[str, torch.Tensor]:
+        """Returns this call's statistics as 0-dim float32 tensors on the tensor's device (no host sync);
+        the logged values, merged over the step's calls and reduced over the group, follow at ``step()``."""
         tensor_name = kwargs["tensor_name"]
         debug_api.log_message(
             f"Feature=LogTensorStats, API=log_tensor_stats, TENSOR={tensor_name}: Called",
@@ -142,19 +153,16 @@ class LogTensorStats(GenericConfigAPIMapper):
         )
         if not self._check_params(config, layer_name, **kwargs):
             return {}
-        stats = [s.lower() for s in config.get("stats", [])]
-        unsupported = [s for s in stats if s not in self._get_supported_stats_list()]
-        if unsupported:
-            raise ValueError(
-                f"[NVDLFW INSPECT ERROR] LogTensorStats for layer '{layer_name}': statistics {unsupported} are not "
-                f"supported; supported: {sorted(self._get_supported_stats_list())}"
-            )
+        stats = [s.lower() for s in config["stats"]]
         partials = compute_partials(kwargs["tensor"], fields_for(stats))
-        merged = self._reduce(partials, layer_name, **kwargs)
-        if merged is None:
-            return {}
-        iteration = self._get_current_iteration(**kwargs)
-        values = derive_stats(merged, stats)
-        for stat, value in values.items():
-            MetricLogger.log_scalar(f"{layer_name}_{tensor_name}_{stat}", value, iteration)
-        return {stat: torch.tensor(value, dtype=torch.float32) for stat, value in values.items()}
+        STATS_BUFFERS.feed(
+            (layer_name, tensor_name, "base", tuple(stats), window_key(config)),
+            layer_name=layer_name,
+            tensor_name=tensor_name,
+            stats=stats,
+            iteration=self._get_current_iteration(**kwargs),
+            partials=partials,
+            accumulate=tensor_name != "weight",
+            **self._reduction(layer_name, **kwargs),
+        )
+        return {stat: value.float() for stat, value in derive_tensors(partials, stats).items()}

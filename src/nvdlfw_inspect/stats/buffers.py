@@ -1,14 +1,15 @@
-"""Per-step statistics buffers: features feed tensors during the step, ``debug_api.step()`` logs them.
+"""Per-step statistics buffers: features feed partials during the step, ``debug_api.step()`` logs them.
 
-Feeding computes the tensor's partial statistics on its device and merges them into the buffer
-(micro-batches of one step accumulate); nothing is read back to the host until ``flush``. ``flush``
-merges every buffer across its reduction group, derives the configured statistics once, and hands
-them to the statistics loggers as ``{layer}_{tensor}_{stat}``.
+A feed stores the tensor's partial statistics (a few float64 values on the tensor's device); nothing
+is merged, reduced or read back to the host until ``flush``. ``flush`` merges each buffer's
+micro-batches, reduces every buffer of one process group with one object gather (which entries
+exist) and one tensor gather (all their partials), copies the result to the host once, derives every
+statistic as a column at once, and hands them to the statistics loggers as ``{layer}_{tensor}_{stat}``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,31 +17,35 @@ import torch
 import torch.distributed as dist
 
 from nvdlfw_inspect.logging import MetricLogger
-from nvdlfw_inspect.stats.derive import derive_stats, fields_for
+from nvdlfw_inspect.stats.derive import derive_tensors, fields_for
 from nvdlfw_inspect.stats.partials import compute_partials, empty_partials, merge_partials
-from nvdlfw_inspect.utils import get_distributed_world_size
+from nvdlfw_inspect.utils import get_distributed_rank, get_distributed_world_size
+
+Stat = tuple[str, str]  # (name in the log, derivation)
+Entry = tuple[Hashable, int]  # (buffer key, iteration)
 
 
 @dataclass
 class StatsBuffer:
     layer_name: str
     tensor_name: str
-    stats: list[str]
+    stats: list[Stat]
     reduction_group: Any
     skip_reduction: bool
     accumulate: bool
-    partials: torch.Tensor | None = None
-    iteration: int = 0
-    fields: set[str] = field(default_factory=set)
+    last_rank_only: bool
+    pending: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
-    def feed(self, tensor: torch.Tensor, iteration: int) -> None:
-        if self.partials is not None and not self.accumulate:
+    def feed(self, partials: torch.Tensor, iteration: int) -> None:
+        rows = self.pending.setdefault(iteration, [])
+        if rows and not self.accumulate:
             return  # e.g. weights: counted once per step however many micro-batches ran
-        if tensor.numel() == 0:
-            return
-        new = compute_partials(tensor, self.fields)
-        self.partials = new if self.partials is None else merge_partials(torch.stack([self.partials, new]))
-        self.iteration = iteration
+        rows.append(partials)
+
+
+def as_stats(stats: Iterable[str | Stat]) -> list[Stat]:
+    """``"mean"`` is shorthand for ``("mean", "mean")``."""
+    return [(stat, stat) if isinstance(stat, str) else tuple(stat) for stat in stats]
 
 
 class StatsBuffers:
@@ -55,34 +60,55 @@ class StatsBuffers:
         *,
         layer_name: str,
         tensor_name: str,
-        tensor: torch.Tensor,
-        stats: list[str],
+        stats: Iterable[str | Stat],
         iteration: int,
+        tensor: torch.Tensor | None = None,
+        partials: torch.Tensor | None = None,
         accumulate: bool = True,
         reduction_group: Any = None,
         skip_reduction: bool = False,
+        last_rank_only: bool = False,
     ) -> None:
-        """Add ``tensor`` to the buffer ``key`` (created on first use with these settings)."""
+        """Add ``tensor`` (or its precomputed ``partials``) to the buffer ``key``, created on first use.
+
+        ``stats`` are names, or ``(logged name, derivation)`` pairs such as
+        ``("fp8_current_scaling_mse", "mse")``. Empty tensors are ignored.
+        """
         buffer = self.buffers.get(key)
         if buffer is None:
-            buffer = StatsBuffer(layer_name, tensor_name, list(stats), reduction_group, skip_reduction, accumulate)
-            buffer.fields = fields_for(buffer.stats)
+            buffer = StatsBuffer(
+                layer_name, tensor_name, as_stats(stats), reduction_group, skip_reduction, accumulate, last_rank_only
+            )
             self.buffers[key] = buffer
         buffer.skip_reduction = skip_reduction
-        buffer.feed(tensor, iteration)
+        if partials is None:
+            if tensor is None or tensor.numel() == 0:
+                return
+            partials = compute_partials(tensor, fields_for(derivation for _, derivation in buffer.stats))
+        buffer.feed(partials, iteration)
 
     def flush(self) -> dict[tuple[str, str, str, int], float]:
         """Log every buffer fed since the last flush; returns ``{(layer, tensor, stat, iteration): value}``."""
         logged: dict[tuple[str, str, str, int], float] = {}
+        last_rank = get_distributed_rank() == get_distributed_world_size() - 1
         for group, keys in self._groups().items():
             merged = self._reduce(group, keys)
-            for key, partials in merged.items():
+            if not merged:
+                continue
+            entries = sorted(merged, key=lambda entry: entry[1])  # by iteration, then feeding order
+            derivations = {d for key, _ in entries for _, d in self.buffers[key].stats}
+            rows = torch.stack([merged[entry] for entry in entries]).cpu()
+            columns = {d: column.tolist() for d, column in derive_tensors(rows, derivations).items()}
+            for i, (key, iteration) in enumerate(entries):
                 buffer = self.buffers[key]
-                for stat, value in derive_stats(partials, buffer.stats).items():
-                    MetricLogger.log_scalar(f"{buffer.layer_name}_{buffer.tensor_name}_{stat}", value, buffer.iteration)
-                    logged[(buffer.layer_name, buffer.tensor_name, stat, buffer.iteration)] = value
+                if buffer.last_rank_only and not last_rank:
+                    continue
+                for name, derivation in buffer.stats:
+                    value = float(columns[derivation][i])
+                    MetricLogger.log_scalar(f"{buffer.layer_name}_{buffer.tensor_name}_{name}", value, iteration)
+                    logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = value
         for buffer in self.buffers.values():
-            buffer.partials = None
+            buffer.pending.clear()
         return logged
 
     def _groups(self) -> dict[Any, list[Hashable]]:
@@ -93,33 +119,36 @@ class StatsBuffers:
             groups.setdefault("local" if local else buffer.reduction_group, []).append(key)
         return groups
 
-    def _reduce(self, group: Any, keys: list[Hashable]) -> dict[Hashable, torch.Tensor]:
-        """Merged partials of the buffers this rank fed, over ``group``: one object and one tensor gather."""
-        fed = [key for key in keys if self.buffers[key].partials is not None]
+    def _merged_here(self, keys: list[Hashable]) -> dict[Entry, torch.Tensor]:
+        """This rank's entries, each with its micro-batches merged (one batched merge for all)."""
+        entries = [(key, it) for key in keys for it, rows in self.buffers[key].pending.items() if rows]
+        if not entries:
+            return {}
+        depth = max(len(self.buffers[key].pending[it]) for key, it in entries)
+        padded = []
+        for key, it in entries:
+            rows = self.buffers[key].pending[it]
+            padded += rows + [empty_partials(rows[0].device)] * (depth - len(rows))
+        merged = merge_partials(torch.stack(padded).view(len(entries), depth, -1))
+        return dict(zip(entries, merged, strict=True))
+
+    def _reduce(self, group: Any, keys: list[Hashable]) -> dict[Entry, torch.Tensor]:
+        """Merged partials of the entries this rank fed, over ``group``."""
+        mine = self._merged_here(keys)
         if group == "local":
-            return {key: self.buffers[key].partials for key in fed}
-        process_group = None if group is None else group
-        world = get_distributed_world_size(process_group)
-        every_rank_keys: list[list[Hashable]] = [[] for _ in range(world)]
-        dist.all_gather_object(every_rank_keys, fed, group=process_group)
-        union = list(dict.fromkeys(key for rank_keys in every_rank_keys for key in rank_keys))
+            return mine
+        world = get_distributed_world_size(group)
+        every_rank: list[list[Entry]] = [[] for _ in range(world)]
+        dist.all_gather_object(every_rank, list(mine), group=group)
+        union = list(dict.fromkeys(entry for entries in every_rank for entry in entries))
         if not union:
             return {}
-        device = next((self.buffers[k].partials.device for k in fed), torch.device("cpu"))
-        if dist.get_backend(process_group) == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
-        rows = torch.stack([self._partials_or_empty(key, device) for key in union])
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+        rows = torch.stack([mine[e].to(device) if e in mine else empty_partials(device) for e in union])
         gathered = [torch.empty_like(rows) for _ in range(world)]
-        dist.all_gather(gathered, rows, group=process_group)
-        stacked = torch.stack(gathered)  # [rank, key, field]
-        mine = set(fed)
-        return {key: merge_partials(stacked[:, i]) for i, key in enumerate(union) if key in mine}
-
-    def _partials_or_empty(self, key: Hashable, device: torch.device) -> torch.Tensor:
-        buffer = self.buffers.get(key)
-        if buffer is None or buffer.partials is None:
-            return empty_partials(device)
-        return buffer.partials.to(device)
+        dist.all_gather(gathered, rows, group=group)
+        merged = merge_partials(torch.stack(gathered, dim=1))  # [entry, rank, field] -> [entry, field]
+        return {entry: merged[i] for i, entry in enumerate(union) if entry in mine}
 
     def reset(self) -> None:
         self.buffers.clear()

@@ -1,7 +1,12 @@
-"""Per-tensor partial statistics in float64 that merge exactly across ranks.
+"""Per-tensor partial statistics that merge exactly across micro-batches and ranks.
 
-A partial is a 1-D float64 tensor laid out as ``FIELDS``. Mean and M2 (sum of squared deviations)
-merge with Chan's formula, so std stays accurate even when the mean dwarfs the spread.
+A partial is a float64 vector laid out as ``FIELDS``. Each field has a merge rule: counts and sums
+add, extremes take the min or max, and mean/M2 (sum of squared deviations) merge with Chan's
+formula, so std stays accurate even when the mean dwarfs the spread. Fields a feature does not fill
+keep their identity value, so one layout serves every statistic.
+
+``compute_partials`` makes one pass per reduction over the tensor in float32 (float64 for float64
+input) with no float64 copy of the tensor and no host synchronisation.
 """
 
 from __future__ import annotations
@@ -11,60 +16,94 @@ from collections.abc import Iterable
 
 import torch
 
-FIELDS = ("count", "mean", "m2", "min", "max", "abs_sum", "abs_min_nonzero")
+# name -> (merge rule, identity)
+_LAYOUT: dict[str, tuple[str, float]] = {
+    "count": ("sum", 0.0),
+    "mean": ("chan", 0.0),
+    "m2": ("chan", 0.0),
+    "min": ("min", math.inf),
+    "max": ("max", -math.inf),
+    "abs_sum": ("sum", 0.0),
+    "abs_min_nonzero": ("min", math.inf),
+    "underflows": ("sum", 0.0),
+    "overflows": ("sum", 0.0),
+    "sq_err": ("sum", 0.0),
+    "scale_inv_min": ("min", math.inf),
+    "scale_inv_max": ("max", -math.inf),
+    "blockwise_dr": ("max", -math.inf),
+}
+FIELDS = tuple(_LAYOUT)
 INDEX = {name: i for i, name in enumerate(FIELDS)}
 OPTIONAL_FIELDS = frozenset({"abs_min_nonzero"})
+_IDENTITY = [identity for _, identity in _LAYOUT.values()]
+_BY_RULE = {rule: [INDEX[n] for n, (r, _) in _LAYOUT.items() if r == rule] for rule in ("sum", "min", "max")}
+_identity_cache: dict[torch.device, torch.Tensor] = {}
+
+
+def _identity(device: torch.device) -> torch.Tensor:
+    cached = _identity_cache.get(device)
+    if cached is None:
+        cached = _identity_cache[device] = torch.tensor(_IDENTITY, dtype=torch.float64, device=device)
+    return cached
 
 
 def empty_partials(device: torch.device | str = "cpu") -> torch.Tensor:
     """The partial of an empty tensor: the identity of ``merge_partials``."""
-    return torch.tensor([0.0, 0.0, 0.0, math.inf, -math.inf, 0.0, math.inf], dtype=torch.float64, device=device)
+    return _identity(torch.device(device)).clone()
 
 
 def compute_partials(tensor: torch.Tensor, fields: Iterable[str] = ()) -> torch.Tensor:
-    """Partials of ``tensor`` (any dtype, any shape). Optional fields are computed only when named."""
+    """Partials of ``tensor`` (any dtype, any shape). Optional fields are computed only when named.
+
+    The shift ``k`` (the tensor's mean) makes ``sum((x - k)^2)`` a well-conditioned M2.
+    """
     x = tensor.detach().reshape(-1)
     out = empty_partials(x.device)
     n = x.numel()
     if n == 0:
         return out
-    x64 = x.to(torch.float64)
-    mean = x64.mean()
-    low, high = torch.aminmax(x64)
-    values = [
-        torch.tensor(float(n), dtype=torch.float64, device=x.device),
-        mean,
-        (x64 - mean).square().sum(),
-        low,
-        high,
-        x64.abs().sum(),
-    ]
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()
+    shift = x.mean()
+    work = x - shift
+    residual = work.sum()
+    work.square_()
+    m2 = work.sum() - residual * residual / n
+    torch.abs(x, out=work)
+    abs_sum = work.sum()
+    low, high = torch.aminmax(x)
+    out[0] = n
+    mean = torch.where(shift.isfinite(), shift.double() + residual.double() / n, shift.double())  # +-inf stays
+    out[1] = mean
+    out[2:6] = torch.stack([m2, low, high, abs_sum]).to(torch.float64)
     if "abs_min_nonzero" in set(fields):
-        magnitude = x64.abs()
-        values.append(torch.where(magnitude > 0, magnitude, math.inf).min())
-    else:
-        values.append(out[INDEX["abs_min_nonzero"]])
-    return torch.stack(values)
+        out[INDEX["abs_min_nonzero"]] = work.masked_fill_(work == 0, math.inf).min().to(torch.float64)
+    return out
+
+
+def set_fields(partials: torch.Tensor, values: dict[str, torch.Tensor | float]) -> torch.Tensor:
+    """Write extra fields (underflows, sq_err, ...) into a partial in place, on its device."""
+    for name, value in values.items():
+        partials[INDEX[name]] = value.to(torch.float64) if isinstance(value, torch.Tensor) else value
+    return partials
 
 
 def merge_partials(rows: torch.Tensor) -> torch.Tensor:
-    """Merge partials stacked as rows of a 2-D tensor into one partial of their concatenation."""
+    """Merge partials along dim -2: ``[..., rows, FIELDS] -> [..., FIELDS]`` (a 1-D input is returned)."""
     if rows.dim() == 1:
         return rows
-    count = rows[:, INDEX["count"]]
-    total = count.sum()
-    out = empty_partials(rows.device)
-    if total == 0:
-        return out
-    means = rows[:, INDEX["mean"]]
-    mean = (count * means).sum() / total
-    m2 = rows[:, INDEX["m2"]].sum() + (count * (means - mean).square()).sum()
-    filled = count > 0
-    out[INDEX["count"]] = total
-    out[INDEX["mean"]] = mean
-    out[INDEX["m2"]] = m2
-    out[INDEX["min"]] = rows[filled, INDEX["min"]].min()
-    out[INDEX["max"]] = rows[filled, INDEX["max"]].max()
-    out[INDEX["abs_sum"]] = rows[:, INDEX["abs_sum"]].sum()
-    out[INDEX["abs_min_nonzero"]] = rows[:, INDEX["abs_min_nonzero"]].min()
+    count = rows[..., INDEX["count"]]
+    total = count.sum(-1)
+    means = rows[..., INDEX["mean"]]
+    safe_total = torch.where(total > 0, total, torch.ones_like(total))
+    weighted = torch.where(count > 0, count * means, torch.zeros_like(means))
+    mean = weighted.sum(-1) / safe_total
+    spread = torch.where(count > 0, count * (means - mean.unsqueeze(-1)).square(), torch.zeros_like(means))
+    m2 = torch.where(count > 0, rows[..., INDEX["m2"]], torch.zeros_like(means)).sum(-1) + spread.sum(-1)
+    out = torch.empty(rows.shape[:-2] + rows.shape[-1:], dtype=rows.dtype, device=rows.device)
+    out[..., _BY_RULE["sum"]] = rows[..., _BY_RULE["sum"]].sum(-2)
+    out[..., _BY_RULE["min"]] = rows[..., _BY_RULE["min"]].amin(-2)
+    out[..., _BY_RULE["max"]] = rows[..., _BY_RULE["max"]].amax(-2)
+    out[..., INDEX["mean"]] = torch.where(total > 0, mean, torch.zeros_like(mean))
+    out[..., INDEX["m2"]] = torch.where(total > 0, m2, torch.zeros_like(m2))
     return out

@@ -15,6 +15,7 @@ from nvdlfw_inspect.logging import BaseLogger
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 FILE_TOL = 5.1e-5  # the statistics file keeps 4 decimals
+REL = 2e-6  # sums accumulate in float32
 
 
 def config(**feature) -> dict:
@@ -87,16 +88,18 @@ def test_every_stat_for_every_dtype_in_file_return_value_and_custom_logger(log_d
     for stat in SIX:
         assert out[stat].dtype == torch.float32 and out[stat].dim() == 0
         assert out[stat].item() == pytest.approx(ref[stat], rel=1e-6), stat
-    # custom logger: full float64 precision, named {layer}_{tensor}_{stat}
+    assert collect.rows == []  # logged when the step ends
+    debug_api.step()
+    # custom logger: float64 values (float32 accumulation), named {layer}_{tensor}_{stat}
     assert sorted(name for name, _, _ in collect.rows) == sorted(f"model.fc1_activation_{s}" for s in SIX)
     got = {name.removeprefix("model.fc1_activation_"): value for name, value, _ in collect.rows}
     for stat in SIX:
-        assert got[stat] == pytest.approx(ref[stat], rel=1e-12), stat
+        assert got[stat] == pytest.approx(ref[stat], rel=REL), stat
     assert {it for _, _, it in collect.rows} == {0}
     # the file (default logging kept on) holds the same numbers to 4 decimals
     stats = read_stats(log_dir)
     for stat in SIX:
-        assert stats[(f"model.fc1_activation_{stat}", 0)] == pytest.approx(ref[stat], abs=FILE_TOL), stat
+        assert stats[(f"model.fc1_activation_{stat}", 0)] == pytest.approx(ref[stat], abs=FILE_TOL, rel=REL), stat
 
 
 def test_std_is_unbiased_and_norms_are_exact(log_dir):
@@ -104,6 +107,7 @@ def test_std_is_unbiased_and_norms_are_exact(log_dir):
     debug_api.initialize(config_file=config(), statistics_logger=collect, log_dir=log_dir)
     out = debug_api.log_tensor_stats(layer_name="l1", tensor=torch.tensor([1.0, 2.0, 3.0, 4.0]), tensor_name="activation")
     assert out["std"].item() == pytest.approx(math.sqrt(5 / 3), rel=1e-7)
+    debug_api.step()
     values = {name: value for name, value, _ in collect.rows}
     assert values["l1_activation_std"] == pytest.approx(math.sqrt(5 / 3), rel=1e-15)
     assert values["l1_activation_l1_norm"] == 10.0
@@ -117,8 +121,9 @@ def test_large_mean_small_spread(log_dir):
     debug_api.initialize(config_file=config(stats=["std", "mean"]), statistics_logger=collect, log_dir=log_dir)
     t = (1000.0 + torch.randn(50_000, generator=torch.Generator().manual_seed(1))).float()
     debug_api.log_tensor_stats(layer_name="l1", tensor=t, tensor_name="activation")
+    debug_api.step()
     values = {name: value for name, value, _ in collect.rows}
-    assert values["l1_activation_std"] == pytest.approx(t.double().std().item(), rel=1e-9)
+    assert values["l1_activation_std"] == pytest.approx(t.double().std().item(), rel=1e-6)
 
 
 def test_stat_names_are_case_insensitive_and_logged_in_lower_case(log_dir):
@@ -234,6 +239,7 @@ def test_iteration_kwarg_overrides_the_counter(log_dir):
     assert debug_api.DEBUG_MANAGER._trainer_iteration_count == 2
     assert debug_api.log_tensor_stats(layer_name="l1", tensor=t, tensor_name="activation", iteration=30)
     assert debug_api.log_tensor_stats(layer_name="l1", tensor=t, tensor_name="activation") == {}  # counter at 2
+    debug_api.step()
     assert logged_iterations(log_dir) == {20, 30}
 
 
@@ -241,6 +247,7 @@ def test_iteration_kwarg_with_windows(log_dir):
     debug_api.initialize(config_file=config(start_end_list=[[100, 102]]), log_dir=log_dir)
     for it in (99, 100, 101, 102):
         debug_api.log_tensor_stats(layer_name="l1", tensor=torch.ones(2), tensor_name="activation", iteration=it)
+    debug_api.step()  # one step may carry several iterations: each is logged under its own
     assert logged_iterations(log_dir) == {100, 101}
 
 
@@ -399,11 +406,12 @@ def test_custom_logger_gets_values_of_every_stat_as_floats(log_dir):
     debug_api.initialize(config_file=config(), statistics_logger=collect, log_dir=log_dir)
     t = tensor_for(3)
     debug_api.log_tensor_stats(layer_name="l1", tensor=t, tensor_name="activation", iteration=7)
+    debug_api.step()
     ref = expected(t)
     assert [name for name, _, _ in collect.rows] == [f"l1_activation_{s}" for s in SIX]  # config order
     for (_, value, iteration), stat in zip(collect.rows, SIX, strict=True):
         assert isinstance(value, float) and iteration == 7
-        assert value == pytest.approx(ref[stat], rel=1e-12)
+        assert value == pytest.approx(ref[stat], rel=REL)
 
 
 def test_statistics_logger_must_be_a_base_logger(log_dir):

@@ -15,6 +15,8 @@ from nvdlfw_inspect.stats.partials import FIELDS, INDEX, OPTIONAL_FIELDS, empty_
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ALL_FIELDS = {"abs_min_nonzero"}
+REL = 2e-6  # sums accumulate in float32 (no float64 copy of the tensor); extremes and counts are exact
+EXACT_FIELDS = ("count", "min", "max", "abs_min_nonzero")
 
 
 def f64(x: torch.Tensor) -> np.ndarray:
@@ -30,7 +32,8 @@ def np_fields(x: torch.Tensor) -> dict[str, float]:
         return dict(zip(FIELDS, empty_partials().tolist(), strict=True))
     mean = math.fsum(v) / n
     nonzero = np.abs(v)[v != 0]
-    return {
+    fields = dict(zip(FIELDS, empty_partials().tolist(), strict=True))  # FP8 and blockwise fields: identity
+    return fields | {
         "count": float(n),
         "mean": mean,
         "m2": math.fsum((v - mean) ** 2),
@@ -71,7 +74,7 @@ def merged_stats(chunks: list[torch.Tensor]) -> dict[str, float]:
     return derive_stats(merge_partials(rows), supported_stats())
 
 
-def same(a: float, b: float, rel: float = 1e-12) -> bool:
+def same(a: float, b: float, rel: float = REL) -> bool:
     """Equal within ``rel``, with nan equal to nan and infinities compared exactly."""
     if math.isnan(b):
         return math.isnan(a)
@@ -80,7 +83,7 @@ def same(a: float, b: float, rel: float = 1e-12) -> bool:
     return a == pytest.approx(b, rel=rel, abs=1e-300)
 
 
-def assert_stats(got: dict[str, float], expected: dict[str, float], rel: float = 1e-12) -> None:
+def assert_stats(got: dict[str, float], expected: dict[str, float], rel: float = REL) -> None:
     assert got.keys() == expected.keys()
     bad = {k: (got[k], expected[k]) for k in expected if not same(got[k], expected[k], rel)}
     assert not bad, bad
@@ -103,7 +106,7 @@ def test_every_field_matches_numpy_reference(dtype):
     expected = np_fields(x)
     got = dict(zip(FIELDS, p.tolist(), strict=True))
     for name in FIELDS:
-        assert got[name] == pytest.approx(expected[name], rel=1e-12), name
+        assert got[name] == pytest.approx(expected[name], rel=0 if name in EXACT_FIELDS else REL), name
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -189,7 +192,9 @@ def test_optional_field_only_when_named():
     for fields in ({"abs_min_nonzero"}, ["abs_min_nonzero"], ("abs_min_nonzero",)):
         assert compute_partials(x, fields)[INDEX["abs_min_nonzero"]].item() == 0.5
     # the other fields do not depend on it
-    assert torch.equal(compute_partials(x)[:-1], compute_partials(x, ALL_FIELDS)[:-1])
+    without, with_ = compute_partials(x), compute_partials(x, ALL_FIELDS)
+    others = [i for name, i in INDEX.items() if name != "abs_min_nonzero"]
+    assert torch.equal(without[others], with_[others])
 
 
 # --- empty, all-zero, NaN and inf ---------------------------------------------------------
@@ -208,7 +213,8 @@ def test_empty_tensor(x):
 
 def test_empty_partials_is_the_merge_identity():
     e = empty_partials("cpu")
-    assert e.dtype == torch.float64 and e.tolist() == [0.0, 0.0, 0.0, math.inf, -math.inf, 0.0, math.inf]
+    identity = [0.0, 0.0, 0.0, math.inf, -math.inf, 0.0, math.inf, 0.0, 0.0, 0.0, math.inf, -math.inf, -math.inf]
+    assert e.dtype == torch.float64 and e.tolist() == identity
     assert torch.equal(merge_partials(torch.stack([e, e, e])), e)
     p = compute_partials(sample(torch.float32), ALL_FIELDS)
     for rows in ([e, p], [p, e], [e, p, e]):
@@ -277,14 +283,14 @@ def test_nan_or_inf_in_one_chunk_poisons_the_merge_like_the_concatenation():
 def test_merge_equals_concatenation(sizes):
     g = torch.Generator().manual_seed(1)
     chunks = [torch.randn(n, generator=g) * (i + 1) + 3 * i for i, n in enumerate(sizes)]
-    assert_stats(merged_stats(chunks), np_stats(torch.cat(chunks)), rel=1e-10)
+    assert_stats(merged_stats(chunks), np_stats(torch.cat(chunks)), rel=REL)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_merge_of_low_precision_chunks(dtype):
     x = sample(dtype, shape=(3001,), seed=4, scale=2.0, shift=-1.0)
     chunks = list(torch.split(x, [1, 1000, 0, 2000]))
-    assert_stats(merged_stats(chunks), np_stats(x), rel=1e-10)
+    assert_stats(merged_stats(chunks), np_stats(x), rel=REL)
 
 
 def test_merge_counts_add_up():
@@ -312,7 +318,7 @@ def test_merge_is_order_independent_and_associative():
 
 def test_merge_of_many_single_elements():
     x = torch.randn(500, generator=torch.Generator().manual_seed(6)) * 2 + 1
-    assert_stats(merged_stats(list(x.split(1))), np_stats(x), rel=1e-10)
+    assert_stats(merged_stats(list(x.split(1))), np_stats(x), rel=REL)
 
 
 @pytest.mark.parametrize("splits", [[1, 30_000, 69_999], [12_500] * 8, [1] * 10 + [99_990], [99_999, 1]])
@@ -323,8 +329,8 @@ def test_std_survives_large_mean(splits):
     got = derive_stats(merged, ["mean", "std", "l2_norm"])
     v = f64(x)
     assert got["std"] == pytest.approx(float(v.std(ddof=1)), rel=1e-5)
-    assert got["mean"] == pytest.approx(math.fsum(v) / v.size, rel=1e-12)
-    assert got["l2_norm"] == pytest.approx(math.sqrt(math.fsum(v * v)), rel=1e-12)
+    assert got["mean"] == pytest.approx(math.fsum(v) / v.size, rel=1e-9)
+    assert got["l2_norm"] == pytest.approx(math.sqrt(math.fsum(v * v)), rel=1e-9)
 
 
 def test_std_survives_large_mean_across_chunks_with_different_means():
@@ -332,4 +338,4 @@ def test_std_survives_large_mean_across_chunks_with_different_means():
     chunks = [(1e4 + 0.01 * i + torch.randn(n, generator=g) * 10).float() for i, n in enumerate((10, 5000, 3, 20_000))]
     got = merged_stats(chunks)
     v = f64(torch.cat(chunks))
-    assert got["std"] == pytest.approx(float(v.std(ddof=1)), rel=1e-9)
+    assert got["std"] == pytest.approx(float(v.std(ddof=1)), rel=1e-6)
