@@ -8,6 +8,8 @@ Outputs (output, dgrad, wgrad) can be modified and inspected after their GEMM.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 import nvdlfw_inspect.api as debug_api
@@ -15,6 +17,7 @@ from lowprec.debug.names import TENSOR_GEMMS
 from lowprec.debug.plan import LayerPlan, Precision
 from lowprec.gemm import Operand
 from lowprec.quantization import Quantizer
+from nvdlfw_inspect.utils import get_distributed_world_size
 
 
 def _iteration() -> int:
@@ -25,10 +28,12 @@ def _iteration() -> int:
 class DebugProcessing:
     """Turns a layer's tensors into GEMM operands under a debug plan (see module docstring)."""
 
-    def __init__(self, layer_name: str, quantizers: dict[str, Quantizer], plan: LayerPlan):
+    def __init__(self, layer_name: str, quantizers: dict[str, Quantizer], plan: LayerPlan, tp_group: Any = None):
         self.layer_name = layer_name
         self.quantizers = quantizers
         self.plan = plan
+        self.tp_group = tp_group
+        self.tp_size = get_distributed_world_size(tp_group) if tp_group is not None else 1
 
     def input(self, tensor_name: str, tensor: torch.Tensor) -> tuple[Operand, Operand]:
         """``(operand for the tensor's first GEMM, operand for its second GEMM)``."""
@@ -66,8 +71,8 @@ class DebugProcessing:
                     gemm=gemm,
                     tensor=operands[gemm],
                     iteration=iteration,
-                    tp_group=None,
-                    tp_size=1,
+                    tp_group=self.tp_group,
+                    tp_size=self.tp_size,
                     rowwise=gemm == first,
                 )
         return operands[first], operands[second]
@@ -105,8 +110,8 @@ class DebugProcessing:
             tensor_name=tensor_name,
             tensor=tensor,
             iteration=iteration,
-            tp_group=None,
-            tp_size=1,
+            tp_group=self.tp_group,
+            tp_size=self.tp_size,
             rowwise_quantized_tensor=rowwise,
             columnwise_quantized_tensor=columnwise,
             quantizer=quantizer,

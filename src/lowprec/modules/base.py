@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
+
+from lowprec.modules.gemm_unit import GemmUnit
 
 _unnamed = itertools.count(1)
 
@@ -36,6 +39,14 @@ class NamedModule(torch.nn.Module):
 
     def _name_children(self, name: str) -> None:
         """Composite layers derive their children's names from ``name``."""
+
+    def set_tensor_parallel_group(self, group: Any) -> None:
+        """The process group this layer's (and its sublayers') weights are sharded over: weight
+        statistics are reduced over it. ``None``: weights are not sharded; their statistics stay per rank."""
+        for module in self.modules():
+            for unit in vars(module).values():
+                if isinstance(unit, GemmUnit):
+                    unit.tp_group = group
 
     def extra_repr(self) -> str:
         return f"name={self._name!r}"

@@ -8,6 +8,8 @@ nor a debug feature is on, otherwise ``LinearFunction`` with plain or debug proc
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -34,6 +36,7 @@ class GemmUnit:
 
     def __init__(self, layer_types: tuple[str, ...]):
         self.layer_types = layer_types
+        self.tp_group: Any = None  # set by NamedModule.set_tensor_parallel_group
         self.debug = DebugLayerState()
         self._recipe: Recipe | None = None
         self._quantizers: dict[str, Quantizer] = {}
@@ -52,5 +55,8 @@ class GemmUnit:
         if recipe is None and plan is None:
             return F.linear(x, weight, bias)
         quantizers = self.quantizers(recipe)
-        processing = DebugProcessing(layer_name, quantizers, plan) if plan is not None else PlainProcessing(quantizers)
+        if plan is not None:
+            processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group)
+        else:
+            processing = PlainProcessing(quantizers)
         return LinearFunction.apply(x, weight, bias, processing)

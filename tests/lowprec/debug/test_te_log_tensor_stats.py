@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from debugrun import make_linear, section, start, train_step
@@ -11,6 +13,7 @@ from statref import reference_stats
 import lowprec
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.schedule import next_enabled_iter
+from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.logging import BaseLogger
 
 ALL_STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
@@ -154,3 +157,55 @@ def test_debug_path_without_fp8_keeps_exact_gradients(log_dir):
     y_ref.backward(dy)
     assert torch.allclose(y, y_ref, atol=1e-6) and torch.allclose(dx, x_ref.grad, atol=1e-6)
     assert torch.allclose(dw, ref.weight.grad, atol=1e-5)
+
+
+def block_range_ref(t: torch.Tensor, block: int, dims: int) -> float:
+    """Max over blocks of log2(max|x|) - log2(min non-zero |x|), block by block in Python (float64)."""
+    x = t.double().reshape(-1, t.shape[-1])
+    rows, cols = x.shape
+    best = 0.0
+    tiles = (
+        [x[r, c : c + block] for r in range(rows) for c in range(0, cols, block)]
+        if dims == 1
+        else [x[r : r + block, c : c + block] for r in range(0, rows, block) for c in range(0, cols, block)]
+    )
+    for tile in tiles:
+        nonzero = tile.abs()[tile != 0]
+        if nonzero.numel():
+            best = max(best, math.log2(nonzero.max().item()) - math.log2(nonzero.min().item()))
+    return best
+
+
+@pytest.mark.parametrize(("block", "dims"), [(4, 1), (32, 1), (8, 2), (5, 1)])
+def test_max_blockwise_dynamic_range(log_dir, block, dims):
+    collect = Collect()
+    entry = {"max_blockwise_dynamic_range": {"block_size": block, "dims": dims}}
+    start(stats_config(tensors=["activation", "gradient"], stats=["max", entry]), log_dir, statistics_logger=collect)
+    layer = make_linear(in_f=40, out_f=24)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 40, generator=g) * torch.exp(torch.randn(16, 40, generator=g) * 2)
+    x[0, :8] = 0.0  # an all-zero block counts as range 0
+    dy = torch.randn(16, 24, generator=g)
+    train_step(layer, x, dy)
+    debug_api.step()
+    name = f"max_blockwise_dynamic_range_block_size_{block}_dims_{dims}"
+    both = max(block_range_ref(x, block, dims), block_range_ref(x.t(), block, dims))  # activation: both orientations
+    assert collect.values[(f"lin_activation_{name}_max_over_orientations", 0)] == pytest.approx(both, rel=1e-5)
+    assert collect.values[(f"lin_gradient_{name}", 0)] == pytest.approx(block_range_ref(dy, block, dims), rel=1e-5)
+    assert collect.values[("lin_activation_max", 0)] == pytest.approx(x.max().item())
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"max_blockwise_dynamic_range": {"block_size": 0}}, r"stats\.1\.max_blockwise_dynamic_range\.block_size'.*positive"),
+        ({"max_blockwise_dynamic_range": {"dims": 3}}, r"max_blockwise_dynamic_range\.dims'.*1 or 2"),
+        ({"max_blockwise_dynamic_range": {"size": 4}}, r"max_blockwise_dynamic_range\.size'.*unknown option"),
+        ({"max_blockwise_dynamic_range": 4}, r"stats\.1\.max_blockwise_dynamic_range'.*mapping"),
+        ({"other": {}}, r"stats\.1'.*unsupported statistic"),
+        ("median", r"stats\.1'.*unsupported statistic"),
+    ],
+)
+def test_blockwise_config_errors(log_dir, entry, message):
+    with pytest.raises(ConfigError, match=message):
+        start(stats_config(stats=["max", entry]), log_dir)

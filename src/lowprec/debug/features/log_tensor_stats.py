@@ -7,6 +7,7 @@ reduced and logged by ``debug_api.step()`` as ``{layer}_{tensor}_{stat}``.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,12 +16,16 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.schedule import next_enabled_iter
 from lowprec.quantization import Float8Tensor
-from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_stats, validate_window
+from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_window, window_key
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
+from nvdlfw_inspect.stats.blockwise import max_blockwise_dynamic_range
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
+from nvdlfw_inspect.stats.partials import empty_partials, set_fields
 
 STATS = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range")
+BLOCKWISE = "max_blockwise_dynamic_range"
+BLOCKWISE_KEYS = {"block_size": "a positive integer (default 32)", "dims": "1 or 2 (default 1)"}
 
 
 def schedule(config: dict, iteration: int) -> tuple[bool, int | None]:
@@ -30,10 +35,53 @@ def schedule(config: dict, iteration: int) -> tuple[bool, int | None]:
     )
 
 
-def window_key(config: dict) -> tuple:
-    """The window keys as a hashable value: requests with different windows get different buffers."""
-    pairs = tuple(tuple(pair) for pair in config.get("start_end_list") or ())
-    return config.get("start_step"), config.get("end_step"), pairs, config.get("freq", 1)
+def stats_reduction(tensor_name: str, tp_group: Any, tp_size: int) -> dict[str, Any]:
+    """Where a tensor's statistics are reduced: weights over the layer's tensor-parallel group (per rank
+    when it has none) and once per step; every other tensor over the reduction group, accumulated."""
+    if tensor_name != "weight":
+        return {"reduction_group": debug_api.get_tensor_reduction_group(), "accumulate": True}
+    sharded = tp_group is not None and tp_size > 1
+    return {"reduction_group": tp_group, "skip_reduction": not sharded, "accumulate": False}
+
+
+@dataclass(frozen=True)
+class BlockwiseRange:
+    """``{max_blockwise_dynamic_range: {block_size: b, dims: d}}`` in a ``stats`` list."""
+
+    block_size: int = 32
+    dims: int = 1
+
+    def logged_name(self, both_orientations: bool) -> str:
+        name = f"{BLOCKWISE}_block_size_{self.block_size}_dims_{self.dims}"
+        return name + "_max_over_orientations" if both_orientations else name
+
+
+def parse_stat(entry: Any, location: ConfigLocation) -> str | BlockwiseRange:
+    """A ``stats`` entry: a statistic name (any case) or the blockwise mapping; anything else raises."""
+    allowed = [*STATS, f"{{{BLOCKWISE}: {{block_size: int, dims: 1|2}}}}"]
+    if isinstance(entry, str) and entry.lower() in STATS:
+        return entry.lower()
+    if not (isinstance(entry, dict) and list(entry) == [BLOCKWISE]):
+        raise location.error("unsupported statistic", entry, allowed)
+    options = entry[BLOCKWISE] or {}
+    if not isinstance(options, dict):
+        raise location.child(BLOCKWISE).error("must be a mapping of block_size and dims", options)
+    for key, value in options.items():
+        if key not in BLOCKWISE_KEYS:
+            raise location.child(BLOCKWISE).child(key).error("unknown option", key, list(BLOCKWISE_KEYS))
+        valid = isinstance(value, int) and not isinstance(value, bool) and (value > 0 if key == "block_size" else value in (1, 2))
+        if not valid:
+            raise location.child(BLOCKWISE).child(key).error(f"must be {BLOCKWISE_KEYS[key]}", value)
+    return BlockwiseRange(**options)
+
+
+def parse_stats(config: dict, location: ConfigLocation) -> list[str | BlockwiseRange]:
+    stats = config.get("stats")
+    if stats is None:
+        raise location.error(f"tensor '{config.get('tensor', '<tensors>')}' has no 'stats' list", allowed=list(STATS))
+    if isinstance(stats, str) or not isinstance(stats, list) or not stats:
+        raise location.child("stats").error("must be a non-empty list of statistics", stats, list(STATS))
+    return [parse_stat(entry, location.child("stats").child(i)) for i, entry in enumerate(stats)]
 
 
 @Registry.register_feature(namespace="transformer_engine")
@@ -41,15 +89,17 @@ class LogTensorStats(TEConfigAPIMapper):
     """Logs statistics of high-precision tensors of the selected layers.
 
     Keys: ``tensors``/``tensors_struct`` (activation, gradient, weight, output, wgrad, dgrad), ``stats``
-    (min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range), ``freq`` (default 1),
+    (min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range, and
+    ``{max_blockwise_dynamic_range: {block_size: 32, dims: 1}}``), ``freq`` (default 1),
     ``start_step``, ``end_step`` and ``start_end_list`` (closed windows ``[start, end]``; -1: no end).
+    Weights are reduced over the layer's tensor-parallel group (``set_tensor_parallel_group``).
     """
 
     uses_gemms = False
     option_keys = frozenset({"stats"}) | WINDOW_KEYS
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
-        validate_stats(view, location, list(STATS))
+        parse_stats(view, location)
         validate_window(view, location, closed=True)
 
     @api_method
@@ -74,15 +124,26 @@ class LogTensorStats(TEConfigAPIMapper):
                 level=logging.WARNING,
             )
             return
-        weight = tensor_name == "weight"
-        STATS_BUFFERS.feed(
-            (layer_name, tensor_name, "LogTensorStats", window_key(config)),
-            layer_name=layer_name,
-            tensor_name=tensor_name,
-            tensor=tensor,
-            stats=list(config["stats"]),
-            iteration=iteration,
-            accumulate=not weight,
-            reduction_group=None if weight else debug_api.get_tensor_reduction_group(),
-            skip_reduction=weight,
-        )
+        stats = parse_stats(config, ConfigLocation("config"))
+        reduction = stats_reduction(tensor_name, kwargs.get("tp_group"), kwargs.get("tp_size", 1))
+        window = window_key(config)
+        plain = [stat for stat in stats if isinstance(stat, str)]
+        if plain:
+            key = (layer_name, tensor_name, "LogTensorStats", tuple(plain), window)
+            STATS_BUFFERS.feed(
+                key, layer_name=layer_name, tensor_name=tensor_name, stats=plain, iteration=iteration, tensor=tensor, **reduction
+            )
+        both = tensor_name in ("activation", "weight")  # these are read row- and columnwise by the GEMMs
+        for stat in stats:
+            if isinstance(stat, BlockwiseRange) and tensor.numel() > 0:
+                value = max_blockwise_dynamic_range(tensor, stat.block_size, stat.dims, both)
+                partials = set_fields(empty_partials(tensor.device), {"count": tensor.numel(), "blockwise_dr": value})
+                STATS_BUFFERS.feed(
+                    (layer_name, tensor_name, "LogTensorStats", stat, window),
+                    layer_name=layer_name,
+                    tensor_name=tensor_name,
+                    stats=[(stat.logged_name(both), BLOCKWISE)],
+                    iteration=iteration,
+                    partials=partials,
+                    **reduction,
+                )

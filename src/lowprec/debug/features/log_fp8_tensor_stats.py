@@ -1,0 +1,229 @@
+"""``LogFp8TensorStats``: how well a tensor survives quantization, under the run's recipe or any other.
+
+A stat is ``[recipe_]name[_columnwise]``: ``underflows%`` (non-zero values that become zero),
+``overflows%`` (values beyond the FP8 range under delayed scaling, which then saturate),
+``scale_inv_min``, ``scale_inv_max`` and ``mse`` (mean squared quantization error). Without a recipe
+prefix the stat describes the layer's own recipe; with ``fp8_current_scaling_``,
+``fp8_delayed_scaling_``, ``mxfp8_`` or ``fp8_block_scaling_`` it is computed as if that recipe were
+in use ("what-if"), whatever the run uses and whatever the layer's plan (FP8 or high precision).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import nvdlfw_inspect.api as debug_api
+from lowprec.block_scaling import block_scaling_quantize, mxfp8_quantize
+from lowprec.debug.features.api import TEConfigAPIMapper
+from lowprec.debug.features.log_tensor_stats import schedule, stats_reduction
+from lowprec.formats import E4M3, E5M2, FP8Format
+from lowprec.quantization import (
+    CurrentScalingQuantizer,
+    DelayedScalingQuantizer,
+    Float8Tensor,
+    Quantizer,
+    quantize_with_scale,
+)
+from lowprec.recipe import DelayedScaling
+from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_window, window_key
+from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.registry import Registry, api_method
+from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
+from nvdlfw_inspect.stats.partials import empty_partials, set_fields
+
+DELAYED, CURRENT, MXFP8, BLOCK = "fp8_delayed_scaling", "fp8_current_scaling", "mxfp8", "fp8_block_scaling"
+RECIPES = (DELAYED, CURRENT, MXFP8, BLOCK)
+PER_TENSOR = (DELAYED, CURRENT)
+NAMES = ("underflows%", "overflows%", "scale_inv_min", "scale_inv_max", "mse")
+COLUMNWISE = "_columnwise"
+
+
+@dataclass(frozen=True)
+class Fp8Stat:
+    """One parsed stat: ``recipe`` None means the layer's own recipe."""
+
+    written: str
+    recipe: str | None
+    name: str
+    columnwise: bool
+
+
+def parse_fp8_stat(written: Any, location: ConfigLocation) -> Fp8Stat:
+    """Split ``[recipe_]name[_columnwise]`` and reject combinations no recipe defines."""
+    allowed = [f"[{'|'.join(RECIPES)}_]{{{'|'.join(NAMES)}}}[{COLUMNWISE}]"]
+    if not isinstance(written, str):
+        raise location.error("must be a statistic name", written, allowed)
+    stat = written.lower()
+    recipe = next((r for r in RECIPES if stat.startswith(r + "_")), None)
+    rest = stat[len(recipe) + 1 :] if recipe else stat
+    columnwise = rest.endswith(COLUMNWISE)
+    name = rest.removesuffix(COLUMNWISE)
+    if name not in NAMES:
+        raise location.error("unsupported statistic", written, allowed)
+    if name == "overflows%" and recipe not in (None, DELAYED):
+        raise location.error("overflows% exists only under delayed scaling (fp8_delayed_scaling_ or no prefix)", written)
+    if columnwise and recipe in PER_TENSOR:
+        raise location.error("per-tensor recipes have one scale: columnwise statistics equal the rowwise ones", written)
+    return Fp8Stat(stat, recipe, name, columnwise)
+
+
+def parse_fp8_stats(config: dict, location: ConfigLocation) -> list[Fp8Stat]:
+    stats = config.get("stats")
+    if stats is None:
+        raise location.error(f"tensor '{config.get('tensor', '<tensors>')}' has no 'stats' list", allowed=list(NAMES))
+    if isinstance(stats, str) or not isinstance(stats, list) or not stats:
+        raise location.child("stats").error("must be a non-empty list of statistic names", stats, list(NAMES))
+    return [parse_fp8_stat(entry, location.child("stats").child(i)) for i, entry in enumerate(stats)]
+
+
+def recipe_of(quantizer: Quantizer | None) -> str | None:
+    if isinstance(quantizer, DelayedScalingQuantizer):
+        return DELAYED
+    if isinstance(quantizer, CurrentScalingQuantizer):
+        return CURRENT
+    return None
+
+
+@dataclass
+class Quantized:
+    """What the statistics need from one quantization: the FP8 bytes, every scale_inv, the dequantized
+    values, and for per-tensor FP8 the format and the single scale_inv (for overflows)."""
+
+    data: torch.Tensor
+    scale_inv: torch.Tensor
+    dequantized: torch.Tensor
+    fp8: Float8Tensor | None = None
+
+
+def _per_tensor(q: Float8Tensor) -> Quantized:
+    return Quantized(q.data, q.scale_inv.reshape(-1), q.dequantize(torch.float32), q)
+
+
+def quantization_fields(tensor: torch.Tensor, q: Quantized, overflows: bool) -> dict[str, Any]:
+    """Partial fields of one quantization of ``tensor``, all computed on its device."""
+    x = tensor.detach().float()
+    zero_bytes = q.data.view(torch.uint8) & 0x7F == 0  # +0 and -0
+    nonzero_scales = q.scale_inv.masked_fill(q.scale_inv == 0, float("inf"))
+    fields: dict[str, Any] = {
+        "count": x.numel(),
+        "underflows": torch.count_nonzero(x) - (~zero_bytes).sum(),
+        "sq_err": (x - q.dequantized.reshape(x.shape)).square().sum(),
+        "scale_inv_min": torch.where(nonzero_scales.isinf().all(), 0.0, nonzero_scales.amin()),
+        "scale_inv_max": q.scale_inv.amax(),
+    }
+    if overflows:
+        limit = q.fp8.format.max * q.fp8.scale_inv
+        fields["overflows"] = (x.abs() > limit).sum()
+    return fields
+
+
+@Registry.register_feature(namespace="transformer_engine")
+class LogFp8TensorStats(TEConfigAPIMapper):
+    """Logs quantization statistics of activation, gradient and weight (see the module docstring).
+
+    Keys: ``tensors``/``tensors_struct``, ``stats``, ``freq``, ``start_step``, ``end_step``,
+    ``start_end_list``. What-if casts use the layer's FP8 format, or E4M3 (E5M2 for gradients) when the
+    layer runs without one; what-if delayed scaling keeps its own amax history per layer and tensor.
+    """
+
+    uses_gemms = False
+    allowed_tensors = ("activation", "gradient", "weight")
+    option_keys = frozenset({"stats"}) | WINDOW_KEYS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._shadow_delayed: dict[tuple[str, str, FP8Format], DelayedScalingQuantizer] = {}
+
+    def validate_options(self, view: dict, location: ConfigLocation) -> None:
+        parse_fp8_stats(view, location)
+        validate_window(view, location, closed=True)
+
+    @api_method
+    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int) -> tuple[bool, int | None]:
+        return schedule(config, iteration)
+
+    @api_method
+    def inspect_tensor(
+        self, config: dict, layer_name: str, tensor_name: str, tensor: torch.Tensor | None, iteration: int, **kwargs: Any
+    ) -> None:
+        if not schedule(config, iteration)[0]:
+            return
+        debug_api.log_message(
+            f"Feature=LogFp8TensorStats, API=inspect_tensor: {tensor_name}", layer_name, extra_cachable_args=(tensor_name,)
+        )
+        if tensor is None or isinstance(tensor, Float8Tensor) or tensor.numel() == 0:
+            return
+        quantizer = kwargs.get("quantizer")
+        own_recipe = recipe_of(quantizer)
+        stats = parse_fp8_stats(config, ConfigLocation("config"))
+        variants: dict[tuple[str, bool], list[Fp8Stat]] = {}
+        for stat in stats:
+            recipe = stat.recipe or self._own_recipe(stat, own_recipe, layer_name, tensor_name)
+            variants.setdefault((recipe, stat.columnwise), []).append(stat)
+        fmt = quantizer.format if quantizer is not None else (E5M2 if tensor_name == "gradient" else E4M3)
+        reduction = stats_reduction(tensor_name, kwargs.get("tp_group"), kwargs.get("tp_size", 1))
+        for (recipe, columnwise), group in variants.items():
+            own = recipe == own_recipe
+            q = self._quantize(recipe, columnwise, tensor, fmt, layer_name, tensor_name, kwargs if own else None)
+            fields = quantization_fields(tensor, q, overflows=recipe == DELAYED)
+            STATS_BUFFERS.feed(
+                (
+                    layer_name,
+                    tensor_name,
+                    "LogFp8TensorStats",
+                    recipe,
+                    columnwise,
+                    tuple(s.written for s in group),
+                    window_key(config),
+                ),
+                layer_name=layer_name,
+                tensor_name=tensor_name,
+                stats=[(s.written, s.name) for s in group],
+                iteration=iteration,
+                partials=set_fields(empty_partials(tensor.device), fields),
+                **reduction,
+            )
+
+    @staticmethod
+    def _own_recipe(stat: Fp8Stat, own_recipe: str | None, layer_name: str, tensor_name: str) -> str:
+        """The layer's recipe for a stat without a prefix; errors where the stat cannot mean anything."""
+        where = f"LogFp8TensorStats: layer '{layer_name}', tensor '{tensor_name}', stat '{stat.written}'"
+        if own_recipe is None:
+            raise ValueError(
+                f"{where}: the layer runs without an FP8 recipe (outside lowprec.autocast), so a stat without a "
+                f"recipe prefix has no meaning; prefix it with one of {list(RECIPES)}"
+            )
+        if stat.name == "overflows%" and own_recipe != DELAYED:
+            raise ValueError(f"{where}: overflows% exists only under delayed scaling; the layer uses {own_recipe}")
+        if stat.columnwise and own_recipe in PER_TENSOR:
+            raise ValueError(f"{where}: {own_recipe} has one scale per tensor; drop '{COLUMNWISE}'")
+        return own_recipe
+
+    def _quantize(
+        self,
+        recipe: str,
+        columnwise: bool,
+        tensor: torch.Tensor,
+        fmt: FP8Format,
+        layer_name: str,
+        tensor_name: str,
+        own: dict[str, Any] | None,
+    ) -> Quantized:
+        """The tensor as ``recipe`` quantizes it: the layer's own operand where the layer made one."""
+        if own is not None:
+            for operand in (own.get("rowwise_quantized_tensor"), own.get("columnwise_quantized_tensor")):
+                if isinstance(operand, Float8Tensor):
+                    return _per_tensor(operand)
+            quantizer = own["quantizer"]  # this tensor runs in high precision: cast it as the layer would
+            return _per_tensor(quantize_with_scale(tensor, quantizer.scale_for(tensor), quantizer.format))
+        if recipe == CURRENT:
+            return _per_tensor(CurrentScalingQuantizer(fmt).quantize(tensor))
+        if recipe == DELAYED:
+            key = (layer_name, tensor_name, fmt)
+            shadow = self._shadow_delayed.setdefault(key, DelayedScalingQuantizer(fmt, DelayedScaling()))
+            return _per_tensor(shadow.quantize(tensor))
+        block = mxfp8_quantize(tensor, fmt, columnwise) if recipe == MXFP8 else block_scaling_quantize(tensor, fmt)
+        return Quantized(block.data, block.scale_inv, block.dequantized)
