@@ -59,5 +59,32 @@ def base_log_tensor_stats(rank: int, world: int, log_dir: Path) -> None:
     debug_api.step()
 
 
+def te_stats(rank: int, world: int, log_dir: Path) -> None:
+    """lowprec layers under FP8: activations over the world (two micro-batches), weights over the
+    tensor-parallel group (layer "tp") or per rank (layer "local"); saves what it fed for the test."""
+    import lowprec
+    import nvdlfw_inspect.api as debug_api
+
+    features = {
+        "LogTensorStats": {"enabled": True, "tensors": ["activation", "weight"], "stats": SIX},
+        "LogFp8TensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["underflows%", "mse"]},
+    }
+    config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+    torch.manual_seed(100 + rank)
+    layers = {"tp": lowprec.Linear(16, 8, name="tp"), "local": lowprec.Linear(16, 8, name="local")}
+    layers["tp"].set_tensor_parallel_group(dist.new_group(list(range(world))))
+    g = torch.Generator().manual_seed(rank)
+    fed = {"x": [], "weights": {name: layer.weight.detach().clone() for name, layer in layers.items()}}
+    for _ in range(2):  # micro-batches
+        x = torch.randn(4 + rank, 16, generator=g) * (rank + 1) + rank
+        fed["x"].append(x)
+        with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+            for layer in layers.values():
+                layer(x).sum().backward()
+    debug_api.step()
+    torch.save(fed, log_dir / f"fed{rank}.pt")
+
+
 if __name__ == "__main__":  # pragma: no cover - manual runs
     sys.exit("run through tests/nvdlfw_inspect/test_distributed.py")

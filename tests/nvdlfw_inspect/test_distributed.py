@@ -51,19 +51,51 @@ def check(stats: dict, layer: str, want: dict[str, float]) -> None:
         assert stats[(f"{layer}_activation_{stat}", 0)] == pytest.approx(value, rel=1e-6, abs=6e-5), (layer, stat)
 
 
-def test_base_log_tensor_stats_reduces_partials_over_ranks(tmp_path):
-    log_dir = spawn("base_log_tensor_stats", 2, tmp_path)
-    tensors = [dist_workers.rank_tensor(r) for r in range(2)]
+@pytest.mark.parametrize("world", [2, 3])
+def test_base_log_tensor_stats_reduces_partials_over_ranks(tmp_path, world):
+    log_dir = spawn("base_log_tensor_stats", world, tmp_path)
+    tensors = [dist_workers.rank_tensor(r) for r in range(world)]
     together = reference(torch.cat(tensors))
-    per_rank = [read_stats(log_dir, rank) for rank in range(2)]
+    per_rank = [read_stats(log_dir, rank) for rank in range(world)]
 
     # no group anywhere: reduced over the default group, logged on the last rank only
-    check(per_rank[1], "default", together)
-    assert not any(name.startswith("default_") for name, _ in per_rank[0])
+    check(per_rank[-1], "default", together)
+    for rank in range(world - 1):
+        assert not any(name.startswith("default_") for name, _ in per_rank[rank])
     # an explicit group, by kwarg or set globally: every member logs the concatenation's statistics
-    for rank in range(2):
+    for rank in range(world):
         check(per_rank[rank], "kwarg", together)
         check(per_rank[rank], "global", together)
         # skip_reduction: each rank its own tensor
         check(per_rank[rank], "skipped", reference(tensors[rank]))
-    assert stats_log_path(log_dir, 0).exists() and stats_log_path(log_dir, 1).exists()
+    assert all(stats_log_path(log_dir, rank).exists() for rank in range(world))
+
+
+def fp8_underflows_and_mse(x: torch.Tensor) -> tuple[float, float]:
+    """Current-scaling E4M3 underflow count and squared error, in float64."""
+    x = x.double()
+    scale = torch.tensor(448.0 / x.abs().max().item(), dtype=torch.float32).double()
+    q = (x * scale).clamp(-448, 448).float().to(torch.float8_e4m3fn).double()
+    return float(((x != 0) & (q == 0)).sum()), float((x - q / scale).square().sum())
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_lowprec_statistics_reduce_over_ranks_micro_batches_and_tensor_parallel_weights(tmp_path, world):
+    log_dir = spawn("te_stats", world, tmp_path)
+    fed = [torch.load(log_dir / f"fed{rank}.pt") for rank in range(world)]
+    every_x = torch.cat([x for f in fed for x in f["x"]])
+    fp8 = [fp8_underflows_and_mse(x) for f in fed for x in f["x"]]  # one cast per micro-batch and rank
+    for rank in range(world):
+        stats = read_stats(log_dir, rank)
+        for layer in ("tp", "local"):
+            for stat, want in reference(every_x).items():
+                assert stats[(f"{layer}_activation_{stat}", 0)] == pytest.approx(want, rel=1e-6, abs=6e-5), (rank, stat)
+            assert stats[(f"{layer}_activation_underflows%", 0)] == pytest.approx(
+                100 * sum(u for u, _ in fp8) / every_x.numel(), abs=6e-5
+            )
+            assert stats[(f"{layer}_activation_mse", 0)] == pytest.approx(sum(e for _, e in fp8) / every_x.numel(), abs=6e-5)
+        shards = torch.cat([f["weights"]["tp"] for f in fed])
+        for stat, want in reference(shards).items():  # sharded weights: the whole weight's statistics
+            assert stats[(f"tp_weight_{stat}", 0)] == pytest.approx(want, rel=1e-6, abs=6e-5), (rank, stat)
+        for stat, want in reference(fed[rank]["weights"]["local"]).items():  # not sharded: per rank
+            assert stats[(f"local_weight_{stat}", 0)] == pytest.approx(want, rel=1e-6, abs=6e-5), (rank, stat)

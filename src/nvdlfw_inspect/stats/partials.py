@@ -42,8 +42,12 @@ _identity_cache: dict[torch.device, torch.Tensor] = {}
 
 def _identity(device: torch.device) -> torch.Tensor:
     cached = _identity_cache.get(device)
-    if cached is None:
-        cached = _identity_cache[device] = torch.tensor(_IDENTITY, dtype=torch.float64, device=device)
+    if cached is None:  # built by scalar fills: no host-to-device copy, which could wait on the device
+        cached = torch.zeros(len(FIELDS), dtype=torch.float64, device=device)
+        for i, value in enumerate(_IDENTITY):
+            if value:
+                cached[i] = value
+        _identity_cache[device] = cached
     return cached
 
 
