@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -78,6 +79,31 @@ def _validate_start_end_list(pairs: Any, location: ConfigLocation, closed: bool)
         previous_end = pair[1]
 
 
+class DerivedStats(Mapping):
+    """One call's statistics as 0-dim float32 tensors on the tensor's device, each derived when first
+    read: most callers never read them, and deriving costs a dozen small kernels."""
+
+    def __init__(self, partials: torch.Tensor, stats: list[str]):
+        self._partials, self._stats = partials, stats
+        self._values: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, stat: str) -> torch.Tensor:
+        if stat not in self._stats:
+            raise KeyError(stat)
+        if stat not in self._values:
+            self._values[stat] = derive_tensors(self._partials, [stat])[stat].float()
+        return self._values[stat]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._stats)
+
+    def __len__(self) -> int:
+        return len(self._stats)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
 @Registry.register_feature(namespace="base")
 @append_parent_docstring(parent=GenericConfigAPIMapper)
 class LogTensorStats(GenericConfigAPIMapper):
@@ -142,7 +168,7 @@ class LogTensorStats(GenericConfigAPIMapper):
         return {"last_rank_only": True}
 
     @api_method
-    def log_tensor_stats(self, config: dict, layer_name: str, **kwargs: Any) -> dict[str, torch.Tensor]:
+    def log_tensor_stats(self, config: dict, layer_name: str, **kwargs: Any) -> Mapping[str, torch.Tensor]:
         """Returns this call's statistics as 0-dim float32 tensors on the tensor's device (no host sync);
         the logged values, merged over the step's calls and reduced over the group, follow at ``step()``."""
         tensor_name = kwargs["tensor_name"]
@@ -165,4 +191,4 @@ class LogTensorStats(GenericConfigAPIMapper):
             accumulate=tensor_name != "weight",
             **self._reduction(layer_name, **kwargs),
         )
-        return {stat: value.float() for stat, value in derive_tensors(partials, stats).items()}
+        return DerivedStats(partials, stats)

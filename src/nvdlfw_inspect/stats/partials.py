@@ -38,6 +38,7 @@ OPTIONAL_FIELDS = frozenset({"abs_min_nonzero"})
 _IDENTITY = [identity for _, identity in _LAYOUT.values()]
 _BY_RULE = {rule: [INDEX[n] for n, (r, _) in _LAYOUT.items() if r == rule] for rule in ("sum", "min", "max")}
 _identity_cache: dict[torch.device, torch.Tensor] = {}
+_scratch_cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def _identity(device: torch.device) -> torch.Tensor:
@@ -56,30 +57,35 @@ def empty_partials(device: torch.device | str = "cpu") -> torch.Tensor:
     return _identity(torch.device(device)).clone()
 
 
+def _scratch(x: torch.Tensor) -> torch.Tensor:
+    """A reusable work buffer shaped like ``x``: no fresh allocation (and page faults) per call."""
+    key = (x.device, x.dtype)
+    buffer = _scratch_cache.get(key)
+    if buffer is None or buffer.numel() < x.numel():
+        buffer = _scratch_cache[key] = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+    return buffer[: x.numel()]
+
+
 def compute_partials(tensor: torch.Tensor, fields: Iterable[str] = ()) -> torch.Tensor:
     """Partials of ``tensor`` (any dtype, any shape). Optional fields are computed only when named.
 
-    The shift ``k`` (the tensor's mean) makes ``sum((x - k)^2)`` a well-conditioned M2.
+    The mean (summed pairwise, so accurate to float32 rounding) is the shift that makes
+    ``sum((x - mean)^2)`` a well-conditioned M2.
     """
     x = tensor.detach().reshape(-1)
-    out = empty_partials(x.device)
     n = x.numel()
     if n == 0:
-        return out
+        return empty_partials(x.device)
     if x.dtype not in (torch.float32, torch.float64):
         x = x.float()
-    shift = x.mean()
-    work = x - shift
-    residual = work.sum()
-    work.square_()
-    m2 = work.sum() - residual * residual / n
-    torch.abs(x, out=work)
-    abs_sum = work.sum()
+    mean = x.mean()
+    work = torch.sub(x, mean, out=_scratch(x))
+    m2 = work.square_().sum()
+    abs_sum = torch.abs(x, out=work).sum()
     low, high = torch.aminmax(x)
-    out[0] = n
-    mean = torch.where(shift.isfinite(), shift.double() + residual.double() / n, shift.double())  # +-inf stays
-    out[1] = mean
-    out[2:6] = torch.stack([m2, low, high, abs_sum]).to(torch.float64)
+    count = torch.full((1,), n, dtype=torch.float64, device=x.device)
+    core = torch.stack([mean, m2, low, high, abs_sum]).to(torch.float64)
+    out = torch.cat([count, core, _identity(x.device)[len(core) + 1 :]])
     if "abs_min_nonzero" in set(fields):
         out[INDEX["abs_min_nonzero"]] = work.masked_fill_(work == 0, math.inf).min().to(torch.float64)
     return out

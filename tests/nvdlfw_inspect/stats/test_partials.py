@@ -329,8 +329,8 @@ def test_std_survives_large_mean(splits):
     got = derive_stats(merged, ["mean", "std", "l2_norm"])
     v = f64(x)
     assert got["std"] == pytest.approx(float(v.std(ddof=1)), rel=1e-5)
-    assert got["mean"] == pytest.approx(math.fsum(v) / v.size, rel=1e-9)
-    assert got["l2_norm"] == pytest.approx(math.sqrt(math.fsum(v * v)), rel=1e-9)
+    assert got["mean"] == pytest.approx(math.fsum(v) / v.size, rel=1e-7)  # float32 rounding of ~1000
+    assert got["l2_norm"] == pytest.approx(math.sqrt(math.fsum(v * v)), rel=1e-7)
 
 
 def test_std_survives_large_mean_across_chunks_with_different_means():

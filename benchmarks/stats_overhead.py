@@ -1,0 +1,182 @@
+"""Step-time cost of tensor statistics on a plain PyTorch MLP, as ratios to the plain step.
+
+Variants, timed interleaved in one run (ours and the reference ``nvdlfw-inspect`` 0.2.2 each in its
+own environment; the reference is installed into ``benchmarks/.reference-venv`` on first use):
+  plain        no hooks, no framework
+  *-no-match   hooks call debug_api.log_tensor_stats, but the config selects no layer
+  *-stats      LogTensorStats (six statistics) of every layer's input on every step
+
+Then the bandwidth of our one-pass statistics on a 128 MiB bf16 tensor, next to a plain copy.
+Defaults: on CUDA the issue's model (8 x Linear(4096), 8192 tokens, bf16); on the CPU a model sized
+for it (8 x Linear(1024), 512 tokens, fp32).
+
+Run: ``python benchmarks/stats_overhead.py [--device cpu|cuda] [--steps N] [--repeats R] [--width W]
+[--depth D] [--tokens T]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from harness import Worker, interleave, print_ratio_table, reference_python, serve
+
+SIX = ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
+DEFAULTS = {
+    "cuda": {"width": 4096, "tokens": 8192, "dtype": "bfloat16"},
+    "cpu": {"width": 1024, "tokens": 512, "dtype": "float32"},
+}
+
+
+def build(width: int, depth: int, hooks: bool, device: str, dtype: torch.dtype) -> torch.nn.Sequential:
+    import nvdlfw_inspect.api as debug_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)]).to(device, dtype)
+    if hooks:
+        for i, layer in enumerate(model):
+
+            def log_input(_module, args, name=f"layer{i}"):
+                debug_api.log_tensor_stats(layer_name=name, tensor=args[0], tensor_name="activation")
+
+            layer.register_forward_pre_hook(log_input)
+    return model
+
+
+def config(regex: str) -> dict:
+    return {
+        "stats": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": regex},
+            "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": SIX, "freq": 1},
+        }
+    }
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, debug: bool) -> float:
+    """Mean seconds per training step (forward, backward, SGD update, debug step)."""
+    import nvdlfw_inspect.api as debug_api
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    synchronize(batch.device.type)
+    start = time.perf_counter()
+    for _ in range(steps):
+        model(batch).float().square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if debug:
+            debug_api.step()
+    synchronize(batch.device.type)
+    return (time.perf_counter() - start) / steps
+
+
+def run_variant(variant: str, args: argparse.Namespace, log_dir: str) -> float:
+    """Time one variant in this process, with whichever ``nvdlfw_inspect`` this environment has."""
+    import nvdlfw_inspect.api as debug_api
+
+    dtype = getattr(torch, args.dtype)
+    batch = torch.randn(args.tokens, args.width, device=args.device, dtype=dtype)
+    if variant == "plain":
+        return time_steps(build(args.width, args.depth, False, args.device, dtype), batch, args.steps, debug=False)
+    regex = "nothing_matches" if variant == "no-match" else r"layer\d+"
+    debug_api.initialize(config_file=config(regex), log_dir=log_dir)
+    try:
+        return time_steps(build(args.width, args.depth, True, args.device, dtype), batch, args.steps, debug=True)
+    finally:
+        debug_api.end_debug()
+
+
+def seconds_per_call(fn: Callable[[], object], device: str, repeats: int = 20) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def print_bandwidth(device: str) -> None:
+    """GB/s of ``compute_partials`` reading a 128 MiB bf16 tensor, and of a copy (read + write) of it."""
+    from nvdlfw_inspect.stats.partials import compute_partials
+
+    x = torch.randn(64 * 2**20, device=device, dtype=torch.bfloat16)
+    size = x.numel() * x.element_size()
+    stats = seconds_per_call(lambda: compute_partials(x), device)
+    copy = seconds_per_call(lambda: x.clone(), device)
+    print(f"\nstatistics pass on a 128 MiB bf16 tensor ({device})")
+    print(f"{'kernel':<24} {'ms':>9} {'GB/s':>9}")
+    print(f"{'compute_partials':<24} {stats * 1e3:>9.2f} {size / stats / 1e9:>9.1f}")
+    print(f"{'copy (read + write)':<24} {copy * 1e3:>9.2f} {2 * size / copy / 1e9:>9.1f}")
+
+
+def print_overhead_ratio(medians: dict[str, float]) -> None:
+    if "reference-stats" not in medians:
+        return
+    ours = medians["ours-stats"] - medians["plain"]
+    reference = medians["reference-stats"] - medians["plain"]
+    print(
+        f"\noverhead of ours / overhead of the reference: {ours / reference:.3f} (ours {ours * 1e3:.2f} ms, "
+        f"reference {reference * 1e3:.2f} ms per step)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timing")
+    parser.add_argument("--repeats", type=int, default=5, help="timings per variant (median reported)")
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--depth", type=int, default=8)
+    parser.add_argument("--tokens", type=int)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    for key, value in DEFAULTS[args.device].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    shape = ["--device", args.device, "--steps", str(args.steps), "--width", str(args.width), "--depth", str(args.depth)]
+    shape += ["--tokens", str(args.tokens), "--dtype", args.dtype]
+    if args.worker:
+        with tempfile.TemporaryDirectory() as log_dir:
+            serve(lambda variant: run_variant(variant, args, log_dir))
+        return
+
+    ours = Worker(sys.executable, Path(__file__), shape)
+    plan = [("plain", ours, "plain"), ("ours-no-match", ours, "no-match"), ("ours-stats", ours, "stats")]
+    missing = {}
+    ref_python, reason = reference_python()
+    workers = [ours]
+    if ref_python is not None:
+        reference = Worker(ref_python, Path(__file__), shape)
+        workers.append(reference)
+        plan += [("reference-no-match", reference, "no-match"), ("reference-stats", reference, "stats")]
+    else:
+        missing = {"reference-no-match": reason, "reference-stats": reason}
+    try:
+        medians = interleave(plan, args.repeats)
+    finally:
+        for worker in workers:
+            worker.close()
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    title = f"MLP {args.depth} x Linear({args.width}), {args.tokens} tokens, {args.dtype}, {where}"
+    print_ratio_table(title, medians, "plain", missing)
+    print_overhead_ratio(medians)
+    print_bandwidth(args.device)
+
+
+if __name__ == "__main__":
+    main()
