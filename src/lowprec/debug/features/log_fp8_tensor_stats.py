@@ -17,8 +17,7 @@ import torch
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.block_scaling import block_scaling_quantize, mxfp8_quantize
-from lowprec.debug.features.api import TEConfigAPIMapper
-from lowprec.debug.features.log_tensor_stats import schedule, stats_reduction
+from lowprec.debug.features.log_tensor_stats import ScheduledStats, schedule, stats_reduction
 from lowprec.formats import E4M3, E5M2, FP8Format
 from lowprec.quantization import (
     CurrentScalingQuantizer,
@@ -28,7 +27,7 @@ from lowprec.quantization import (
     quantize_with_scale,
 )
 from lowprec.recipe import DelayedScaling
-from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_window, window_key
+from nvdlfw_inspect.debug_features.log_tensor_stats import window_key
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
@@ -121,7 +120,7 @@ def quantization_fields(tensor: torch.Tensor, q: Quantized, overflows: bool) -> 
 
 
 @Registry.register_feature(namespace="transformer_engine")
-class LogFp8TensorStats(TEConfigAPIMapper):
+class LogFp8TensorStats(ScheduledStats):
     """Logs quantization statistics of activation, gradient and weight (see the module docstring).
 
     Keys: ``tensors``/``tensors_struct``, ``stats``, ``freq``, ``start_step``, ``end_step``,
@@ -129,21 +128,12 @@ class LogFp8TensorStats(TEConfigAPIMapper):
     layer runs without one; what-if delayed scaling keeps its own amax history per layer and tensor.
     """
 
-    uses_gemms = False
     allowed_tensors = ("activation", "gradient", "weight")
-    option_keys = frozenset({"stats"}) | WINDOW_KEYS
+    parse_stats = staticmethod(parse_fp8_stats)
 
     def __init__(self) -> None:
         super().__init__()
         self._shadow_delayed: dict[tuple[str, str, FP8Format], DelayedScalingQuantizer] = {}
-
-    def validate_options(self, view: dict, location: ConfigLocation) -> None:
-        parse_fp8_stats(view, location)
-        validate_window(view, location, closed=True)
-
-    @api_method
-    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int) -> tuple[bool, int | None]:
-        return schedule(config, iteration)
 
     @api_method
     def inspect_tensor(
@@ -158,7 +148,7 @@ class LogFp8TensorStats(TEConfigAPIMapper):
             return
         quantizer = kwargs.get("quantizer")
         own_recipe = recipe_of(quantizer)
-        stats = parse_fp8_stats(config, ConfigLocation("config"))
+        stats = self.parse_stats(config, ConfigLocation("config"))
         variants: dict[tuple[str, bool], list[Fp8Stat]] = {}
         for stat in stats:
             recipe = stat.recipe or self._own_recipe(stat, own_recipe, layer_name, tensor_name)

@@ -84,8 +84,27 @@ def parse_stats(config: dict, location: ConfigLocation) -> list[str | BlockwiseR
     return [parse_stat(entry, location.child("stats").child(i)) for i, entry in enumerate(stats)]
 
 
+class ScheduledStats(TEConfigAPIMapper):
+    """What the statistics features share: tensor selection, ``stats`` and the window keys, validated
+    at ``initialize``, and ``inspect_tensor_enabled`` answering with the schedule."""
+
+    uses_gemms = False
+    option_keys = frozenset({"stats"}) | WINDOW_KEYS
+
+    def parse_stats(self, config: dict, location: ConfigLocation) -> list:
+        raise NotImplementedError
+
+    def validate_options(self, view: dict, location: ConfigLocation) -> None:
+        self.parse_stats(view, location)
+        validate_window(view, location, closed=True)
+
+    @api_method
+    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int) -> tuple[bool, int | None]:
+        return schedule(config, iteration)
+
+
 @Registry.register_feature(namespace="transformer_engine")
-class LogTensorStats(TEConfigAPIMapper):
+class LogTensorStats(ScheduledStats):
     """Logs statistics of high-precision tensors of the selected layers.
 
     Keys: ``tensors``/``tensors_struct`` (activation, gradient, weight, output, wgrad, dgrad), ``stats``
@@ -95,16 +114,7 @@ class LogTensorStats(TEConfigAPIMapper):
     Weights are reduced over the layer's tensor-parallel group (``set_tensor_parallel_group``).
     """
 
-    uses_gemms = False
-    option_keys = frozenset({"stats"}) | WINDOW_KEYS
-
-    def validate_options(self, view: dict, location: ConfigLocation) -> None:
-        parse_stats(view, location)
-        validate_window(view, location, closed=True)
-
-    @api_method
-    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int) -> tuple[bool, int | None]:
-        return schedule(config, iteration)
+    parse_stats = staticmethod(parse_stats)
 
     @api_method
     def inspect_tensor(
@@ -124,7 +134,7 @@ class LogTensorStats(TEConfigAPIMapper):
                 level=logging.WARNING,
             )
             return
-        stats = parse_stats(config, ConfigLocation("config"))
+        stats = self.parse_stats(config, ConfigLocation("config"))
         reduction = stats_reduction(tensor_name, kwargs.get("tp_group"), kwargs.get("tp_size", 1))
         window = window_key(config)
         plain = [stat for stat in stats if isinstance(stat, str)]
