@@ -5,14 +5,17 @@ add, extremes take the min or max, and mean/M2 (sum of squared deviations) merge
 formula, so std stays accurate even when the mean dwarfs the spread. Fields a feature does not fill
 keep their identity value, so one layout serves every statistic.
 
-``compute_partials`` makes one pass per reduction over the tensor in float32 (float64 for float64
-input) with no float64 copy of the tensor and no host synchronisation.
+``compute_partials`` reads a CUDA tensor once (a Triton kernel, ``triton_partials``); elsewhere it
+makes one pass per reduction in float32 (float64 for float64 input) with no float64 copy. Neither
+synchronises with the host.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -36,12 +39,14 @@ FIELDS = tuple(_LAYOUT)
 INDEX = {name: i for i, name in enumerate(FIELDS)}
 OPTIONAL_FIELDS = frozenset({"abs_min_nonzero"})
 _IDENTITY = [identity for _, identity in _LAYOUT.values()]
-_BY_RULE = {rule: [INDEX[n] for n, (r, _) in _LAYOUT.items() if r == rule] for rule in ("sum", "min", "max")}
+_RULE_CODE = {"sum": 0, "chan": 0, "min": 1, "max": 2}
 _identity_cache: dict[torch.device, torch.Tensor] = {}
+_rule_cache: dict[torch.device, torch.Tensor] = {}
 _scratch_cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def _identity(device: torch.device) -> torch.Tensor:
+def identity_partials(device: torch.device) -> torch.Tensor:
+    """The cached empty partial of ``device`` (do not modify it; ``empty_partials`` gives a copy)."""
     cached = _identity_cache.get(device)
     if cached is None:  # built by scalar fills: no host-to-device copy, which could wait on the device
         cached = torch.zeros(len(FIELDS), dtype=torch.float64, device=device)
@@ -52,9 +57,21 @@ def _identity(device: torch.device) -> torch.Tensor:
     return cached
 
 
+def _rule_codes(device: torch.device) -> torch.Tensor:
+    """Per field: 0 merges by sum, 1 by min, 2 by max (mean and M2 are overwritten by Chan's formula)."""
+    cached = _rule_cache.get(device)
+    if cached is None:
+        cached = torch.zeros(len(FIELDS), dtype=torch.int8, device=device)
+        for i, (rule, _) in enumerate(_LAYOUT.values()):
+            if _RULE_CODE[rule]:
+                cached[i] = _RULE_CODE[rule]
+        _rule_cache[device] = cached
+    return cached
+
+
 def empty_partials(device: torch.device | str = "cpu") -> torch.Tensor:
     """The partial of an empty tensor: the identity of ``merge_partials``."""
-    return _identity(torch.device(device)).clone()
+    return identity_partials(torch.device(device)).clone()
 
 
 def _scratch(x: torch.Tensor) -> torch.Tensor:
@@ -64,6 +81,17 @@ def _scratch(x: torch.Tensor) -> torch.Tensor:
     if buffer is None or buffer.numel() < x.numel():
         buffer = _scratch_cache[key] = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
     return buffer[: x.numel()]
+
+
+@functools.cache
+def _fused_kernel() -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The Triton kernel for CUDA tensors, or None (with a warning, once) when Triton cannot load."""
+    try:
+        from nvdlfw_inspect.stats.triton_partials import triton_partials
+    except ImportError as error:
+        warnings.warn(f"Triton is unavailable ({error}): statistics of CUDA tensors use several torch kernels", stacklevel=3)
+        return None
+    return triton_partials
 
 
 def compute_partials(tensor: torch.Tensor, fields: Iterable[str] = ()) -> torch.Tensor:
@@ -76,6 +104,9 @@ def compute_partials(tensor: torch.Tensor, fields: Iterable[str] = ()) -> torch.
     n = x.numel()
     if n == 0:
         return empty_partials(x.device)
+    fused = _fused_kernel() if x.is_cuda else None
+    if fused is not None:
+        return fused(x)
     if x.dtype not in (torch.float32, torch.float64):
         x = x.float()
     mean = x.mean()
@@ -85,7 +116,7 @@ def compute_partials(tensor: torch.Tensor, fields: Iterable[str] = ()) -> torch.
     low, high = torch.aminmax(x)
     count = torch.full((1,), n, dtype=torch.float64, device=x.device)
     core = torch.stack([mean, m2, low, high, abs_sum]).to(torch.float64)
-    out = torch.cat([count, core, _identity(x.device)[len(core) + 1 :]])
+    out = torch.cat([count, core, identity_partials(x.device)[len(core) + 1 :]])
     if "abs_min_nonzero" in set(fields):
         out[INDEX["abs_min_nonzero"]] = work.masked_fill_(work == 0, math.inf).min().to(torch.float64)
     return out
@@ -110,10 +141,8 @@ def merge_partials(rows: torch.Tensor) -> torch.Tensor:
     mean = weighted.sum(-1) / safe_total
     spread = torch.where(count > 0, count * (means - mean.unsqueeze(-1)).square(), torch.zeros_like(means))
     m2 = torch.where(count > 0, rows[..., INDEX["m2"]], torch.zeros_like(means)).sum(-1) + spread.sum(-1)
-    out = torch.empty(rows.shape[:-2] + rows.shape[-1:], dtype=rows.dtype, device=rows.device)
-    out[..., _BY_RULE["sum"]] = rows[..., _BY_RULE["sum"]].sum(-2)
-    out[..., _BY_RULE["min"]] = rows[..., _BY_RULE["min"]].amin(-2)
-    out[..., _BY_RULE["max"]] = rows[..., _BY_RULE["max"]].amax(-2)
+    rule = _rule_codes(rows.device)
+    out = torch.where(rule == 0, rows.sum(-2), torch.where(rule == 1, rows.amin(-2), rows.amax(-2)))
     out[..., INDEX["mean"]] = torch.where(total > 0, mean, torch.zeros_like(mean))
     out[..., INDEX["m2"]] = torch.where(total > 0, m2, torch.zeros_like(m2))
     return out
