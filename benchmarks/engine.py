@@ -83,9 +83,9 @@ def idle_debug_table(args: argparse.Namespace, device: str, dtype: torch.dtype) 
             (f"no debug, {precision}", worker, f"plain-{precision}"),
             (f"idle debug, {precision}", worker, f"idle-{precision}"),
         ]
-        medians = interleave(plan, args.repeats)
+        fastest = interleave(plan, args.repeats)
         title = f"\n{args.depth} x lowprec.Linear({args.width}), {args.tokens} tokens, {dtype}, {device}: debug idle vs off"
-        print_ratio_table(title, medians, f"no debug, {precision}", {})
+        print_ratio_table(title, fastest, f"no debug, {precision}", {})
 
 
 def gpu_linear_table(args: argparse.Namespace) -> None:
@@ -121,9 +121,9 @@ def gpu_linear_table(args: argparse.Namespace) -> None:
         ("lowprec FP8 delayed", worker, "delayed"),
         ("lowprec FP8 current", worker, "current"),
     ]
-    medians = interleave(plan, args.repeats)
+    fastest = interleave(plan, args.repeats)
     title = f"\nLinear {size}x{size}, {tokens} tokens, one training step, eager, {torch.cuda.get_device_name()}"
-    print_ratio_table(title, medians, "torch.nn.Linear bf16", {})
+    print_ratio_table(title, fastest, "torch.nn.Linear bf16", {})
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ one variant per request; the driver interleaves requests so machine noise hits e
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 import venv
@@ -79,20 +78,21 @@ class InProcess:
 
 
 def interleave(plan: list[tuple[str, Worker | InProcess, str]], repeats: int) -> dict[str, float]:
-    """Median seconds per step of each ``(label, worker, variant)``, after one warm-up round."""
+    """Fastest seconds per step of each ``(label, worker, variant)`` over ``repeats`` rounds, after one
+    warm-up round. The minimum, not the median: other load on the machine only ever adds time."""
     samples: dict[str, list[float]] = {label: [] for label, _, _ in plan}
     for round_index in range(repeats + 1):
         for label, worker, variant in plan:
             seconds = worker.time(variant)
             if round_index > 0:
                 samples[label].append(seconds)
-    return {label: statistics.median(values) for label, values in samples.items()}
+    return {label: min(values) for label, values in samples.items()}
 
 
-def print_ratio_table(title: str, medians: dict[str, float], baseline: str, missing: dict[str, str]) -> None:
+def print_ratio_table(title: str, fastest: dict[str, float], baseline: str, missing: dict[str, str]) -> None:
     print(title)
     print(f"{'variant':<24} {'ms/step':>9} {'ratio':>7}")
-    for label, seconds in medians.items():
-        print(f"{label:<24} {seconds * 1e3:>9.2f} {seconds / medians[baseline]:>7.3f}")
+    for label, seconds in fastest.items():
+        print(f"{label:<24} {seconds * 1e3:>9.2f} {seconds / fastest[baseline]:>7.3f}")
     for label, reason in missing.items():
         print(f"{label:<24} {'-':>9} {'-':>7}  ({reason})")

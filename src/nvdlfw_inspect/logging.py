@@ -124,10 +124,36 @@ def _attach_file_handler(logger: logging.Logger, path: str) -> logging.FileHandl
     return handler
 
 
+class StatisticsFile:
+    """The statistics log file: the line format of Python's logging (``LOG_FORMAT``), written and
+    flushed directly, since ``step()`` writes hundreds of lines and a ``LogRecord`` each costs tens of us."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._file = open(path, _file_mode(), encoding="utf-8")  # closed by close()
+        self._second = -1
+        self._stamp = ""
+
+    def _asctime(self) -> str:
+        """``YYYY-mm-dd HH:MM:SS,mmm`` in local time, like ``logging.Formatter``."""
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return f"{self._stamp},{int((now - second) * 1000):03d}"
+
+    def write(self, message: str, level: int = logging.INFO) -> None:
+        self._file.write(f"{self._asctime()} - {logging.getLevelName(level)} - {message}\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class FileLogger(BaseLogger):
     """The main debug log, and (once enabled) the default statistics log file.
 
-    Python's FileHandler flushes after every record, so nothing logged is lost if the process dies.
+    Both files are flushed after every line, so nothing logged is lost if the process dies.
     """
 
     def __init__(self, name: str, log_dir: str):
@@ -142,7 +168,7 @@ class FileLogger(BaseLogger):
         stderr.setLevel(logging.WARNING)
         stderr.setFormatter(logging.Formatter(STDERR_FORMAT))
         self._add(self.logger, stderr)
-        self.stats_logger: logging.Logger | None = None
+        self.stats_file: StatisticsFile | None = None
         self.stats_log_path: str | None = None
         self.logged_api_executed: set[str] = set()
         self.logged_api_encountered: set[str | None] = set()
@@ -152,22 +178,19 @@ class FileLogger(BaseLogger):
         self._handlers.append((logger, handler))
 
     def _initialize_stats_logger(self, dir_name: str = STATISTICS_LOG_DIR) -> FileLogger:
-        if self.stats_logger is None:
-            self.stats_logger = logging.getLogger("Default Statistics")
-            self.stats_logger.setLevel(logging.INFO)
-            self.stats_logger.propagate = False
+        if self.stats_file is None:
             self.stats_log_path = os.path.join(self.log_dir, dir_name, log_file_name())
-            self._add(self.stats_logger, _attach_file_handler(self.stats_logger, self.stats_log_path))
+            self.stats_file = StatisticsFile(self.stats_log_path)
         return self
 
     def log_message(self, message: str, level: int = logging.INFO) -> None:
         self.logger.log(level, message)
 
     def log_scalar(self, name: str, value: Any, iteration: int, **kwargs: Any) -> None:
-        if self.stats_logger is None:
+        if self.stats_file is None:
             raise RuntimeError("[NVDLFW INSPECT ERROR] Default stats logger not initialized.")
         line = f"{name} \t\t\t\t iteration={int(iteration):06d} \t\t\t\t value={_as_float(value):.4f}"
-        self.stats_logger.log(kwargs.get("level", logging.INFO), line)
+        self.stats_file.write(line, kwargs.get("level", logging.INFO))
 
     def close(self) -> None:
         """Detach and close every handler this logger added, so a later initialize starts clean."""
@@ -175,6 +198,9 @@ class FileLogger(BaseLogger):
             logger.removeHandler(handler)
             handler.close()
         self._handlers.clear()
+        if self.stats_file is not None:
+            self.stats_file.close()
+            self.stats_file = None
 
 
 LOGGER: FileLogger | None = None
