@@ -6,7 +6,8 @@ own environment; the reference is installed into ``benchmarks/.reference-venv`` 
   *-no-match   hooks call debug_api.log_tensor_stats, but the config selects no layer
   *-stats      LogTensorStats (six statistics) of every layer's input on every step
 
-Then the bandwidth of our one-pass statistics on a 128 MiB bf16 tensor, next to a plain copy.
+Also the time spent inside the debug calls alone (``*-calls``), which varies far less between runs
+than whole step times. Then the bandwidth of our one-pass statistics on a 128 MiB bf16 tensor, next to a plain copy.
 Defaults: on CUDA the issue's model (8 x Linear(4096), 8192 tokens, bf16); on the CPU a model sized
 for it (8 x Linear(1024), 512 tokens, fp32).
 
@@ -34,7 +35,20 @@ DEFAULTS = {
 }
 
 
-def build(width: int, depth: int, hooks: bool, device: str, dtype: torch.dtype) -> torch.nn.Sequential:
+class Clock:
+    """Seconds spent inside the debug calls (``log_tensor_stats`` and ``step``): the host-side cost
+    itself, free of the run-to-run noise in whole step times."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def call(self, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
+        start = time.perf_counter()
+        fn(*args, **kwargs)
+        self.seconds += time.perf_counter() - start
+
+
+def build(width: int, depth: int, hooks: bool, device: str, dtype: torch.dtype, clock: Clock) -> torch.nn.Sequential:
     import nvdlfw_inspect.api as debug_api
 
     torch.manual_seed(0)
@@ -43,7 +57,7 @@ def build(width: int, depth: int, hooks: bool, device: str, dtype: torch.dtype) 
         for i, layer in enumerate(model):
 
             def log_input(_module, args, name=f"layer{i}"):
-                debug_api.log_tensor_stats(layer_name=name, tensor=args[0], tensor_name="activation")
+                clock.call(debug_api.log_tensor_stats, layer_name=name, tensor=args[0], tensor_name="activation")
 
             layer.register_forward_pre_hook(log_input)
     return model
@@ -64,7 +78,7 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, debug: bool) -> float:
+def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, debug: bool, clock: Clock) -> float:
     """Mean seconds per training step (forward, backward, SGD update, debug step)."""
     import nvdlfw_inspect.api as debug_api
 
@@ -76,7 +90,7 @@ def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, debug: b
         optimizer.step()
         optimizer.zero_grad()
         if debug:
-            debug_api.step()
+            clock.call(debug_api.step)
     synchronize(batch.device.type)
     return (time.perf_counter() - start) / steps
 
@@ -87,14 +101,18 @@ def run_variant(variant: str, args: argparse.Namespace, log_dir: str) -> float:
 
     dtype = getattr(torch, args.dtype)
     batch = torch.randn(args.tokens, args.width, device=args.device, dtype=dtype)
+    clock = Clock()
     if variant == "plain":
-        return time_steps(build(args.width, args.depth, False, args.device, dtype), batch, args.steps, debug=False)
+        model = build(args.width, args.depth, False, args.device, dtype, clock)
+        return time_steps(model, batch, args.steps, False, clock)
     regex = "nothing_matches" if variant == "no-match" else r"layer\d+"
     debug_api.initialize(config_file=config(regex), log_dir=log_dir)
     try:
-        return time_steps(build(args.width, args.depth, True, args.device, dtype), batch, args.steps, debug=True)
+        model = build(args.width, args.depth, True, args.device, dtype, clock)
+        step_seconds = time_steps(model, batch, args.steps, True, clock)
     finally:
         debug_api.end_debug()
+    return clock.seconds / args.steps if variant == "stats-calls" else step_seconds
 
 
 def seconds_per_call(fn: Callable[[], object], device: str, repeats: int = 20) -> float:
@@ -123,14 +141,21 @@ def print_bandwidth(device: str) -> None:
     print(f"{'copy (read + write)':<24} {copy * 1e3:>9.2f} {2 * size / copy / 1e9:>9.1f}")
 
 
-def print_overhead_ratio(fastest: dict[str, float]) -> None:
+def print_overhead_ratio(fastest: dict[str, float], calls: dict[str, float]) -> None:
+    """Our overhead as a fraction of the reference's: from whole step times, and from the time inside
+    the debug calls (the same cost, measured without the step-to-step noise)."""
     if "reference-stats" not in fastest:
         return
     ours = fastest["ours-stats"] - fastest["plain"]
     reference = fastest["reference-stats"] - fastest["plain"]
     print(
-        f"\noverhead of ours / overhead of the reference: {ours / reference:.3f} (ours {ours * 1e3:.2f} ms, "
-        f"reference {reference * 1e3:.2f} ms per step)"
+        f"\noverhead, ours / reference, from step times:        {ours / reference:.3f} "
+        f"(ours {ours * 1e3:.2f} ms, reference {reference * 1e3:.2f} ms per step)"
+    )
+    ours, reference = calls["ours-calls"], calls["reference-calls"]
+    print(
+        f"overhead, ours / reference, time in debug calls:    {ours / reference:.3f} "
+        f"(ours {ours * 1e3:.2f} ms, reference {reference * 1e3:.2f} ms per step)"
     )
 
 
@@ -157,6 +182,7 @@ def main() -> None:
 
     ours = Worker(sys.executable, Path(__file__), shape)
     plan = [("plain", ours, "plain"), ("ours-no-match", ours, "no-match"), ("ours-stats", ours, "stats")]
+    plan += [("ours-calls", ours, "stats-calls")]
     missing = {}
     ref_python, reason = reference_python()
     workers = [ours]
@@ -164,6 +190,7 @@ def main() -> None:
         reference = Worker(ref_python, Path(__file__), shape)
         workers.append(reference)
         plan += [("reference-no-match", reference, "no-match"), ("reference-stats", reference, "stats")]
+        plan += [("reference-calls", reference, "stats-calls")]
     else:
         missing = {"reference-no-match": reason, "reference-stats": reason}
     try:
@@ -173,8 +200,9 @@ def main() -> None:
             worker.close()
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     title = f"MLP {args.depth} x Linear({args.width}), {args.tokens} tokens, {args.dtype}, {where}"
+    calls = {label: fastest.pop(label) for label in ("ours-calls", "reference-calls") if label in fastest}
     print_ratio_table(title, fastest, "plain", missing)
-    print_overhead_ratio(fastest)
+    print_overhead_ratio(fastest, calls)
     print_bandwidth(args.device)
 
 
