@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Runs the lint check and the whole test suite. Extra arguments go to pytest.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+# The report's browser tests need Chromium: install Debian's package when it is missing and we can.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "Installing Chromium (Debian package) for the report's browser tests ..."
+  if ! (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >"$VENV/chromium.log" 2>&1; then
+    echo "Chromium could not be installed (see $VENV/chromium.log): the browser tests will be skipped" >&2
+  fi
+fi
 "$VENV/bin/ruff" check src tests examples benchmarks
 "$VENV/bin/ruff" format --check src tests examples benchmarks
 "$PY" -m pytest -q "$@"

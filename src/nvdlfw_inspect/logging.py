@@ -5,7 +5,9 @@ Directory names, file names and line formats match the reference framework, sinc
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import sys
 import time
@@ -42,6 +44,17 @@ class MetricLogger:
     def log_scalar(cls, name: str, value: Any, iteration: int, **kwargs: Any) -> None:
         for logger in cls.enabled_loggers:
             logger.log_scalar(name, value, iteration, **kwargs)
+
+    @classmethod
+    def log_statistic(cls, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
+        """One statistic of a layer's tensor: loggers that keep structure (``log_statistic``) get its
+        parts, the others ``log_scalar("{layer}_{tensor}_{stat}", ...)``."""
+        for logger in cls.enabled_loggers:
+            structured = getattr(logger, "log_statistic", None)
+            if structured is not None:
+                structured(layer, tensor, stat, value, iteration)
+            else:
+                logger.log_scalar(f"{layer}_{tensor}_{stat}", value, iteration)
 
     @classmethod
     def add_logger(cls, logger: BaseLogger) -> None:
@@ -124,13 +137,22 @@ def _attach_file_handler(logger: logging.Logger, path: str) -> logging.FileHandl
     return handler
 
 
+def _json_number(value: float) -> float | str:
+    """Finite floats as numbers; NaN and infinities as the strings ``float()`` reads back (strict JSON)."""
+    return value if math.isfinite(value) else str(value)
+
+
 class StatisticsFile:
-    """The statistics log file: the line format of Python's logging (``LOG_FORMAT``), written and
-    flushed directly, since ``step()`` writes hundreds of lines and a ``LogRecord`` each costs tens of us."""
+    """The statistics log: text lines in the format of Python's logging (``LOG_FORMAT``), and next to
+    them (``.jsonl``) one JSON record per statistic with its layer, tensor, stat, iteration, value and
+    rank. Written and flushed line by line, directly: ``step()`` writes hundreds of lines and a
+    ``LogRecord`` each costs tens of microseconds."""
 
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self._file = open(path, _file_mode(), encoding="utf-8")  # closed by close()
+        self._records = open(os.path.splitext(path)[0] + ".jsonl", _file_mode(), encoding="utf-8")
+        self._rank = _global_rank()
         self._second = -1
         self._stamp = ""
 
@@ -146,8 +168,15 @@ class StatisticsFile:
         self._file.write(f"{self._asctime()} - {logging.getLevelName(level)} - {message}\n")
         self._file.flush()
 
+    def write_record(self, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
+        record = {"layer": layer, "tensor": tensor, "stat": stat, "iteration": iteration, "value": _json_number(value)}
+        record["rank"] = self._rank
+        self._records.write(json.dumps(record) + "\n")
+        self._records.flush()
+
     def close(self) -> None:
         self._file.close()
+        self._records.close()
 
 
 class FileLogger(BaseLogger):
@@ -185,6 +214,11 @@ class FileLogger(BaseLogger):
 
     def log_message(self, message: str, level: int = logging.INFO) -> None:
         self.logger.log(level, message)
+
+    def log_statistic(self, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
+        """A statistic of the run's own features: the text line, and its structured record."""
+        self.log_scalar(f"{layer}_{tensor}_{stat}", value, iteration)
+        self.stats_file.write_record(layer, tensor, stat, _as_float(value), int(iteration))
 
     def log_scalar(self, name: str, value: Any, iteration: int, **kwargs: Any) -> None:
         if self.stats_file is None:

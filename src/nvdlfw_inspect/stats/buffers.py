@@ -105,7 +105,7 @@ class StatsBuffers:
                     continue
                 for name, derivation in buffer.stats:
                     value = float(columns[derivation][i])
-                    MetricLogger.log_scalar(f"{buffer.layer_name}_{buffer.tensor_name}_{name}", value, iteration)
+                    MetricLogger.log_statistic(buffer.layer_name, buffer.tensor_name, name, value, iteration)
                     logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = value
         for buffer in self.buffers.values():
             buffer.pending.clear()

@@ -1,0 +1,89 @@
+"""Reading a run's statistics back: every rank's structured records (``.jsonl``), or, for runs that
+only have text logs (the reference framework's), the text lines with names split as well as they can be."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from nvdlfw_inspect.logging import STATISTICS_LOG_DIR
+
+TENSOR_NAMES = ("activation", "gradient", "weight", "output", "wgrad", "dgrad")
+_TEXT_LINE = re.compile(r"^\S+ \S+ - \w+ - (\S+) \t\t\t\t iteration=(\d+) \t\t\t\t value=(\S+)$")
+_NAME = re.compile(rf"^(.*)_({'|'.join(TENSOR_NAMES)})_(.+)$")
+_RANK = re.compile(r"globalrank-(\d+)")
+
+
+class Statistic(NamedTuple):
+    rank: int
+    layer: str
+    tensor: str
+    stat: str
+    iteration: int
+    value: float
+
+
+def statistics_files(log_dir: str | Path) -> list[Path]:
+    """The statistics files of a run, one per rank: structured ones where they exist, else text."""
+    directory = Path(log_dir) / STATISTICS_LOG_DIR
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no statistics in '{log_dir}': '{directory}' does not exist")
+    structured = sorted(directory.glob("*.jsonl"))
+    return structured or sorted(directory.glob("*.log"))
+
+
+def split_name(name: str) -> tuple[str, str, str]:
+    """``{layer}_{tensor}_{stat}`` into its parts, splitting at the last known tensor name."""
+    match = _NAME.match(name)
+    return (match.group(1), match.group(2), match.group(3)) if match else (name, "", "")
+
+
+def _rank_of(path: Path) -> int:
+    match = _RANK.search(path.name)
+    return int(match.group(1)) if match else 0
+
+
+def _from_records(path: Path) -> Iterator[Statistic]:
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record: dict[str, Any] = json.loads(line)
+            yield Statistic(
+                int(record.get("rank", _rank_of(path))),
+                record["layer"],
+                record["tensor"],
+                record["stat"],
+                int(record["iteration"]),
+                float(record["value"]),
+            )
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path}:{number}: not a statistics record ({error}): {line[:200]!r}") from None
+
+
+def _from_text(path: Path) -> Iterator[Statistic]:
+    rank = _rank_of(path)
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        match = _TEXT_LINE.match(line)
+        if match is None:
+            raise ValueError(f"{path}:{number}: not a statistics line: {line[:200]!r}")
+        yield Statistic(rank, *split_name(match.group(1)), int(match.group(2)), float(match.group(3)))
+
+
+def iter_statistics(log_dir: str | Path) -> Iterator[Statistic]:
+    """Every statistic of every rank of the run in ``log_dir``."""
+    for path in statistics_files(log_dir):
+        yield from _from_records(path) if path.suffix == ".jsonl" else _from_text(path)
+
+
+def read_stats(log_dir: str | Path) -> Any:
+    """A pandas DataFrame with columns rank, layer, tensor, stat, iteration, value (needs pandas:
+    ``pip install lowprec-inspect[pandas]``)."""
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("read_stats needs pandas: pip install 'lowprec-inspect[pandas]'") from None
+    return pandas.DataFrame(list(iter_statistics(log_dir)), columns=list(Statistic._fields))

@@ -1,0 +1,113 @@
+"""One self-contained HTML file that shows a run's statistics: which layer and which GEMM tensor goes
+wrong, and when.
+
+The page embeds the data as JSON and draws it with its own script (no network, no libraries):
+heatmaps of layer x iteration for underflows%, overflows% and dynamic range, a table of the layers
+most at risk, and per layer each statistic over the iterations, forward tensors beside backward ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from nvdlfw_inspect.reading import Statistic, iter_statistics
+
+FORWARD = ("activation", "weight", "output")
+BACKWARD = ("gradient", "dgrad", "wgrad")
+HEATMAP_STATS = ("underflows%", "overflows%", "dynamic_range")
+TOP_RISKS = 25
+
+
+def _json_value(value: float) -> float | str | None:
+    """JSON has no NaN or infinity: NaN becomes null, infinities the strings "inf" and "-inf"."""
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def heatmap_kind(stat: str) -> str | None:
+    """Which heatmap a statistic belongs to (``fp8_current_scaling_underflows%`` -> ``underflows%``)."""
+    base = stat.removesuffix("_columnwise")
+    return next((kind for kind in HEATMAP_STATS if base == kind or base.endswith("_" + kind)), None)
+
+
+def _risks(series: list[dict[str, Any]], layers: list[str]) -> list[dict[str, Any]]:
+    """Per layer and tensor: the worst underflows% and dynamic range, and whether NaN or inf was seen."""
+    worst: dict[tuple[int, str], dict[str, Any]] = {}
+    for index, one in enumerate(series):
+        entry = worst.setdefault(
+            (one["layer"], one["tensor"]), {"underflows": 0.0, "dynamic_range": 0.0, "nonfinite": False, "series": []}
+        )
+        entry["series"].append(index)
+        finite = [v for v in one["v"] if isinstance(v, float | int)]
+        entry["nonfinite"] |= len(finite) < len(one["v"])
+        kind = heatmap_kind(one["stat"])
+        if finite and kind == "underflows%":
+            entry["underflows"] = max(entry["underflows"], max(finite))
+        if finite and kind == "dynamic_range":
+            entry["dynamic_range"] = max(entry["dynamic_range"], max(finite))
+    rows = [{"layer": layers[layer], "layer_index": layer, "tensor": tensor, **entry} for (layer, tensor), entry in worst.items()]
+    rows.sort(key=lambda r: (not r["nonfinite"], -r["underflows"], -r["dynamic_range"]))
+    return rows[:TOP_RISKS]
+
+
+def report_data(statistics: Iterable[Statistic], title: str) -> dict[str, Any]:
+    """What the page draws: layers, one series per (layer, tensor, stat, rank), and the risk table."""
+    points: dict[tuple[str, str, str, int], dict[int, float]] = defaultdict(dict)
+    for s in statistics:
+        points[(s.layer, s.tensor, s.stat, s.rank)][s.iteration] = s.value
+    layers = sorted({layer for layer, _, _, _ in points})
+    index = {name: i for i, name in enumerate(layers)}
+    series = []
+    for (layer, tensor, stat, rank), values in sorted(points.items()):
+        iterations = sorted(values)
+        direction = "forward" if tensor in FORWARD else "backward" if tensor in BACKWARD else "other"
+        series.append(
+            {
+                "layer": index[layer],
+                "tensor": tensor,
+                "stat": stat,
+                "rank": rank,
+                "direction": direction,
+                "heatmap": heatmap_kind(stat),
+                "it": iterations,
+                "v": [_json_value(values[i]) for i in iterations],
+            }
+        )
+    ranks = sorted({rank for _, _, _, rank in points})
+    return {"title": title, "layers": layers, "ranks": ranks, "series": series, "risks": _risks(series, layers)}
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def render(data: dict[str, Any]) -> str:
+    """The HTML page: template, style, script and the data as JSON (``</`` escaped for the script tag)."""
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    page = _asset("template.html")
+    for key, value in (("STYLE", _asset("report.css")), ("SCRIPT", _asset("report.js")), ("DATA", payload)):
+        page = page.replace(f"/*{key}*/", value)
+    return page.replace("{{TITLE}}", _escape(data["title"]))
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def write_report(log_dir: str | Path, output: str | Path | None = None) -> Path:
+    """Read every rank's statistics in ``log_dir`` and write the report (default ``{log_dir}/report.html``)."""
+    output = Path(output) if output is not None else Path(log_dir) / "report.html"
+    data = report_data(iter_statistics(log_dir), f"Statistics of {Path(log_dir).resolve()}")
+    if not data["series"]:
+        raise ValueError(f"no statistics were logged in '{log_dir}'")
+    output.write_text(render(data), encoding="utf-8")
+    return output

@@ -1,0 +1,284 @@
+"use strict";
+(function () {
+  const data = JSON.parse(document.getElementById("data").textContent);
+  const tooltip = document.getElementById("tooltip");
+  const SVG = "http://www.w3.org/2000/svg";
+  const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"];
+  const WIDTH = 300, HEIGHT = 130, PAD = { left: 52, right: 8, top: 8, bottom: 18 };
+  const HEAT_STOPS = [[255, 255, 204], [254, 178, 76], [240, 59, 32], [128, 0, 38]];
+  const MAX_HEAT_COLUMNS = 1000;
+
+  const number = (v) => (v === null ? NaN : v === "inf" ? Infinity : v === "-inf" ? -Infinity : v);
+  function format(v) {
+    if (!Number.isFinite(v)) return String(v);
+    const magnitude = Math.abs(v);
+    if (magnitude !== 0 && (magnitude < 1e-3 || magnitude >= 1e6)) return v.toExponential(3);
+    let text = v.toPrecision(5);
+    if (text.includes(".")) text = text.replace(/0+$/, "").replace(/\.$/, "");
+    return text;
+  }
+  function element(tag, attributes, text) {
+    const node = document.createElement(tag);
+    Object.entries(attributes || {}).forEach(([k, v]) => node.setAttribute(k, v));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+  function svgElement(tag, attributes) {
+    const node = document.createElementNS(SVG, tag);
+    Object.entries(attributes || {}).forEach(([k, v]) => node.setAttribute(k, v));
+    return node;
+  }
+  function showTip(text, event) {
+    tooltip.textContent = text;
+    tooltip.hidden = false;
+    tooltip.style.left = event.clientX + 14 + "px";
+    tooltip.style.top = event.clientY + 14 + "px";
+  }
+  const hideTip = () => { tooltip.hidden = true; };
+
+  data.series.forEach((s, i) => { s.id = i; s.values = s.v.map(number); });
+  const byLayer = data.layers.map(() => []);
+  data.series.forEach((s) => byLayer[s.layer].push(s));
+  let visible = (name) => true;
+
+  function summarize() {
+    let first = Infinity, last = -Infinity;
+    data.series.forEach((s) => { first = Math.min(first, s.it[0]); last = Math.max(last, s.it[s.it.length - 1]); });
+    document.getElementById("summary").textContent =
+      `${data.layers.length} layers, ${data.series.length} series, ranks ${data.ranks.join(", ")}, ` +
+      `iterations ${first} to ${last}`;
+  }
+
+  function riskTable() {
+    const body = document.querySelector("#risks tbody");
+    body.replaceChildren();
+    data.risks.filter((r) => visible(r.layer)).forEach((r) => {
+      const row = element("tr");
+      const cell = element("td");
+      cell.appendChild(element("a", { href: `#layer-${r.layer_index}` }, r.layer));
+      row.appendChild(cell);
+      row.appendChild(element("td", {}, r.tensor));
+      row.appendChild(element("td", {}, format(r.underflows)));
+      row.appendChild(element("td", {}, format(r.dynamic_range)));
+      row.appendChild(element("td", r.nonfinite ? { class: "bad" } : {}, r.nonfinite ? "yes" : ""));
+      body.appendChild(row);
+    });
+  }
+
+  function heatColor(t) {
+    const scaled = Math.min(Math.max(t, 0), 1) * (HEAT_STOPS.length - 1);
+    const i = Math.min(Math.floor(scaled), HEAT_STOPS.length - 2), f = scaled - i;
+    return HEAT_STOPS[i].map((c, k) => Math.round(c + f * (HEAT_STOPS[i + 1][k] - c)));
+  }
+
+  function heatmap(title, group) {
+    const layers = [...new Set(group.map((s) => s.layer))].filter((l) => visible(data.layers[l])).sort((a, b) => a - b);
+    const iterations = [...new Set(group.flatMap((s) => s.it))].sort((a, b) => a - b);
+    if (!layers.length || !iterations.length) return null;
+    const columns = Math.min(iterations.length, MAX_HEAT_COLUMNS);
+    const columnOf = new Map(iterations.map((it, i) => [it, Math.floor((i * columns) / iterations.length)]));
+    const rowOf = new Map(layers.map((l, i) => [l, i]));
+    const cells = new Float64Array(columns * layers.length).fill(NaN);
+    const broken = new Uint8Array(columns * layers.length);
+    let low = Infinity, high = -Infinity;
+    group.forEach((s) => {
+      if (!rowOf.has(s.layer)) return;
+      s.values.forEach((v, k) => {
+        const at = rowOf.get(s.layer) * columns + columnOf.get(s.it[k]);
+        if (!Number.isFinite(v)) { broken[at] = 1; return; }
+        if (!(cells[at] >= v)) cells[at] = v;
+        low = Math.min(low, v); high = Math.max(high, v);
+      });
+    });
+    const canvas = element("canvas", { width: columns, height: layers.length });
+    const scale = Math.max(1, Math.min(8, Math.floor(600 / columns))), rowScale = Math.max(1, Math.min(14, Math.floor(480 / layers.length)));
+    canvas.style.width = columns * scale + "px";
+    canvas.style.height = layers.length * rowScale + "px";
+    const context = canvas.getContext("2d");
+    const image = context.createImageData(columns, layers.length);
+    for (let i = 0; i < cells.length; i++) {
+      const rgb = broken[i] ? [0, 0, 0] : Number.isNaN(cells[i]) ? [238, 240, 243] : heatColor(high > low ? (cells[i] - low) / (high - low) : 0.5);
+      image.data.set([...rgb, 255], i * 4);
+    }
+    context.putImageData(image, 0, 0);
+    const where = (event) => {
+      const box = canvas.getBoundingClientRect();
+      const column = Math.floor(((event.clientX - box.left) / box.width) * columns);
+      const row = Math.floor(((event.clientY - box.top) / box.height) * layers.length);
+      return { column: Math.min(Math.max(column, 0), columns - 1), row: Math.min(Math.max(row, 0), layers.length - 1) };
+    };
+    canvas.addEventListener("mousemove", (event) => {
+      const { column, row } = where(event);
+      const first = iterations[Math.ceil((column * iterations.length) / columns)];
+      const at = row * columns + column;
+      const value = broken[at] ? "NaN or inf" : format(cells[at]);
+      showTip(`${data.layers[layers[row]]}\niteration ${first}\n${title}: ${value}`, event);
+    });
+    canvas.addEventListener("mouseleave", hideTip);
+    canvas.addEventListener("click", (event) => {
+      const target = document.getElementById(`layer-${layers[where(event).row]}`);
+      if (target) target.scrollIntoView();
+    });
+    const box = element("div", { class: "heatmap" });
+    box.appendChild(element("div", { class: "caption" }, `${title} (${format(low)} to ${format(high)}; black: NaN or inf)`));
+    box.appendChild(canvas);
+    return box;
+  }
+
+  function heatmaps() {
+    const container = document.getElementById("heatmaps");
+    container.replaceChildren();
+    const groups = new Map();
+    data.series.filter((s) => s.heatmap).forEach((s) => {
+      const key = `${s.tensor} ${s.stat}`;
+      if (!groups.has(key)) groups.set(key, []);
+      groups.get(key).push(s);
+    });
+    [...groups.keys()].sort().forEach((key) => {
+      const box = heatmap(key, groups.get(key));
+      if (box) container.appendChild(box);
+    });
+    if (!container.children.length) container.appendChild(element("p", {}, "No underflows%, overflows% or dynamic range logged."));
+  }
+
+  function lineChart(title, list) {
+    const iterations = [...new Set(list.flatMap((s) => s.it))].sort((a, b) => a - b);
+    const full = [iterations[0], iterations[iterations.length - 1]];
+    let domain = full.slice(), dragFrom = null;
+    const svg = svgElement("svg", { width: WIDTH, height: HEIGHT, viewBox: `0 0 ${WIDTH} ${HEIGHT}` });
+    const plotWidth = WIDTH - PAD.left - PAD.right, plotHeight = HEIGHT - PAD.top - PAD.bottom;
+    const xOf = (it) => PAD.left + ((it - domain[0]) / (domain[1] - domain[0] || 1)) * plotWidth;
+    const itOf = (x) => domain[0] + ((x - PAD.left) / plotWidth) * (domain[1] - domain[0]);
+    const band = svgElement("rect", { class: "zoom", y: PAD.top, height: plotHeight, width: 0 });
+
+    function draw() {
+      svg.replaceChildren();
+      let low = Infinity, high = -Infinity;
+      list.forEach((s) => s.values.forEach((v, k) => {
+        if (Number.isFinite(v) && s.it[k] >= domain[0] && s.it[k] <= domain[1]) { low = Math.min(low, v); high = Math.max(high, v); }
+      }));
+      if (low > high) { low = 0; high = 1; }
+      if (low === high) { const pad = Math.abs(low) * 0.05 || 1; low -= pad; high += pad; }
+      const yOf = (v) => PAD.top + (1 - (v - low) / (high - low)) * plotHeight;
+      [[format(high), PAD.top + 8], [format(low), PAD.top + plotHeight]].forEach(([text, y]) => {
+        const label = svgElement("text", { x: 2, y });
+        label.textContent = text;
+        svg.appendChild(label);
+      });
+      [[String(domain[0]), PAD.left, "start"], [String(domain[1]), WIDTH - PAD.right, "end"]].forEach(([text, x, anchor]) => {
+        const label = svgElement("text", { x, y: HEIGHT - 4, "text-anchor": anchor });
+        label.textContent = text;
+        svg.appendChild(label);
+      });
+      svg.appendChild(svgElement("line", { x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: PAD.top + plotHeight, stroke: "#c4c9d2" }));
+      list.forEach((s, n) => {
+        let path = "", pen = false;
+        s.values.forEach((v, k) => {
+          const it = s.it[k];
+          if (it < domain[0] || it > domain[1]) { pen = false; return; }
+          if (!Number.isFinite(v)) {
+            const x = xOf(it);
+            svg.appendChild(svgElement("line", { class: "nonfinite", x1: x, x2: x, y1: PAD.top + plotHeight - 6, y2: PAD.top + plotHeight }));
+            pen = false;
+            return;
+          }
+          path += `${pen ? "L" : "M"}${xOf(it).toFixed(1)},${yOf(v).toFixed(1)}`;
+          pen = true;
+        });
+        svg.appendChild(svgElement("path", { d: path || "M0,0", fill: "none", stroke: COLORS[n % COLORS.length], "stroke-width": 1.5 }));
+      });
+      svg.appendChild(band);
+    }
+
+    const localX = (event) => event.clientX - svg.getBoundingClientRect().left;
+    svg.addEventListener("mousedown", (event) => { dragFrom = localX(event); event.preventDefault(); });
+    svg.addEventListener("mousemove", (event) => {
+      const x = localX(event);
+      if (dragFrom !== null) {
+        band.setAttribute("x", Math.min(dragFrom, x));
+        band.setAttribute("width", Math.abs(x - dragFrom));
+        return;
+      }
+      const target = itOf(x);
+      const nearest = iterations.reduce((best, it) => (Math.abs(it - target) < Math.abs(best - target) ? it : best), iterations[0]);
+      const lines = list.map((s) => {
+        const k = s.it.indexOf(nearest);
+        return `${list.length > 1 ? `rank ${s.rank}: ` : ""}${k < 0 ? "-" : format(s.values[k])}`;
+      });
+      showTip(`${title}\niteration ${nearest}\n${lines.join("\n")}`, event);
+    });
+    svg.addEventListener("mouseup", (event) => {
+      const x = localX(event);
+      if (dragFrom !== null && Math.abs(x - dragFrom) > 3) {
+        const a = itOf(Math.min(dragFrom, x)), b = itOf(Math.max(dragFrom, x));
+        domain = [Math.max(full[0], a), Math.min(full[1], b)];
+      }
+      dragFrom = null;
+      band.setAttribute("width", 0);
+      draw();
+    });
+    svg.addEventListener("mouseleave", () => { hideTip(); dragFrom = null; band.setAttribute("width", 0); });
+    svg.addEventListener("dblclick", () => { domain = full.slice(); draw(); });
+    draw();
+    const box = element("div", { class: "chart" });
+    box.appendChild(element("div", { class: "caption" }, title));
+    box.appendChild(svg);
+    return box;
+  }
+
+  function fillLayer(section, index) {
+    const groups = new Map();
+    byLayer[index].forEach((s) => {
+      const key = `${s.direction}|${s.tensor}|${s.stat}`;
+      if (!groups.has(key)) groups.set(key, []);
+      groups.get(key).push(s);
+    });
+    const columns = element("div", { class: "directions" });
+    ["forward", "backward", "other"].forEach((direction) => {
+      const keys = [...groups.keys()].filter((k) => k.startsWith(direction + "|")).sort();
+      if (!keys.length) return;
+      const column = element("div", { class: "direction" });
+      column.appendChild(element("h4", {}, direction));
+      keys.forEach((key) => {
+        const [, tensor, stat] = key.split("|");
+        column.appendChild(lineChart(`${tensor} ${stat}`, groups.get(key)));
+      });
+      columns.appendChild(column);
+    });
+    section.appendChild(columns);
+  }
+
+  function layers() {
+    const container = document.getElementById("layers");
+    const observer = new IntersectionObserver((entries) => entries.forEach((entry) => {
+      if (!entry.isIntersecting) return;
+      observer.unobserve(entry.target);
+      fillLayer(entry.target, Number(entry.target.dataset.index));
+    }), { rootMargin: "400px" });
+    data.layers.forEach((name, index) => {
+      const section = element("div", { class: "layer", id: `layer-${index}`, "data-index": index });
+      section.appendChild(element("h3", {}, name));
+      container.appendChild(section);
+      observer.observe(section);
+    });
+  }
+
+  function applyFilter(text) {
+    let pattern = null;
+    try { pattern = text ? new RegExp(text, "i") : null; } catch (error) { pattern = null; }
+    const lower = text.toLowerCase();
+    visible = !text ? () => true : pattern ? (name) => pattern.test(name) : (name) => name.toLowerCase().includes(lower);
+    document.querySelectorAll(".layer").forEach((section) => {
+      section.hidden = !visible(data.layers[Number(section.dataset.index)]);
+    });
+    riskTable();
+    heatmaps();
+  }
+
+  summarize();
+  riskTable();
+  heatmaps();
+  layers();
+  document.getElementById("filter").addEventListener("input", (event) => applyFilter(event.target.value));
+  document.body.dataset.ready = "true";
+})();

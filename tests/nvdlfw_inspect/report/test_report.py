@@ -1,0 +1,149 @@
+"""The HTML report: its data from real and synthetic runs (several ranks, NaN and inf), and the page in
+a real headless browser: it loads without console errors and draws its charts."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from browser import CHROMIUM, dom, screenshot
+
+import lowprec
+import nvdlfw_inspect
+import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.reading import Statistic, iter_statistics, split_name
+from nvdlfw_inspect.report import heatmap_kind, render, report_data, write_report
+
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
+
+
+def train(log_dir: Path, steps: int = 12) -> None:
+    """A two-layer FP8 model logging tensor and FP8 statistics; fc2's input blows up at step 7."""
+    features = {
+        "LogTensorStats": {"enabled": True, "tensors": ["activation", "gradient"], "stats": ["max", "dynamic_range"]},
+        "LogFp8TensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["underflows%"]},
+    }
+    config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+    torch.manual_seed(0)
+    fc1, fc2 = lowprec.Linear(16, 32, name="model.fc1"), lowprec.Linear(32, 8, name="model.fc2")
+    for step in range(steps):
+        with lowprec.fp8_autocast():
+            hidden = fc1(torch.randn(8, 16))
+            if step == 7:
+                hidden = hidden * math.inf
+            fc2(hidden).sum().backward()
+        debug_api.step()
+    debug_api.end_debug()
+
+
+def test_structured_records_and_read_stats(log_dir):
+    train(log_dir)
+    records = [json.loads(line) for line in (log_dir / "nvdlfw_inspect_statistics_logs").glob("*.jsonl").__next__().open()]
+    assert {"layer", "tensor", "stat", "iteration", "value", "rank"} == set(records[0])
+    assert any(r["value"] == "inf" for r in records)  # strict JSON: infinities as strings
+    frame = nvdlfw_inspect.read_stats(log_dir)
+    assert list(frame.columns) == ["rank", "layer", "tensor", "stat", "iteration", "value"]
+    assert len(frame) == len(records) == 12 * (2 * 2 * 2 + 2)
+    row = frame[(frame.layer == "model.fc2") & (frame.tensor == "activation") & (frame.stat == "max") & (frame.iteration == 7)]
+    assert row.value.item() == math.inf
+    text = {(s.layer, s.tensor, s.stat, s.iteration): s.value for s in iter_statistics(log_dir)}
+    assert text[("model.fc1", "activation", "underflows%", 3)] >= 0
+
+
+def test_text_logs_alone_are_read_too(log_dir):
+    train(log_dir, steps=2)
+    for path in (log_dir / "nvdlfw_inspect_statistics_logs").glob("*.jsonl"):
+        path.unlink()
+    stats = list(iter_statistics(log_dir))
+    assert {(s.layer, s.tensor) for s in stats} == {(f"model.fc{i}", t) for i in (1, 2) for t in ("activation", "gradient")}
+    assert split_name("decoder.1.mlp.fc1_gradient_fp8_current_scaling_mse") == (
+        "decoder.1.mlp.fc1",
+        "gradient",
+        "fp8_current_scaling_mse",
+    )
+    assert split_name("custom_name") == ("custom_name", "", "")
+
+
+def test_report_data_groups_series_and_ranks_risks():
+    stats = [Statistic(r, "l0", "activation", "underflows%", it, float(it * (r + 1))) for r in (0, 1) for it in range(5)]
+    stats += [Statistic(0, "l1", "gradient", "dynamic_range", it, [3.0, math.nan, math.inf, 1.0, 2.0][it]) for it in range(5)]
+    stats += [Statistic(0, "l2", "weight", "max", 0, 1.0)]
+    data = report_data(stats, "t")
+    assert data["layers"] == ["l0", "l1", "l2"] and data["ranks"] == [0, 1]
+    series = {(s["layer"], s["tensor"], s["stat"], s["rank"]): s for s in data["series"]}
+    assert series[(0, "activation", "underflows%", 1)]["v"] == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert series[(1, "gradient", "dynamic_range", 0)]["v"] == [3.0, None, "inf", 1.0, 2.0]
+    assert series[(1, "gradient", "dynamic_range", 0)]["direction"] == "backward"
+    assert series[(2, "weight", "max", 0)]["heatmap"] is None
+    risks = [(r["layer"], r["tensor"], r["underflows"], r["dynamic_range"], r["nonfinite"]) for r in data["risks"]]
+    assert risks[0] == ("l1", "gradient", 0.0, 3.0, True)  # NaN or inf first
+    assert risks[1] == ("l0", "activation", 8.0, 0.0, False)
+    assert heatmap_kind("fp8_current_scaling_underflows%_columnwise") == "underflows%"
+    assert (
+        heatmap_kind("dynamic_range") == "dynamic_range"
+        and heatmap_kind("max_blockwise_dynamic_range_block_size_32_dims_1") is None
+    )
+
+
+def test_render_is_self_contained_and_escapes():
+    data = report_data([Statistic(0, "</script><b>", "activation", "max", 0, 1.0)], "a <title>")
+    page = render(data)
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
+    assert "<b>" not in page.split('<script id="data"', 1)[0] and "&lt;title&gt;" in page
+    payload = page.split('<script id="data" type="application/json">', 1)[1].split("</script>", 1)[0]
+    assert json.loads(payload.replace("<\\/", "</"))["layers"] == ["</script><b>"]
+
+
+def test_multi_rank_run(log_dir, tmp_path):
+    train(log_dir, steps=3)
+    stats_dir = log_dir / "nvdlfw_inspect_statistics_logs"
+    rank1 = [json.loads(line) | {"rank": 1, "value": 5.0} for line in (stats_dir / "nvdlfw_inspect_globalrank-0.jsonl").open()]
+    (stats_dir / "nvdlfw_inspect_globalrank-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rank1))
+    frame = nvdlfw_inspect.read_stats(log_dir)
+    assert sorted(frame["rank"].unique()) == [0, 1] and (frame[frame["rank"] == 1].value == 5.0).all()
+    out = write_report(log_dir, tmp_path / "r.html")
+    assert '"ranks":[0,1]' in out.read_text()
+
+
+def test_errors_name_the_problem(log_dir):
+    with pytest.raises(FileNotFoundError, match="no statistics in"):
+        write_report(log_dir)
+    stats_dir = log_dir / "nvdlfw_inspect_statistics_logs"
+    stats_dir.mkdir(parents=True)
+    (stats_dir / "nvdlfw_inspect_globalrank-0.jsonl").write_text('{"layer": "a"}\n')
+    with pytest.raises(ValueError, match=r"globalrank-0.jsonl:1: not a statistics record"):
+        write_report(log_dir)
+
+
+@needs_browser
+def test_page_loads_without_console_errors_and_draws(log_dir, tmp_path):
+    train(log_dir)
+    page = write_report(log_dir, tmp_path / "report.html")
+    html, errors = dom(page)
+    assert errors == []
+    assert 'data-ready="true"' in html
+    assert re.search(r'<path d="M[\d.]+,[\d.]+L', html)  # line charts drawn
+    assert html.count("<canvas") >= 3  # heatmaps: activation dynamic_range and underflows%, gradient dynamic_range
+    assert '<a href="#layer-1">model.fc2</a>' in html  # the risk table links the layer with inf first
+    assert html.index("model.fc2</a>") < html.index("model.fc1</a>")
+
+
+@needs_browser
+def test_screenshot_shows_the_report(log_dir, tmp_path):
+    from PIL import Image
+
+    train(log_dir)
+    page = write_report(log_dir, tmp_path / "report.html")
+    shot = tmp_path / "shot.png"
+    assert screenshot(page, shot) == []
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1300, 1800)
+    colors = image.getcolors(maxcolors=1 << 20)
+    assert colors is not None and len(colors) > 50  # text, lines and heatmap cells, not a blank page
+    heat = [c for _, c in colors if c[0] > 200 and c[1] < 120 and c[2] < 80]  # the heatmaps' reds
+    assert heat
