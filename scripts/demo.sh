@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
-# Runs the main demo. Extra arguments go to the demo script (see --help).
+# Runs the main demo: a small GPT trained in emulated FP8 with statistics and an HTML report.
+# Extra arguments go to `nvdlfw-inspect demo` (see --help).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-"$PY" examples/train_mlp_stats.py "$@"
+"$PY" -m nvdlfw_inspect.cli demo "$@"

@@ -232,6 +232,63 @@ def _read_config(config: Any) -> tuple[str, Any]:
     raise TypeError(f"config must be a file path (str or pathlib.Path) or a dict, got {type(config).__name__}")
 
 
+def _read_sections(config: Any) -> tuple[str, dict, ConfigLocation]:
+    """The config's source description, its sections, and the location of its top level."""
+    source, raw = _read_config(config)
+    top = ConfigLocation(source)
+    if raw is None or raw == {}:
+        raise top.error("the config is empty; it needs at least one section with 'enabled' and 'layers'")
+    if not isinstance(raw, dict):
+        raise top.error("the config must be a mapping of section names to sections", type(raw).__name__)
+    return source, raw, top
+
+
+def find_config_errors(config: Any, registry_data: dict) -> list[ConfigError]:
+    """Every error of ``config`` at once: sections are checked independently (the first error of each),
+    then, when they are all valid, the conflicts between them."""
+    try:
+        _, raw, top = _read_sections(config)
+    except ConfigError as error:
+        return [error]
+    errors: list[ConfigError] = []
+    specs: list[ConfigSpec] = []
+    for name, section in raw.items():
+        try:
+            spec = _parse_section(str(name), section, top.child(name), registry_data, [])
+        except ConfigError as error:
+            errors.append(error)
+            continue
+        if spec is not None:
+            specs.append(spec)
+    if not errors:
+        try:
+            _check_static_conflicts(specs, top)
+        except ConfigError as error:
+            errors.append(error)
+    return errors
+
+
+def config_line(path: str | os.PathLike, key_path: tuple[str, ...]) -> int | None:
+    """The 1-based line in the YAML file ``path`` where the value at ``key_path`` (or its deepest existing
+    parent) starts; None if the file cannot be parsed."""
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    line = None
+    for key in key_path:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            node = next((value for k, value in node.value if str(k.value) == key), None)
+        elif isinstance(node, yaml.SequenceNode) and key.isdigit() and int(key) < len(node.value):
+            node = node.value[int(key)]
+        else:
+            node = None
+    return node.start_mark.line + 1 if node is not None else line
+
+
 class ConfigManager:
     """Holds the validated sections of the current run and answers which features apply to a layer."""
 
@@ -245,12 +302,7 @@ class ConfigManager:
     @classmethod
     def load_config(cls, config: Any, registry_data: dict) -> None:
         """Parse and validate ``config`` against the registered namespaces and features."""
-        source, raw = _read_config(config)
-        top = ConfigLocation(source)
-        if raw is None or raw == {}:
-            raise top.error("the config is empty; it needs at least one section with 'enabled' and 'layers'")
-        if not isinstance(raw, dict):
-            raise top.error("the config must be a mapping of section names to sections", type(raw).__name__)
+        source, raw, top = _read_sections(config)
         warnings: list[str] = []
         specs: dict[str, ConfigSpec] = {}
         for name, section in raw.items():

@@ -16,6 +16,8 @@ class NvdlfwInspectError(Exception):
 class ConfigError(NvdlfwInspectError, ValueError):
     """A config file or dict is invalid; the message names the source, key path, value and what is allowed."""
 
+    key_path: tuple[str, ...] = ()  # where in the config, when known
+
 
 class FeatureLoadError(NvdlfwInspectError, ImportError):
     """A feature directory or feature file could not be loaded."""
@@ -76,7 +78,9 @@ class ConfigLocation:
                     hint = closest(value, [a for a in allowed if isinstance(a, str)])
                     if hint is not None:
                         parts.append(f"did you mean {hint!r}?")
-        return ConfigError("; ".join(parts))
+        error = ConfigError("; ".join(parts))
+        error.key_path = self.path
+        return error
 
 
 class AlreadyInitializedError(NvdlfwInspectError, RuntimeError, ValueError):

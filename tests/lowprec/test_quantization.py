@@ -39,13 +39,14 @@ def test_quantize_and_dequantize_by_hand():
 
 
 def test_current_scaling_uses_the_tensors_amax():
-    x = torch.randn(64, 64) * 5
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) * 5
     quantizer = CurrentScalingQuantizer(E4M3)
     q = quantizer.quantize(x)
     amax = x.abs().max()
     assert q.scale_inv.item() == pytest.approx((amax / 448.0).item(), rel=1e-6)
     assert q.data.float().abs().max().item() == 448.0
-    assert torch.allclose(q.dequantize(), x, rtol=2**-3, atol=1e-6)  # E4M3 keeps 3 mantissa bits
+    subnormal_step = (amax / 448.0).item() * 2**-9  # below 2**-6 E4M3 has fixed steps of 2**-9
+    assert torch.allclose(q.dequantize(), x, rtol=2**-4, atol=subnormal_step / 2)  # 3 mantissa bits: half a step
     assert CurrentScalingQuantizer(E4M3, margin=1).quantize(x).data.float().abs().max().item() == 224.0
 
 

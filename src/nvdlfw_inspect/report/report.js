@@ -97,7 +97,7 @@
     const context = canvas.getContext("2d");
     const image = context.createImageData(columns, layers.length);
     for (let i = 0; i < cells.length; i++) {
-      const rgb = broken[i] ? [0, 0, 0] : Number.isNaN(cells[i]) ? [238, 240, 243] : heatColor(high > low ? (cells[i] - low) / (high - low) : 0.5);
+      const rgb = broken[i] ? [0, 0, 0] : Number.isNaN(cells[i]) ? [238, 240, 243] : heatColor(high > low ? (cells[i] - low) / (high - low) : high > 0 ? 1 : 0);
       image.data.set([...rgb, 255], i * 4);
     }
     context.putImageData(image, 0, 0);

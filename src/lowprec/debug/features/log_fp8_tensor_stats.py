@@ -121,9 +121,12 @@ def quantization_fields(tensor: torch.Tensor, q: Quantized, overflows: bool) -> 
 
 @Registry.register_feature(namespace="transformer_engine")
 class LogFp8TensorStats(ScheduledStats):
-    """Logs quantization statistics of activation, gradient and weight (see the module docstring).
+    """Logs quantization statistics of activation, gradient and weight.
 
-    Keys: ``tensors``/``tensors_struct``, ``stats``, ``freq``, ``start_step``, ``end_step``,
+    ``stats``: ``[recipe_]name[_columnwise]`` with name ``underflows%``, ``overflows%`` (delayed scaling
+    only), ``scale_inv_min``, ``scale_inv_max`` or ``mse``, and recipe ``fp8_current_scaling``,
+    ``fp8_delayed_scaling``, ``mxfp8`` or ``fp8_block_scaling`` (none: the layer's own recipe).
+    Other keys: ``tensors``/``tensors_struct``, ``freq``, ``start_step``, ``end_step``,
     ``start_end_list``. What-if casts use the layer's FP8 format, or E4M3 (E5M2 for gradients) when the
     layer runs without one; what-if delayed scaling keeps its own amax history per layer and tensor.
     """

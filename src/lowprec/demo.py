@@ -1,0 +1,141 @@
+"""The demo: a small GPT of ``lowprec.TransformerLayer``s learns Python's own documentation in FP8.
+
+The text is ``pydoc_data.topics`` (the help texts that ship with CPython), read as bytes. The config
+(``demo_config.yaml`` unless another is given) logs tensor and FP8 statistics and runs one GEMM in
+high precision. At the end the demo writes the HTML report and prints where everything is.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import lowprec
+import nvdlfw_inspect.api as debug_api
+
+DEMO_CONFIG = Path(__file__).resolve().parent / "demo_config.yaml"
+
+
+@dataclass(frozen=True)
+class Size:
+    hidden: int
+    layers: int
+    heads: int
+    seq: int
+    batch: int
+
+
+SIZES = {
+    "tiny": Size(hidden=64, layers=2, heads=4, seq=64, batch=16),
+    "small": Size(hidden=128, layers=4, heads=4, seq=64, batch=16),
+    "base": Size(hidden=256, layers=6, heads=8, seq=128, batch=32),
+}
+
+
+def corpus() -> torch.Tensor:
+    """Python's help topics as a byte tensor."""
+    from pydoc_data.topics import topics
+
+    return torch.tensor(list("\n\n".join(topics.values()).encode()), dtype=torch.long)
+
+
+class GPT(torch.nn.Module):
+    """Byte-level causal language model: embeddings, ``layers`` TransformerLayers, a final LayerNorm and
+    an FP8 ``Linear`` head. Layers are named ``gpt.layers.{i}`` and ``gpt.head`` for the debug config."""
+
+    def __init__(self, size: Size):
+        super().__init__()
+        self.token = torch.nn.Embedding(256, size.hidden)
+        self.position = torch.nn.Embedding(size.seq, size.hidden)
+        self.layers = torch.nn.ModuleList(
+            lowprec.TransformerLayer(
+                size.hidden,
+                4 * size.hidden,
+                size.heads,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+                attn_input_format="bshd",
+                name=f"gpt.layers.{i}",
+            )
+            for i in range(size.layers)
+        )
+        self.norm = torch.nn.LayerNorm(size.hidden)
+        self.head = lowprec.Linear(size.hidden, 256, name="gpt.head")
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.token(tokens) + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(self.norm(h))
+
+
+def progress(step: int, steps: int, loss: float, started: float) -> None:
+    """One line, redrawn in place: a bar, the step, the loss and the time left."""
+    done = step / steps
+    elapsed = time.perf_counter() - started
+    left = elapsed / done - elapsed if done > 0 else 0.0
+    bar = "#" * int(30 * done) + "-" * (30 - int(30 * done))
+    sys.stderr.write(f"\r[{bar}] step {step}/{steps}  loss {loss:.3f}  {left:4.0f}s left ")
+    sys.stderr.flush()
+
+
+def run_demo(
+    steps: int = 300,
+    size: str = "small",
+    config: str | Path | None = None,
+    log_dir: str | Path = "./demo_logs",
+    device: str | None = None,
+) -> dict:
+    """Train, log, write the report; returns the first and last losses and the paths written."""
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {list(SIZES)}, got {size!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    shape = SIZES[size]
+    log_dir = Path(log_dir)
+    debug_api.initialize(config_file=str(config or DEMO_CONFIG), feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+    try:
+        torch.manual_seed(0)
+        text = corpus().to(device)
+        model = GPT(shape).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))
+        )
+        generator = torch.Generator().manual_seed(1)
+        losses, started = [], time.perf_counter()
+        for step in range(steps):
+            starts = torch.randint(0, len(text) - shape.seq - 1, (shape.batch,), generator=generator).tolist()
+            window = torch.stack([text[s : s + shape.seq + 1] for s in starts])
+            with lowprec.fp8_autocast(fp8_recipe=lowprec.DelayedScaling()):
+                logits = model(window[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, 256), window[:, 1:].reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            debug_api.step()
+            losses.append(loss.item())
+            if step % 5 == 0 or step == steps - 1:
+                progress(step + 1, steps, losses[-1], started)
+        sys.stderr.write("\n")
+    finally:
+        debug_api.end_debug()
+    from nvdlfw_inspect.report import write_report
+
+    report = write_report(log_dir)
+    result = {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "report": report}
+    result["statistics"] = log_dir / "nvdlfw_inspect_statistics_logs"
+    result["debug_log"] = log_dir / "nvdlfw_inspect_logs"
+    print(f"loss {result['first_loss']:.3f} -> {result['last_loss']:.3f} in {time.perf_counter() - started:.0f}s on {device}")
+    print(f"statistics: {result['statistics']}  (text .log and structured .jsonl per rank)")
+    print(f"debug log:  {result['debug_log']}")
+    print(f"report:     {report}")
+    return result

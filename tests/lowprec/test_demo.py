@@ -1,0 +1,41 @@
+"""The demo: a small GPT on Python's help texts learns in emulated FP8, logs its statistics and writes
+the report; the command line runs it too."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import nvdlfw_inspect
+from lowprec.demo import DEMO_CONFIG, corpus, run_demo
+from nvdlfw_inspect.cli import main
+
+
+def test_corpus_is_real_text():
+    text = corpus()
+    assert len(text) > 300_000 and bytes(text[:2000].tolist()).decode("utf-8", "ignore").count(" ") > 200
+
+
+def test_demo_learns_logs_and_reports(tmp_path, capsys):
+    result = run_demo(steps=30, size="tiny", log_dir=tmp_path)
+    assert result["last_loss"] < result["first_loss"] - 1.0  # from ~ln(256)=5.5 towards byte statistics
+    assert math.isclose(result["first_loss"], math.log(256), rel_tol=0.1)
+    frame = nvdlfw_inspect.read_stats(tmp_path)
+    assert set(frame.iteration.unique()) == {0, 5, 10, 15, 20, 25}
+    assert {"max", "std", "dynamic_range", "underflows%", "overflows%", "mse", "mxfp8_underflows%"} == set(frame.stat)
+    assert "gpt.layers.1.layernorm_mlp.fc2" in set(frame.layer)
+    plan = (tmp_path / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    assert "gpt.head: Tensor: gradient, gemm wgrad - High precision" in plan
+    assert "gpt.head: Tensor: gradient, gemm dgrad - FP8 quantization" in plan
+    assert result["report"].read_text().startswith("<!DOCTYPE html>")
+    out = capsys.readouterr().out
+    assert f"report:     {result['report']}" in out
+
+
+def test_demo_from_the_command_line(tmp_path, capsys):
+    assert main(["demo", "--steps", "3", "--size", "tiny", "--log-dir", str(tmp_path), "--config", str(DEMO_CONFIG)]) == 0
+    assert (tmp_path / "report.html").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--steps", "0", "--log-dir", str(tmp_path)])
+    assert exit_info.value.code == 2 and "must be a positive integer, got 0" in capsys.readouterr().err
