@@ -61,7 +61,16 @@ class MetricLogger:
         cls.enabled_loggers.append(logger)
 
     @classmethod
+    def flush(cls) -> None:
+        """Let loggers that batch (those with a ``flush`` method) send what they hold."""
+        for logger in cls.enabled_loggers:
+            flush = getattr(logger, "flush", None)
+            if flush is not None:
+                flush()
+
+    @classmethod
     def reset(cls) -> None:
+        cls.flush()
         cls.enabled_loggers.clear()
 
 
@@ -74,6 +83,10 @@ class TensorboardLogger(BaseLogger):
     def log_scalar(self, name: str, value: Any, iteration: int, **kwargs: Any) -> None:
         if self.writer is not None:
             self.writer.add_scalar(name, _as_float(value), iteration)
+
+    def flush(self) -> None:
+        if self.writer is not None and hasattr(self.writer, "flush"):
+            self.writer.flush()
 
 
 def wrap_tensorboard_writer(writer: Any) -> TensorboardLogger:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -15,6 +16,7 @@ TENSOR_NAMES = ("activation", "gradient", "weight", "output", "wgrad", "dgrad")
 _TEXT_LINE = re.compile(r"^\S+ \S+ - \w+ - (\S+) \t\t\t\t iteration=(\d+) \t\t\t\t value=(\S+)$")
 _NAME = re.compile(rf"^(.*)_({'|'.join(TENSOR_NAMES)})_(.+)$")
 _RANK = re.compile(r"globalrank-(\d+)")
+RECORDS_PER_PARSE = 65536
 
 
 class Statistic(NamedTuple):
@@ -46,21 +48,40 @@ def _rank_of(path: Path) -> int:
     return int(match.group(1)) if match else 0
 
 
+def _statistic(record: dict[str, Any], default_rank: int) -> Statistic:
+    return Statistic(
+        int(record.get("rank", default_rank)),
+        record["layer"],
+        record["tensor"],
+        record["stat"],
+        int(record["iteration"]),
+        float(record["value"]),
+    )
+
+
 def _from_records(path: Path) -> Iterator[Statistic]:
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    """Parsed ``RECORDS_PER_PARSE`` lines at a time as one JSON array (several times faster than a
+    parse per line); a chunk that fails is parsed again line by line to name the bad line."""
+    rank = _rank_of(path)
+    with path.open(encoding="utf-8") as file:
+        first_line = 1
+        while lines := list(islice(file, RECORDS_PER_PARSE)):
+            try:
+                chunk = json.loads("[" + ",".join(line for line in lines if line.strip()) + "]")
+                statistics = [_statistic(record, rank) for record in chunk]
+            except (ValueError, KeyError, TypeError, AttributeError):
+                statistics = list(_line_by_line(path, lines, first_line, rank))
+            yield from statistics
+            first_line += len(lines)
+
+
+def _line_by_line(path: Path, lines: list[str], first_line: int, rank: int) -> Iterator[Statistic]:
+    for number, line in enumerate(lines, first_line):
         if not line.strip():
             continue
         try:
-            record: dict[str, Any] = json.loads(line)
-            yield Statistic(
-                int(record.get("rank", _rank_of(path))),
-                record["layer"],
-                record["tensor"],
-                record["stat"],
-                int(record["iteration"]),
-                float(record["value"]),
-            )
-        except (ValueError, KeyError, TypeError) as error:
+            yield _statistic(json.loads(line), rank)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{path}:{number}: not a statistics record ({error}): {line[:200]!r}") from None
 
 

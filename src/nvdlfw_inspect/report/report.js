@@ -36,7 +36,7 @@
   }
   const hideTip = () => { tooltip.hidden = true; };
 
-  data.series.forEach((s, i) => { s.id = i; s.values = s.v.map(number); });
+  data.series.forEach((s, i) => { s.id = i; s.it = data.iterations[s.it]; s.values = s.v.map(number); });
   const byLayer = data.layers.map(() => []);
   data.series.forEach((s) => byLayer[s.layer].push(s));
   let visible = (name) => true;

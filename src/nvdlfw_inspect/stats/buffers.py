@@ -109,6 +109,8 @@ class StatsBuffers:
                     logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = value
         for buffer in self.buffers.values():
             buffer.pending.clear()
+        if logged:
+            MetricLogger.flush()
         return logged
 
     def _groups(self) -> dict[Any, list[Hashable]]:

@@ -15,6 +15,7 @@ from browser import CHROMIUM, dom, screenshot
 import lowprec
 import nvdlfw_inspect
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect import reading
 from nvdlfw_inspect.reading import Statistic, iter_statistics, split_name
 from nvdlfw_inspect.report import heatmap_kind, render, report_data, write_report
 
@@ -72,10 +73,13 @@ def test_text_logs_alone_are_read_too(log_dir):
 def test_report_data_groups_series_and_ranks_risks():
     stats = [Statistic(r, "l0", "activation", "underflows%", it, float(it * (r + 1))) for r in (0, 1) for it in range(5)]
     stats += [Statistic(0, "l1", "gradient", "dynamic_range", it, [3.0, math.nan, math.inf, 1.0, 2.0][it]) for it in range(5)]
-    stats += [Statistic(0, "l2", "weight", "max", 0, 1.0)]
+    stats += [Statistic(0, "l2", "weight", "max", 0, 1.0), Statistic(0, "l2", "weight", "min", 0, 1 / 3)]
     data = report_data(stats, "t")
     assert data["layers"] == ["l0", "l1", "l2"] and data["ranks"] == [0, 1]
+    assert data["iterations"] == [[0, 1, 2, 3, 4], [0]]  # shared by the series that have them
     series = {(s["layer"], s["tensor"], s["stat"], s["rank"]): s for s in data["series"]}
+    assert [s["it"] for s in data["series"]] == [0, 0, 0, 1, 1]
+    assert series[(2, "weight", "min", 0)]["v"] == [0.333333]  # six significant digits
     assert series[(0, "activation", "underflows%", 1)]["v"] == [0.0, 2.0, 4.0, 6.0, 8.0]
     assert series[(1, "gradient", "dynamic_range", 0)]["v"] == [3.0, None, "inf", 1.0, 2.0]
     assert series[(1, "gradient", "dynamic_range", 0)]["direction"] == "backward"
@@ -118,6 +122,19 @@ def test_errors_name_the_problem(log_dir):
     (stats_dir / "nvdlfw_inspect_globalrank-0.jsonl").write_text('{"layer": "a"}\n')
     with pytest.raises(ValueError, match=r"globalrank-0.jsonl:1: not a statistics record"):
         write_report(log_dir)
+
+
+def test_records_are_parsed_in_chunks_and_a_bad_line_is_named(log_dir, monkeypatch):
+    monkeypatch.setattr(reading, "RECORDS_PER_PARSE", 3)
+    path = log_dir / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-2.jsonl"
+    path.parent.mkdir(parents=True)
+    good = [{"layer": "l", "tensor": "activation", "stat": "max", "iteration": i, "value": i / 2} for i in range(7)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in good[:4]) + "\n" + "".join(json.dumps(r) + "\n" for r in good[4:]))
+    assert [(s.rank, s.iteration, s.value) for s in iter_statistics(log_dir)] == [(2, i, i / 2) for i in range(7)]
+    with path.open("a") as file:
+        file.write('{"layer": "l", "tensor": "activation", "stat": "max", "iteration": "x", "value": 1}\n')
+    with pytest.raises(ValueError, match=r"globalrank-2.jsonl:9: not a statistics record .*invalid literal"):
+        list(iter_statistics(log_dir))
 
 
 @needs_browser
