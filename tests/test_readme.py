@@ -37,3 +37,17 @@ def test_lowprec_snippet_runs_as_written(tmp_path):
     code += "\nassert y.shape == (16, 32) and x.grad.shape == (16, 64) and layer.weight.grad is not None\n"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_read_stats_snippet_runs_on_a_demo_run(tmp_path, monkeypatch):
+    from lowprec.demo import run_demo
+
+    run_demo(steps=6, size="tiny", log_dir=tmp_path / "demo_logs")
+    section = README.read_text().split("## Reading a run", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(code, namespace)
+    worst = namespace["worst"]
+    assert len(worst) == 5 and list(worst.index.names) == ["layer", "tensor"]
+    assert (worst.values >= 0).all() and worst.is_monotonic_decreasing

@@ -1,4 +1,4 @@
-"""The ``nvdlfw-inspect`` command: validate configs, list and explain features, write reports, run the demo.
+"""The nvdlfw-inspect command: validate configs, list and explain features, write reports, run the demo.
 
 Exit codes: 0 success, 1 a user error (invalid config, missing file or log), 2 a usage error.
 """
@@ -106,7 +106,7 @@ def positive_int(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="nvdlfw-inspect", description=__doc__.splitlines()[0])
+    top = argparse.ArgumentParser(prog="nvdlfw-inspect", description=__doc__.splitlines()[0], epilog=__doc__.splitlines()[2])
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[argparse.Namespace], int], text: str) -> argparse.ArgumentParser:

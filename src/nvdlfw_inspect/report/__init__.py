@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from importlib import resources
@@ -60,13 +61,20 @@ def _risks(series: list[dict[str, Any]], layers: list[str]) -> list[dict[str, An
     return rows[:TOP_RISKS]
 
 
+def natural_order(names: Iterable[str]) -> list[str]:
+    """Names sorted with their numbers compared as numbers: ``layers.2`` before ``layers.10``."""
+    return sorted(
+        names, key=lambda name: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+    )
+
+
 def report_data(statistics: Iterable[Statistic], title: str) -> dict[str, Any]:
     """What the page draws: layers, one series per (layer, tensor, stat, rank), and the risk table.
     Series that share their iterations (most do) point to one list in ``iterations`` by index."""
     points: dict[tuple[str, str, str, int], dict[int, float]] = defaultdict(dict)
     for s in statistics:
         points[(s.layer, s.tensor, s.stat, s.rank)][s.iteration] = s.value
-    layers = sorted({layer for layer, _, _, _ in points})
+    layers = natural_order({layer for layer, _, _, _ in points})
     index = {name: i for i, name in enumerate(layers)}
     series = []
     iteration_lists: dict[tuple[int, ...], int] = {}

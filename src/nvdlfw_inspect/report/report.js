@@ -6,7 +6,7 @@
   const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"];
   const WIDTH = 300, HEIGHT = 130, PAD = { left: 52, right: 8, top: 8, bottom: 18 };
   const HEAT_STOPS = [[255, 255, 204], [254, 178, 76], [240, 59, 32], [128, 0, 38]];
-  const MAX_HEAT_COLUMNS = 1000;
+  const MAX_HEAT_COLUMNS = 1000, MIN_LABELED_ROW = 9;
 
   const number = (v) => (v === null ? NaN : v === "inf" ? Infinity : v === "-inf" ? -Infinity : v);
   function format(v) {
@@ -71,6 +71,16 @@
     return HEAT_STOPS[i].map((c, k) => Math.round(c + f * (HEAT_STOPS[i + 1][k] - c)));
   }
 
+  function rowLabels(layers, rowScale) {
+    const labels = element("div", { class: "row-labels" });
+    layers.forEach((l) => {
+      const label = element("div", { title: data.layers[l] }, data.layers[l]);
+      label.style.height = label.style.lineHeight = rowScale + "px";
+      labels.appendChild(label);
+    });
+    return labels;
+  }
+
   function heatmap(title, group) {
     const layers = [...new Set(group.map((s) => s.layer))].filter((l) => visible(data.layers[l])).sort((a, b) => a - b);
     const iterations = [...new Set(group.flatMap((s) => s.it))].sort((a, b) => a - b);
@@ -121,7 +131,16 @@
     });
     const box = element("div", { class: "heatmap" });
     box.appendChild(element("div", { class: "caption" }, `${title} (${format(low)} to ${format(high)}; black: NaN or inf)`));
-    box.appendChild(canvas);
+    const body = element("div", { class: "heatmap-body" });
+    if (rowScale >= MIN_LABELED_ROW) body.appendChild(rowLabels(layers, rowScale));
+    const plot = element("div");
+    plot.appendChild(canvas);
+    const axis = element("div", { class: "axis" });
+    axis.appendChild(element("span", {}, `iteration ${iterations[0]}`));
+    axis.appendChild(element("span", {}, String(iterations[iterations.length - 1])));
+    plot.appendChild(axis);
+    body.appendChild(plot);
+    box.appendChild(body);
     return box;
   }
 

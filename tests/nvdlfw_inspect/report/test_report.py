@@ -17,7 +17,7 @@ import nvdlfw_inspect
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect import reading
 from nvdlfw_inspect.reading import Statistic, iter_statistics, split_name
-from nvdlfw_inspect.report import heatmap_kind, render, report_data, write_report
+from nvdlfw_inspect.report import heatmap_kind, natural_order, render, report_data, write_report
 
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
 
@@ -76,6 +76,7 @@ def test_report_data_groups_series_and_ranks_risks():
     stats += [Statistic(0, "l2", "weight", "max", 0, 1.0), Statistic(0, "l2", "weight", "min", 0, 1 / 3)]
     data = report_data(stats, "t")
     assert data["layers"] == ["l0", "l1", "l2"] and data["ranks"] == [0, 1]
+    assert natural_order(["m.10.fc", "m.9.fc", "m.1.fc2", "m.1.fc10"]) == ["m.1.fc2", "m.1.fc10", "m.9.fc", "m.10.fc"]
     assert data["iterations"] == [[0, 1, 2, 3, 4], [0]]  # shared by the series that have them
     series = {(s["layer"], s["tensor"], s["stat"], s["rank"]): s for s in data["series"]}
     assert [s["it"] for s in data["series"]] == [0, 0, 0, 1, 1]
@@ -148,6 +149,9 @@ def test_page_loads_without_console_errors_and_draws(log_dir, tmp_path):
     assert html.count("<canvas") >= 3  # heatmaps: activation dynamic_range and underflows%, gradient dynamic_range
     assert '<a href="#layer-1">model.fc2</a>' in html  # the risk table links the layer with inf first
     assert html.index("model.fc2</a>") < html.index("model.fc1</a>")
+    labels = re.search(r'<div class="row-labels">(.*?)</div></div>', html).group(1)  # heatmap rows named
+    assert re.findall(r'title="([^"]+)"', labels) == ["model.fc1", "model.fc2"]
+    assert '<div class="axis"><span>iteration 0</span><span>11</span></div>' in html
 
 
 @needs_browser
