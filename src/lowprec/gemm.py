@@ -67,6 +67,6 @@ def scaled_mm_unsupported(a: Float8Tensor, b: Float8Tensor) -> str | None:
 
 def _scaled_mm(a: Float8Tensor, b: Float8Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     # _scaled_mm wants the first operand row-major and the second column-major.
-    a_data = a.data if a.data.is_contiguous() else a.data.contiguous()
-    b_data = b.data if b.data.t().is_contiguous() else b.data.t().contiguous().t()
-    return torch._scaled_mm(a_data, b_data, scale_a=a.scale_inv.reshape(()), scale_b=b.scale_inv.reshape(()), out_dtype=out_dtype)
+    return torch._scaled_mm(
+        a.row_major(), b.column_major(), scale_a=a.scale_inv.reshape(()), scale_b=b.scale_inv.reshape(()), out_dtype=out_dtype
+    )

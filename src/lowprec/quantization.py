@@ -8,6 +8,10 @@ stays on the tensor's device: no value is read back to the host.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
+
 import torch
 
 from lowprec.formats import FP8Format
@@ -17,13 +21,26 @@ FP32_MAX = torch.finfo(torch.float32).max
 
 
 class Float8Tensor:
-    """FP8 ``data`` with its fp32 ``scale_inv``; ``dtype`` is the high-precision dtype it stands for."""
+    """FP8 ``data`` with its fp32 ``scale_inv``; ``dtype`` is the high-precision dtype it stands for.
 
-    def __init__(self, data: torch.Tensor, scale_inv: torch.Tensor, fmt: FP8Format, dtype: torch.dtype):
+    ``other_layout``, when present, holds the same values in the other memory order (a column-major
+    view when ``data`` is row-major), made by the fused cast so that GEMMs wanting that order need no
+    copy.
+    """
+
+    def __init__(
+        self,
+        data: torch.Tensor,
+        scale_inv: torch.Tensor,
+        fmt: FP8Format,
+        dtype: torch.dtype,
+        other_layout: torch.Tensor | None = None,
+    ):
         self.data = data
         self.scale_inv = scale_inv
         self.format = fmt
         self.dtype = dtype
+        self.other_layout = other_layout
 
     @property
     def shape(self) -> torch.Size:
@@ -34,8 +51,23 @@ class Float8Tensor:
         return self.data.device
 
     def t(self) -> Float8Tensor:
-        """The transpose (a view of the same bytes)."""
-        return Float8Tensor(self.data.t(), self.scale_inv, self.format, self.dtype)
+        """The transpose (views of the same bytes)."""
+        other = self.other_layout.t() if self.other_layout is not None else None
+        return Float8Tensor(self.data.t(), self.scale_inv, self.format, self.dtype, other)
+
+    def row_major(self) -> torch.Tensor:
+        """The values in row-major order: a stored layout if one is, else a copy."""
+        for layout in (self.data, self.other_layout):
+            if layout is not None and layout.is_contiguous():
+                return layout
+        return self.data.contiguous()
+
+    def column_major(self) -> torch.Tensor:
+        """The values in column-major order (``.t()`` contiguous): a stored layout if one is, else a copy."""
+        for layout in (self.data, self.other_layout):
+            if layout is not None and layout.t().is_contiguous():
+                return layout
+        return self.data.t().contiguous().t()
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         return (self.data.float() * self.scale_inv).to(dtype or self.dtype)
@@ -54,16 +86,55 @@ def scale_from_amax(amax: torch.Tensor, fmt: FP8Format, margin: int = 0, fallbac
     return torch.where(usable, scale, fallback)
 
 
-def quantize_with_scale(tensor: torch.Tensor, scale: torch.Tensor, fmt: FP8Format) -> Float8Tensor:
-    """Cast ``tensor * scale`` to ``fmt`` (round to nearest even, saturating)."""
-    data = fmt.cast(tensor.float() * scale)
-    return Float8Tensor(data, scale.reciprocal(), fmt, tensor.dtype)
+FUSED_KERNELS = os.environ.get("LOWPREC_FUSED_CAST", "1") != "0"
+"""Cast CUDA tensors with the Triton kernels of ``lowprec.triton_cast`` (env ``LOWPREC_FUSED_CAST=0``: no)."""
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def uses_fused_kernels(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is cast by the Triton kernels: a 2-D CUDA tensor, with Triton installed and
+    ``FUSED_KERNELS`` on."""
+    return FUSED_KERNELS and tensor.is_cuda and tensor.dim() == 2 and _triton_installed()
+
+
+def quantize_with_scale(tensor: torch.Tensor, scale: torch.Tensor, fmt: FP8Format, transpose: bool = False) -> Float8Tensor:
+    """Cast ``tensor * scale`` to ``fmt`` (round to nearest even, saturating); on the fused path
+    ``transpose`` also writes the other memory order."""
+    return _cast(tensor, scale, fmt, transpose, record_amax=False)[0]
+
+
+def quantize_and_amax(
+    tensor: torch.Tensor, scale: torch.Tensor, fmt: FP8Format, transpose: bool = False
+) -> tuple[Float8Tensor, torch.Tensor]:
+    """``quantize_with_scale`` and ``amax_of`` together: one read of the tensor on the fused path."""
+    quantized, amax = _cast(tensor, scale, fmt, transpose, record_amax=True)
+    return quantized, amax if amax is not None else amax_of(tensor)
+
+
+def _cast(
+    tensor: torch.Tensor, scale: torch.Tensor, fmt: FP8Format, transpose: bool, record_amax: bool
+) -> tuple[Float8Tensor, torch.Tensor | None]:
+    if uses_fused_kernels(tensor):
+        from lowprec import triton_cast
+
+        data, data_t, amax = triton_cast.cast_fp8(tensor, scale, fmt, transpose, record_amax)
+        other = data_t.t() if data_t is not None else None
+        return Float8Tensor(data, scale.reciprocal(), fmt, tensor.dtype, other), amax
+    return Float8Tensor(fmt.cast(tensor.float() * scale), scale.reciprocal(), fmt, tensor.dtype), None
 
 
 def amax_of(tensor: torch.Tensor) -> torch.Tensor:
     """Largest magnitude as a 0-dim fp32 tensor (0 for an empty tensor; NaN if any element is NaN)."""
     if tensor.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=tensor.device)
+    if uses_fused_kernels(tensor):
+        from lowprec import triton_cast
+
+        return triton_cast.amax_of(tensor)
     return tensor.detach().abs().amax().float()
 
 
@@ -81,8 +152,9 @@ class CurrentScalingQuantizer:
     def scale_for(self, tensor: torch.Tensor) -> torch.Tensor:
         return scale_from_amax(amax_of(tensor), self.format, self.margin)
 
-    def quantize(self, tensor: torch.Tensor) -> Float8Tensor:
-        return quantize_with_scale(tensor.detach(), self.scale_for(tensor), self.format)
+    def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
+        """Two passes on the fused path: amax, then the cast (and its transpose if asked)."""
+        return quantize_with_scale(tensor.detach(), self.scale_for(tensor), self.format, transpose)
 
 
 class DelayedScalingQuantizer:
@@ -108,10 +180,11 @@ class DelayedScalingQuantizer:
             self.amax_history = self.amax_history.to(tensor.device)
         return self.scale
 
-    def quantize(self, tensor: torch.Tensor) -> Float8Tensor:
+    def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
+        """One pass on the fused path: the cast (and its transpose if asked) records the amax too."""
         tensor = tensor.detach()
-        quantized = quantize_with_scale(tensor, self.scale_for(tensor), self.format)
-        self.record_amax(amax_of(tensor))
+        quantized, amax = quantize_and_amax(tensor, self.scale_for(tensor), self.format, transpose)
+        self.record_amax(amax)
         return quantized
 
     def record_amax(self, amax: torch.Tensor) -> None:
@@ -125,3 +198,29 @@ class DelayedScalingQuantizer:
 
 
 Quantizer = CurrentScalingQuantizer | DelayedScalingQuantizer
+
+
+class WeightCache:
+    """A layer's last weight cast, reused while the weight is unchanged: across the micro-batches of
+    a step (Transformer Engine's ``is_first_microbatch`` idea, decided here from the weight itself).
+
+    The weight counts as unchanged while its storage, its version counter (bumped by every in-place
+    update such as an optimizer step), the quantizer and the layout asked for stay the same. Writes
+    through ``weight.data`` bypass the version counter: call ``clear()`` after such a write. With
+    delayed scaling a reused cast records no new amax, as in Transformer Engine.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._cast: Float8Tensor | None = None
+
+    def quantize(self, weight: torch.Tensor, quantizer: Quantizer, transpose: bool) -> Float8Tensor:
+        key = (weight.data_ptr(), weight._version, weight.shape, weight.dtype, quantizer)
+        cached = self._cast
+        if key != self._key or cached is None or (transpose and cached.other_layout is None and uses_fused_kernels(weight)):
+            cached = quantizer.quantize(weight, transpose)
+            self._key, self._cast = key, cached
+        return cached
+
+    def clear(self) -> None:
+        self._key = self._cast = None

@@ -12,6 +12,8 @@ from lowprec.quantization import (
     FP32_MAX,
     CurrentScalingQuantizer,
     DelayedScalingQuantizer,
+    Float8Tensor,
+    WeightCache,
     amax_of,
     quantize_with_scale,
     scale_from_amax,
@@ -89,3 +91,67 @@ def test_delayed_scaling_overflow_saturates():
     quantizer.quantize(torch.full((2,), 1.0))  # next scale 448
     q = quantizer.quantize(torch.tensor([3.0, 0.5]))  # 3 * 448 is beyond E4M3
     assert q.dequantize().tolist() == [1.0, 0.5]
+
+
+def test_float8_tensor_layouts():
+    x = torch.randn(6, 4)
+    cast = quantize_with_scale(x, torch.tensor(2.0), E4M3)
+    assert cast.other_layout is None  # the torch path writes one layout
+    assert cast.row_major().data_ptr() == cast.data.data_ptr()
+    column = cast.column_major()
+    assert column.t().is_contiguous() and torch.equal(column.float(), cast.data.float())
+    other = cast.data.t().contiguous().t()
+    both = Float8Tensor(cast.data, cast.scale_inv, E4M3, x.dtype, other)
+    assert both.column_major().data_ptr() == other.data_ptr()  # no copy when the layout is stored
+    flipped = both.t()
+    assert flipped.shape == (4, 6)
+    assert flipped.row_major().data_ptr() == other.data_ptr() and flipped.column_major().data_ptr() == cast.data.data_ptr()
+    assert torch.equal(flipped.dequantize(), cast.dequantize().t())
+
+
+class CountingQuantizer(CurrentScalingQuantizer):
+    def __init__(self):
+        super().__init__(E4M3)
+        self.casts = 0
+
+    def quantize(self, tensor, transpose=False):
+        self.casts += 1
+        return super().quantize(tensor, transpose)
+
+
+def test_weight_cache_reuses_the_cast_until_the_weight_changes():
+    weight = torch.nn.Parameter(torch.randn(8, 8))
+    cache, quantizer = WeightCache(), CountingQuantizer()
+    first = cache.quantize(weight, quantizer, transpose=False)
+    assert cache.quantize(weight, quantizer, transpose=True) is first and quantizer.casts == 1
+    with torch.no_grad():
+        weight.add_(1.0)  # an optimizer step
+    second = cache.quantize(weight, quantizer, transpose=False)
+    assert quantizer.casts == 2 and torch.equal(second.dequantize(), quantizer.quantize(weight.detach()).dequantize())
+    other = CountingQuantizer()  # a new recipe brings new quantizers
+    assert cache.quantize(weight, other, transpose=False) is not second and other.casts == 1
+    cache.clear()
+    cache.quantize(weight, other, transpose=False)
+    assert other.casts == 2
+
+
+def test_micro_batches_share_the_weight_cast_and_optimizer_steps_renew_it(monkeypatch):
+    import lowprec
+
+    layer = lowprec.Linear(16, 8, name="fc")
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    casts = []
+    original = DelayedScalingQuantizer.quantize
+
+    def counting(self, tensor, transpose=False):
+        casts.append(tuple(tensor.shape))
+        return original(self, tensor, transpose)
+
+    monkeypatch.setattr(DelayedScalingQuantizer, "quantize", counting)
+    for _ in range(2):
+        for _ in range(3):  # micro-batches
+            with lowprec.fp8_autocast():
+                layer(torch.randn(4, 16)).sum().backward()
+        optimizer.step()
+    weight_casts = casts.count((8, 16))
+    assert weight_casts == 2 and casts.count((4, 16)) == 6 and casts.count((4, 8)) == 6

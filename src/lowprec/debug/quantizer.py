@@ -35,7 +35,7 @@ class DebugProcessing:
         self.tp_group = tp_group
         self.tp_size = get_distributed_world_size(tp_group) if tp_group is not None else 1
 
-    def input(self, tensor_name: str, tensor: torch.Tensor) -> tuple[Operand, Operand]:
+    def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
         """``(operand for the tensor's first GEMM, operand for its second GEMM)``."""
         api = debug_api.transformer_engine
         plan = self.plan.tensors[tensor_name]
@@ -43,7 +43,7 @@ class DebugProcessing:
         quantizer = self.quantizers.get(tensor_name)
         tensor = tensor.detach()
         iteration = _iteration()
-        quantized = quantizer.quantize(tensor) if quantizer is not None and plan.quantized_anywhere else None
+        quantized = quantizer.quantize(tensor, transpose) if quantizer is not None and plan.quantized_anywhere else None
         operands: dict[str, Operand] = {}
         for gemm in (second, first):
             precision = plan.gemms[gemm]

@@ -17,7 +17,7 @@ from lowprec.autocast import active_recipe
 from lowprec.debug.layer_state import DebugLayerState
 from lowprec.debug.quantizer import DebugProcessing
 from lowprec.modules.linear_function import LinearFunction, PlainProcessing
-from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer
+from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer, WeightCache
 from lowprec.recipe import DelayedScaling, Recipe
 
 
@@ -40,6 +40,7 @@ class GemmUnit:
         self.debug = DebugLayerState()
         self._recipe: Recipe | None = None
         self._quantizers: dict[str, Quantizer] = {}
+        self.weight_cache = WeightCache()
 
     def quantizers(self, recipe: Recipe | None) -> dict[str, Quantizer]:
         if recipe is None:
@@ -58,5 +59,5 @@ class GemmUnit:
         if plan is not None:
             processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group)
         else:
-            processing = PlainProcessing(quantizers)
+            processing = PlainProcessing(quantizers, self.weight_cache)
         return LinearFunction.apply(x, weight, bias, processing)

@@ -12,26 +12,34 @@ from typing import Any, Protocol
 import torch
 
 from lowprec.gemm import Operand, gemm
-from lowprec.quantization import Quantizer
+from lowprec.quantization import Quantizer, WeightCache
 
 
 class Processing(Protocol):
-    """How a layer turns tensors into GEMM operands and treats GEMM results."""
+    """How a layer turns tensors into GEMM operands and treats GEMM results. ``transpose`` says that
+    an FP8 operand should also carry its other memory order (a GEMM will want it)."""
 
-    def input(self, tensor_name: str, tensor: torch.Tensor) -> tuple[Operand, Operand]: ...
+    def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]: ...
 
     def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor: ...
 
 
 class PlainProcessing:
-    """No debug feature: quantize each input once with the recipe's quantizer, if there is one."""
+    """No debug feature: quantize each input once with the recipe's quantizer, if there is one; the
+    weight through ``weight_cache``, so micro-batches of one step share its cast."""
 
-    def __init__(self, quantizers: dict[str, Quantizer]):
+    def __init__(self, quantizers: dict[str, Quantizer], weight_cache: WeightCache | None = None):
         self.quantizers = quantizers
+        self.weight_cache = weight_cache
 
-    def input(self, tensor_name: str, tensor: torch.Tensor) -> tuple[Operand, Operand]:
+    def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
         quantizer = self.quantizers.get(tensor_name)
-        operand = quantizer.quantize(tensor) if quantizer is not None else tensor.detach()
+        if quantizer is None:
+            operand: Operand = tensor.detach()
+        elif tensor_name == "weight" and self.weight_cache is not None:
+            operand = self.weight_cache.quantize(tensor, quantizer, transpose)
+        else:
+            operand = quantizer.quantize(tensor, transpose)
         return operand, operand
 
     def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -46,8 +54,9 @@ class LinearFunction(torch.autograd.Function):
         ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, processing: Processing
     ) -> torch.Tensor:
         x2d = x.reshape(-1, x.shape[-1])
-        activation_fprop, activation_wgrad = processing.input("activation", x2d)
-        weight_fprop, weight_dgrad = processing.input("weight", weight)
+        needs_dgrad, needs_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        activation_fprop, activation_wgrad = processing.input("activation", x2d, transpose=needs_wgrad)
+        weight_fprop, weight_dgrad = processing.input("weight", weight, transpose=needs_dgrad)
         out = gemm(activation_fprop, weight_fprop.t(), x.dtype)
         if bias is not None:
             out = out + bias.to(out.dtype)
@@ -64,7 +73,7 @@ class LinearFunction(torch.autograd.Function):
         activation_wgrad, weight_dgrad = ctx.saved
         ctx.saved = None
         dy = grad_out.reshape(-1, grad_out.shape[-1])
-        gradient_dgrad, gradient_wgrad = processing.input("gradient", dy)
+        gradient_dgrad, gradient_wgrad = processing.input("gradient", dy, transpose=ctx.needs_input_grad[1])
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = processing.output("dgrad", gemm(gradient_dgrad, weight_dgrad, dy.dtype)).reshape(ctx.x_shape)

@@ -66,7 +66,10 @@ def test_delayed_scaling_first_step_uses_scale_one_then_the_amax():
     recipe = lowprec.DelayedScaling(amax_history_len=4)
     with lowprec.fp8_autocast(fp8_recipe=recipe):
         first = ours(x)
-        second = ours(x)
+        second = ours(x)  # a second micro-batch: the unchanged weight's cast is reused
+        with torch.no_grad():
+            ours.weight.mul_(1.0)  # an optimizer step: the weight changed in place
+        third = ours(x)
     w = ours.weight.detach()
 
     def with_scale(t, scale):
@@ -74,11 +77,13 @@ def test_delayed_scaling_first_step_uses_scale_one_then_the_amax():
 
     expect_first = with_scale(x, 1.0) @ with_scale(w, 1.0).t() + ours.bias.detach()
     assert torch.allclose(first, expect_first, rtol=1e-5, atol=1e-6)
-    # the second cast's scale comes from the first's amax: exactly current scaling for the same tensor
+    # later casts take their scale from the first's amax: exactly current scaling for the same tensor
     xq, wq = e4m3_both(x, w)
-    assert torch.allclose(second, xq @ wq.t() + ours.bias.detach(), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(second, xq @ with_scale(w, 1.0).t() + ours.bias.detach(), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(third, xq @ wq.t() + ours.bias.detach(), rtol=1e-5, atol=1e-6)
     quantizers = ours.gemm_unit.quantizers(recipe)
-    assert quantizers["activation"].amax_history[:2].tolist() == pytest.approx([x.abs().max().item()] * 2)
+    assert quantizers["activation"].amax_history[:3].tolist() == pytest.approx([x.abs().max().item()] * 3)
+    assert quantizers["weight"].amax_history[:3].tolist() == pytest.approx([w.abs().max().item()] * 2 + [0.0])
 
 
 def test_bf16_parameters_and_inputs():

@@ -1,0 +1,160 @@
+"""Fused FP8 casts for CUDA tensors: Triton kernels that quantize in as few passes as the recipe allows.
+
+``cast_fp8`` reads a 2-D tensor once and writes its FP8 bytes, optionally also the bytes of its
+transpose (``torch._scaled_mm`` wants its second operand column-major, so dgrad and wgrad need the
+other layout), and optionally records the tensor's amax: with delayed scaling the scale is known
+before the cast, so that is the whole quantization. With current scaling ``amax_of`` reads the tensor
+once more first. The bytes equal the CPU emulation's (``FP8Format.cast`` of ``x * scale``) exactly:
+each value is first rounded to the format's grid (round to nearest even, the format's subnormals
+included) with float arithmetic, so the hardware conversion that follows only re-encodes an exactly
+representable value; NaN keeps its sign, as in ``torch``'s cast. With ``TRITON_INTERPRET=1`` the
+kernels run on CPU tensors, which is how the tests check them without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lowprec.formats import E4M3, FP8Format
+
+TILE = 64
+AMAX_BLOCK = 4096
+AMAX_PROGRAMS = 1024
+MAGIC = 12582912.0  # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (RNE)
+
+
+@triton.jit
+def _round_to_grid(v, MIN_NORMAL_EXP: tl.constexpr, MANTISSA_BITS: tl.constexpr):
+    """``v`` rounded to the nearest value of the FP8 grid (ties to even), as fp32; ``v`` is in range."""
+    bits = v.to(tl.int32, bitcast=True)
+    exponent = (bits >> 23) & 0xFF
+    spacing_exponent = tl.maximum(exponent, 127 + MIN_NORMAL_EXP) - MANTISSA_BITS  # biased
+    spacing = (spacing_exponent << 23).to(tl.float32, bitcast=True)
+    inverse = ((254 - spacing_exponent) << 23).to(tl.float32, bitcast=True)
+    steps = (v * inverse + MAGIC) - MAGIC
+    rounded = steps * spacing
+    return tl.where(rounded == 0.0, v * 0.0, rounded)  # keep the sign of values that round to zero
+
+
+@triton.jit
+def _cast_tile(
+    x_ptr,
+    scale_ptr,
+    out_ptr,
+    out_t_ptr,
+    amax_ptr,
+    rows,
+    cols,
+    stride_row,
+    stride_col,
+    FP8_MAX: tl.constexpr,
+    MIN_NORMAL_EXP: tl.constexpr,
+    MANTISSA_BITS: tl.constexpr,
+    IS_E4M3: tl.constexpr,
+    TRANSPOSE: tl.constexpr,
+    RECORD_AMAX: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+    col = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
+    inside = (row[:, None] < rows) & (col[None, :] < cols)
+    x = tl.load(x_ptr + row[:, None] * stride_row + col[None, :] * stride_col, mask=inside, other=0.0).to(tl.float32)
+    v = x * tl.load(scale_ptr)
+    v = tl.where(v > FP8_MAX, FP8_MAX, tl.where(v < -FP8_MAX, -FP8_MAX, v))  # saturate; NaN stays NaN
+    exact = _round_to_grid(v, MIN_NORMAL_EXP, MANTISSA_BITS)
+    if IS_E4M3:
+        encoded = exact.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        encoded = exact.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    sign = ((v.to(tl.int32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
+    encoded = tl.where(v != v, sign | 0x7F, encoded)
+    tl.store(out_ptr + row[:, None] * cols + col[None, :], encoded, mask=inside)
+    if TRANSPOSE:
+        tl.store(out_t_ptr + col[:, None] * rows + row[None, :], tl.trans(encoded), mask=tl.trans(inside))
+    if RECORD_AMAX:
+        program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        tl.store(amax_ptr + program, _masked_amax(x, inside))
+
+
+@triton.jit
+def _masked_amax(x, inside):
+    """``max |x|`` over the valid elements, NaN if any of them is NaN."""
+    return _nan_aware_max(tl.where(inside, tl.abs(x), 0.0))
+
+
+@triton.jit
+def _nan_aware_max(values):
+    """The largest of ``values``, NaN if any is NaN (``tl.max`` alone may drop NaN)."""
+    has_nan = tl.sum((values != values).to(tl.int32)) > 0
+    return tl.where(has_nan, float("nan"), tl.max(tl.where(values == values, values, 0.0)))
+
+
+@triton.jit
+def _amax_blocks(x_ptr, amax_ptr, n, BLOCK: tl.constexpr):
+    """Each program folds every ``num_programs``-th block into one partial amax (few programs, so
+    the partials stay few and no atomics contend)."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    step = tl.num_programs(0).to(tl.int64) * BLOCK
+    running = tl.zeros((BLOCK,), dtype=tl.float32)
+    for block_start in range(start, n, step):
+        offsets = block_start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
+        magnitude = tl.abs(x)
+        running = tl.where((magnitude > running) | (magnitude != magnitude), magnitude, running)
+    tl.store(amax_ptr + tl.program_id(0), _nan_aware_max(running))
+
+
+def _grid_of(fmt: FP8Format) -> tuple[int, int]:
+    """(exponent of the smallest normal, mantissa bits) of ``fmt``."""
+    return (-6, 3) if fmt is E4M3 else (-14, 2)
+
+
+def amax_of(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor.abs().amax()`` as a 0-dim fp32 tensor, in one read (NaN if any element is NaN)."""
+    x = tensor.detach().reshape(-1)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    programs = min(triton.cdiv(x.numel(), AMAX_BLOCK), AMAX_PROGRAMS)
+    partials = torch.empty(programs, dtype=torch.float32, device=x.device)
+    _amax_blocks[(programs,)](x, partials, x.numel(), BLOCK=AMAX_BLOCK)
+    return partials.amax()
+
+
+def cast_fp8(
+    tensor: torch.Tensor, scale: torch.Tensor, fmt: FP8Format, transpose: bool, record_amax: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(bytes, transposed bytes, amax)``: the FP8 bytes of ``tensor * scale`` (a 2-D tensor, any
+    strides), those of its transpose (contiguous) if ``transpose``, and ``max |tensor|`` (0-dim fp32)
+    if ``record_amax``; what is not asked for is None."""
+    rows, cols = tensor.shape
+    out = torch.empty((rows, cols), dtype=fmt.dtype, device=tensor.device)
+    out_t = torch.empty((cols, rows), dtype=fmt.dtype, device=tensor.device) if transpose else None
+    if tensor.numel() == 0:
+        amax = torch.zeros((), dtype=torch.float32, device=tensor.device) if record_amax else None
+        return out, out_t, amax
+    grid = (triton.cdiv(rows, TILE), triton.cdiv(cols, TILE))
+    partials = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=tensor.device) if record_amax else None
+    min_normal_exp, mantissa_bits = _grid_of(fmt)
+    _cast_tile[grid](
+        tensor,
+        scale.reshape(1).float(),
+        out.view(torch.uint8),
+        (out_t if out_t is not None else out).view(torch.uint8),
+        partials if partials is not None else out,
+        rows,
+        cols,
+        tensor.stride(0),
+        tensor.stride(1),
+        FP8_MAX=fmt.max,
+        MIN_NORMAL_EXP=min_normal_exp,
+        MANTISSA_BITS=mantissa_bits,
+        IS_E4M3=fmt is E4M3,
+        TRANSPOSE=transpose,
+        RECORD_AMAX=record_amax,
+        TILE=TILE,
+    )
+    return out, out_t, partials.amax() if partials is not None else None

@@ -1,0 +1,88 @@
+"""The fused FP8 cast kernels: bit for bit against the CPU emulation in Triton's interpreter, and for
+real on a CUDA GPU with FP8 tensor cores when there is one."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import lowprec
+from lowprec.formats import E4M3, E5M2
+from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, uses_fused_kernels
+from lowprec.recipe import DelayedScaling
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+CHECKS = Path(__file__).with_name("triton_cast_checks.py")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+needs_fp8_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs FP8 tensor cores"
+)
+
+
+def test_kernels_in_the_triton_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, str(CHECKS)], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("ok: ")
+
+
+def test_cpu_tensors_keep_the_torch_path():
+    assert not uses_fused_kernels(torch.randn(4, 4))
+    cast = CurrentScalingQuantizer(E4M3).quantize(torch.randn(4, 4), transpose=True)
+    assert cast.other_layout is None
+
+
+@needs_cuda
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("make", [CurrentScalingQuantizer, lambda fmt: DelayedScalingQuantizer(fmt, DelayedScaling())])
+def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(fmt, dtype, make):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(1000, 777, generator=g) * torch.logspace(-8, 8, 777)).to(dtype)
+    x[0, :4] = torch.tensor([float("nan"), -float("nan"), float("inf"), -0.0]).to(dtype)
+    cuda_quantizer, cpu_quantizer = make(fmt), make(fmt)
+    for _ in range(2):  # delayed scaling: scale 1, then the scale from the recorded amax
+        cuda, cpu = cuda_quantizer.quantize(x.cuda(), transpose=True), cpu_quantizer.quantize(x)
+        assert torch.equal(cuda.data.cpu().view(torch.uint8), cpu.data.view(torch.uint8))
+        assert torch.equal(cuda.other_layout.cpu().view(torch.uint8), cpu.data.view(torch.uint8))
+        assert cuda.other_layout.t().is_contiguous()
+        assert torch.equal(cuda.scale_inv.cpu(), cpu.scale_inv)
+
+
+@needs_cuda
+def test_cuda_delayed_scaling_follows_the_cpu_history():
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randn(256, 384, generator=g).to(torch.bfloat16) * (i + 1) for i in range(4)]
+    cuda_q, cpu_q = (DelayedScalingQuantizer(E4M3, DelayedScaling(amax_history_len=3)) for _ in range(2))
+    for x in batches:
+        cuda, cpu = cuda_q.quantize(x.cuda(), transpose=True), cpu_q.quantize(x)
+        assert torch.equal(cuda.data.cpu().view(torch.uint8), cpu.data.view(torch.uint8))
+        assert torch.equal(cuda_q.amax_history.cpu(), cpu_q.amax_history)
+        assert torch.equal(cuda_q.scale.cpu(), cpu_q.scale)
+
+
+@needs_fp8_gpu
+@pytest.mark.parametrize("recipe", [DelayedScaling(), lowprec.Float8CurrentScaling()], ids=["delayed", "current"])
+def test_fp8_linear_on_the_gpu_matches_the_emulation(recipe):
+    torch.manual_seed(0)
+    layer = lowprec.Linear(256, 128, name="fc", device="cuda", params_dtype=torch.bfloat16)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with lowprec.fp8_autocast(fp8_recipe=recipe):
+        y = layer(x)
+    y.float().square().mean().backward()
+    cpu_layer = lowprec.Linear(256, 128, name="fc", params_dtype=torch.bfloat16)
+    cpu_layer.load_state_dict({k: v.cpu() for k, v in layer.state_dict().items()})
+    x_cpu = x.detach().cpu().requires_grad_()
+    with lowprec.fp8_autocast(fp8_recipe=recipe):
+        y_cpu = cpu_layer(x_cpu)
+    y_cpu.float().square().mean().backward()
+    # same FP8 operands; the GEMMs themselves may sum in a different order
+    torch.testing.assert_close(y.cpu(), y_cpu, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(x.grad.cpu(), x_cpu.grad, rtol=5e-2, atol=1e-3)
+    torch.testing.assert_close(layer.weight.grad.cpu(), cpu_layer.weight.grad, rtol=5e-2, atol=1e-3)

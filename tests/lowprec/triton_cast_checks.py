@@ -1,0 +1,146 @@
+"""Checks of the fused FP8 cast kernels, run by test_triton_cast.py in a process where
+``TRITON_INTERPRET=1`` (set before Triton loads) makes the kernels run on CPU tensors.
+
+1. The bytes equal ``FP8Format.cast(x * scale)`` exactly: every FP8 value, every tie between two of
+   them and its neighbours, NaN of both signs, infinities, zeros of both signs, fp32 subnormals,
+   saturation, several scales, input dtypes and strides; the transposed bytes are the transpose.
+2. The amaxes equal ``x.abs().amax()`` (NaN when a NaN is present), over several loop rounds.
+3. A ``lowprec.Linear`` trained with the kernels standing in for CUDA's gives bit-identical outputs,
+   gradients and amax histories to the torch path, and its operands carry the transposed layout.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+import lowprec
+from lowprec import quantization, triton_cast
+from lowprec.formats import E4M3, E5M2
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def same_amax(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (math.isnan(a.item()) and math.isnan(b.item())) or a.item() == b.item()
+
+
+def value_cases():
+    g = torch.Generator().manual_seed(0)
+    for fmt in (E4M3, E5M2):
+        every = torch.arange(256, dtype=torch.uint8).view(fmt.dtype).float()
+        grid = every[torch.isfinite(every)].unique()
+        ties = (grid[1:] + grid[:-1]) / 2
+        up, down = torch.full_like(ties, math.inf), torch.full_like(ties, -math.inf)
+        special = [math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-45, -1e-45, 1e-38, 3e38, -3e38]
+        special += [fmt.max, fmt.max * 1.01, -fmt.max * 1.2]
+        random = torch.randn(3000, generator=g) * torch.logspace(-20, 20, 3000)
+        values = torch.cat([grid, ties, torch.nextafter(ties, up), torch.nextafter(ties, down), torch.tensor(special), random])
+        cols = 37
+        rows = -(-values.numel() // cols)
+        x = torch.cat([values, torch.zeros(rows * cols - values.numel())]).reshape(rows, cols)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for scale in (1.0, 3.7, 2.0**-20, 2.0**30):
+                yield f"{fmt.name} {dtype} scale {scale}", fmt, x.to(dtype), torch.tensor(scale)
+        yield f"{fmt.name} transposed view", fmt, x.t(), torch.tensor(1.5)
+        yield f"{fmt.name} 1x1", fmt, torch.tensor([[0.3]]), torch.tensor(2.0)
+        yield f"{fmt.name} 130x70", fmt, torch.randn(130, 70, generator=g), torch.tensor(100.0)
+
+
+def check_casts(failures: list[str]) -> int:
+    count = 0
+    for name, fmt, x, scale in value_cases():
+        count += 1
+        want = bits(fmt.cast(x.float() * scale))
+        data, data_t, amax = triton_cast.cast_fp8(x, scale, fmt, transpose=True, record_amax=True)
+        if not torch.equal(bits(data), want):
+            wrong = (bits(data) != want).nonzero()[:3].tolist()
+            failures.append(f"{name}: bytes differ at {wrong}")
+        if not torch.equal(bits(data_t), want.t().contiguous()):
+            failures.append(f"{name}: transposed bytes differ")
+        if not same_amax(amax, x.float().abs().amax()):
+            failures.append(f"{name}: amax {amax.item()} != {x.float().abs().amax().item()}")
+        alone, none_t, no_amax = triton_cast.cast_fp8(x, scale, fmt, transpose=False)
+        if not torch.equal(bits(alone), want) or none_t is not None or no_amax is not None:
+            failures.append(f"{name}: cast without transpose and amax differs")
+    data, data_t, amax = triton_cast.cast_fp8(torch.zeros(0, 5), torch.tensor(1.0), E4M3, True, True)
+    if data.shape != (0, 5) or data_t.shape != (5, 0) or amax.item() != 0.0:
+        failures.append("empty tensor")
+    return count
+
+
+def check_amax(failures: list[str]) -> None:
+    triton_cast.AMAX_PROGRAMS = 3  # several rounds of the loop with small tensors
+    g = torch.Generator().manual_seed(1)
+    n = triton_cast.AMAX_BLOCK * 7 + 5
+    for name, x in [
+        ("random", torch.randn(n, generator=g)),
+        ("bf16 2-D", torch.randn(n // 3, 3, generator=g).to(torch.bfloat16)),
+        ("inf", torch.cat([torch.randn(n, generator=g), torch.tensor([-math.inf])])),
+        ("zeros", torch.zeros(n)),
+        ("non-contiguous", torch.randn(300, 200, generator=g).t()),
+        ("one element", torch.tensor([-3.5])),
+    ] + [(f"NaN at {i}", torch.randn(n, generator=g).index_fill_(0, torch.tensor([i]), math.nan)) for i in (0, 4096, n - 1)]:
+        got, want = triton_cast.amax_of(x), x.float().abs().amax()
+        if not same_amax(got, want):
+            failures.append(f"amax {name}: {got.item()} != {want.item()}")
+
+
+def train(fused: bool, recipe) -> dict[str, torch.Tensor]:
+    """Three steps of a Linear (two micro-batches each) on the CPU, the kernels standing in for CUDA's."""
+    quantization.uses_fused_kernels = (lambda t: t.dim() == 2) if fused else (lambda t: False)
+    torch.manual_seed(0)
+    layer = lowprec.Linear(48, 40, name="fc")
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    out: dict[str, torch.Tensor] = {}
+    for step in range(3):
+        for micro in range(2):
+            x = torch.randn(24, 48, requires_grad=True)
+            with lowprec.fp8_autocast(fp8_recipe=recipe):
+                y = layer(x)
+            y.square().mean().backward()
+            out[f"y{step}{micro}"], out[f"dx{step}{micro}"] = y.detach(), x.grad
+        out[f"dw{step}"] = layer.weight.grad.clone()
+        optimizer.step()
+        optimizer.zero_grad()
+    for name, quantizer in layer.gemm_unit.quantizers(recipe).items():
+        if hasattr(quantizer, "amax_history"):
+            out[f"history {name}"] = quantizer.amax_history
+    return out
+
+
+def check_training(failures: list[str]) -> None:
+    original = quantization.uses_fused_kernels
+    try:
+        for recipe in (lowprec.DelayedScaling(amax_history_len=4), lowprec.Float8CurrentScaling()):
+            fused, plain = train(True, recipe), train(False, recipe)
+            for key in plain:
+                if not torch.equal(fused[key], plain[key]):
+                    failures.append(f"training {type(recipe).__name__}: {key} differs")
+        quantization.uses_fused_kernels = lambda t: t.dim() == 2
+        cast = quantization.CurrentScalingQuantizer(E5M2).quantize(torch.randn(20, 36), transpose=True)
+        if (
+            cast.other_layout is None
+            or not torch.equal(bits(cast.column_major()), bits(cast.data))
+            or cast.column_major().data_ptr() != cast.other_layout.data_ptr()
+        ):
+            failures.append("the fused cast's other layout is not used as the column-major operand")
+    finally:
+        quantization.uses_fused_kernels = original
+
+
+def main() -> None:
+    failures: list[str] = []
+    count = check_casts(failures)
+    check_amax(failures)
+    check_training(failures)
+    print("\n".join(failures) or f"ok: {count} cast cases")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
