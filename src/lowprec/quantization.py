@@ -95,10 +95,16 @@ def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+@functools.cache
+def _has_fp8_conversions(device: torch.device) -> bool:
+    """Triton's FP8 types need compute capability 8.9 or later (as do FP8 GEMMs)."""
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def uses_fused_kernels(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is cast by the Triton kernels: a 2-D CUDA tensor, with Triton installed and
-    ``FUSED_KERNELS`` on."""
-    return FUSED_KERNELS and tensor.is_cuda and tensor.dim() == 2 and _triton_installed()
+    """Whether ``tensor`` is cast by the Triton kernels: a 2-D tensor on a CUDA device with FP8
+    support, with Triton installed and ``FUSED_KERNELS`` on."""
+    return FUSED_KERNELS and tensor.is_cuda and tensor.dim() == 2 and _triton_installed() and _has_fp8_conversions(tensor.device)
 
 
 def quantize_with_scale(tensor: torch.Tensor, scale: torch.Tensor, fmt: FP8Format, transpose: bool = False) -> Float8Tensor:

@@ -38,7 +38,7 @@ def test_cpu_tensors_keep_the_torch_path():
     assert cast.other_layout is None
 
 
-@needs_cuda
+@needs_fp8_gpu
 @pytest.mark.parametrize("fmt", [E4M3, E5M2])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("make", [CurrentScalingQuantizer, lambda fmt: DelayedScalingQuantizer(fmt, DelayedScaling())])
