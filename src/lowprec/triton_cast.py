@@ -22,7 +22,8 @@ from lowprec.formats import E4M3, FP8Format
 TILE = 64
 AMAX_BLOCK = 4096
 AMAX_PROGRAMS = 1024
-MAGIC = 12582912.0  # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (RNE)
+OPTIONS = {"enable_fp_fusion": False}  # no contracted multiply-adds: every rounding as written
+MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (RNE)
 
 
 @triton.jit
@@ -120,7 +121,7 @@ def amax_of(tensor: torch.Tensor) -> torch.Tensor:
         return torch.zeros((), dtype=torch.float32, device=x.device)
     programs = min(triton.cdiv(x.numel(), AMAX_BLOCK), AMAX_PROGRAMS)
     partials = torch.empty(programs, dtype=torch.float32, device=x.device)
-    _amax_blocks[(programs,)](x, partials, x.numel(), BLOCK=AMAX_BLOCK)
+    _amax_blocks[(programs,)](x, partials, x.numel(), BLOCK=AMAX_BLOCK, **OPTIONS)
     return partials.amax()
 
 
@@ -156,5 +157,6 @@ def cast_fp8(
         TRANSPOSE=transpose,
         RECORD_AMAX=record_amax,
         TILE=TILE,
+        **OPTIONS,
     )
     return out, out_t, partials.amax() if partials is not None else None

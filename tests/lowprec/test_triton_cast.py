@@ -32,6 +32,45 @@ def test_kernels_in_the_triton_interpreter():
     assert result.stdout.startswith("ok: ")
 
 
+CAST_SIGNATURE = {
+    "x_ptr": "*bf16",
+    "scale_ptr": "*fp32",
+    "out_ptr": "*u8",
+    "out_t_ptr": "*u8",
+    "amax_ptr": "*fp32",
+    **dict.fromkeys(["rows", "cols", "stride_row", "stride_col"], "i32"),
+    **dict.fromkeys(["FP8_MAX", "MIN_NORMAL_EXP", "MANTISSA_BITS", "IS_E4M3", "TRANSPOSE", "RECORD_AMAX", "TILE"], "constexpr"),
+}
+
+
+@pytest.mark.parametrize(
+    ("fmt", "dtype", "transpose", "record_amax"), [(E4M3, "*bf16", True, True), (E5M2, "*fp32", False, False)]
+)
+def test_cast_kernel_compiles_for_hopper_with_exact_hardware_conversions(fmt, dtype, transpose, record_amax):
+    from triton_aot import hopper_ptx
+
+    from lowprec import triton_cast
+
+    exponent, mantissa = triton_cast._grid_of(fmt)
+    constexprs = {"FP8_MAX": fmt.max, "MIN_NORMAL_EXP": exponent, "MANTISSA_BITS": mantissa, "IS_E4M3": fmt is E4M3}
+    constexprs |= {"TRANSPOSE": transpose, "RECORD_AMAX": record_amax, "TILE": triton_cast.TILE}
+    ptx = hopper_ptx(triton_cast._cast_tile, CAST_SIGNATURE | {"x_ptr": dtype}, constexprs, triton_cast.OPTIONS)
+    name = "e4m3x2" if fmt is E4M3 else "e5m2x2"
+    assert f"cvt.rn.satfinite.{name}.f32" in ptx  # round to nearest even, as the emulation
+    assert ".ftz" not in ptx  # subnormals are not flushed
+    assert "0f4B400000" in ptx and "fma" not in ptx  # the grid rounding, each step rounded as written
+
+
+def test_amax_kernel_compiles_for_hopper():
+    from triton_aot import hopper_ptx
+
+    from lowprec import triton_cast
+
+    signature = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"}
+    ptx = hopper_ptx(triton_cast._amax_blocks, signature, {"BLOCK": triton_cast.AMAX_BLOCK}, triton_cast.OPTIONS)
+    assert "max" in ptx and "atom" not in ptx  # partials, no contended atomics
+
+
 def test_cpu_tensors_keep_the_torch_path():
     assert not uses_fused_kernels(torch.randn(4, 4))
     cast = CurrentScalingQuantizer(E4M3).quantize(torch.randn(4, 4), transpose=True)

@@ -23,6 +23,17 @@ def test_kernel_in_the_triton_interpreter():
     assert result.stdout.startswith("ok: ")
 
 
+@pytest.mark.parametrize("dtype", ["*bf16", "*fp16", "*fp32"])
+def test_kernel_compiles_for_hopper(dtype):
+    from triton_aot import hopper_ptx
+
+    from nvdlfw_inspect.stats.triton_partials import BLOCK, OPTIONS, _block_partials
+
+    signature = {"x_ptr": dtype, "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    ptx = hopper_ptx(_block_partials, signature, {"BLOCK": BLOCK}, OPTIONS)
+    assert ".ftz" not in ptx and "ld.global" in ptx
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_tensors_take_the_kernel_and_match_the_eager_path():
     from nvdlfw_inspect.stats.derive import derive_stats, supported_stats
