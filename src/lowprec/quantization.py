@@ -107,30 +107,35 @@ def uses_fused_kernels(tensor: torch.Tensor) -> bool:
     return FUSED_KERNELS and tensor.is_cuda and tensor.dim() == 2 and _triton_installed() and _has_fp8_conversions(tensor.device)
 
 
-def quantize_with_scale(tensor: torch.Tensor, scale: torch.Tensor, fmt: FP8Format, transpose: bool = False) -> Float8Tensor:
+def quantize_with_scale(
+    tensor: torch.Tensor,
+    scale: torch.Tensor,
+    fmt: FP8Format,
+    transpose: bool = False,
+    scale_inv: torch.Tensor | None = None,
+) -> Float8Tensor:
     """Cast ``tensor * scale`` to ``fmt`` (round to nearest even, saturating); on the fused path
-    ``transpose`` also writes the other memory order."""
-    return _cast(tensor, scale, fmt, transpose, record_amax=False)[0]
-
-
-def quantize_and_amax(
-    tensor: torch.Tensor, scale: torch.Tensor, fmt: FP8Format, transpose: bool = False
-) -> tuple[Float8Tensor, torch.Tensor]:
-    """``quantize_with_scale`` and ``amax_of`` together: one read of the tensor on the fused path."""
-    quantized, amax = _cast(tensor, scale, fmt, transpose, record_amax=True)
-    return quantized, amax if amax is not None else amax_of(tensor)
+    ``transpose`` also writes the other memory order. ``scale_inv`` saves the reciprocal's kernel."""
+    return _cast(tensor, scale, fmt, transpose, scale_inv, record_amax=False)[0]
 
 
 def _cast(
-    tensor: torch.Tensor, scale: torch.Tensor, fmt: FP8Format, transpose: bool, record_amax: bool
+    tensor: torch.Tensor,
+    scale: torch.Tensor,
+    fmt: FP8Format,
+    transpose: bool,
+    scale_inv: torch.Tensor | None,
+    record_amax: bool,
 ) -> tuple[Float8Tensor, torch.Tensor | None]:
+    """The cast, and on the fused path with ``record_amax`` its amax partials (see ``triton_cast``)."""
+    scale_inv = scale.reciprocal() if scale_inv is None else scale_inv
     if uses_fused_kernels(tensor):
         from lowprec import triton_cast
 
-        data, data_t, amax = triton_cast.cast_fp8(tensor, scale, fmt, transpose, record_amax)
+        data, data_t, partials = triton_cast.cast_fp8(tensor, scale, fmt, transpose, record_amax)
         other = data_t.t() if data_t is not None else None
-        return Float8Tensor(data, scale.reciprocal(), fmt, tensor.dtype, other), amax
-    return Float8Tensor(fmt.cast(tensor.float() * scale), scale.reciprocal(), fmt, tensor.dtype), None
+        return Float8Tensor(data, scale_inv, fmt, tensor.dtype, other), partials
+    return Float8Tensor(fmt.cast(tensor.float() * scale), scale_inv, fmt, tensor.dtype), None
 
 
 def amax_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -159,8 +164,14 @@ class CurrentScalingQuantizer:
         return scale_from_amax(amax_of(tensor), self.format, self.margin)
 
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
-        """Two passes on the fused path: amax, then the cast (and its transpose if asked)."""
-        return quantize_with_scale(tensor.detach(), self.scale_for(tensor), self.format, transpose)
+        """On the fused path: one pass for the amax, a tiny kernel for the scale, one for the cast."""
+        tensor = tensor.detach()
+        if uses_fused_kernels(tensor):
+            from lowprec import triton_cast
+
+            scale, scale_inv = triton_cast.current_scaling(tensor, self.format, self.margin)
+            return quantize_with_scale(tensor, scale, self.format, transpose, scale_inv)
+        return quantize_with_scale(tensor, self.scale_for(tensor), self.format, transpose)
 
 
 class DelayedScalingQuantizer:
@@ -174,6 +185,7 @@ class DelayedScalingQuantizer:
         self.format = fmt
         self.recipe = recipe
         self.scale = torch.ones((), dtype=torch.float32)
+        self.scale_inv = torch.ones((), dtype=torch.float32)
         self.amax_history = torch.zeros(recipe.amax_history_len, dtype=torch.float32)
 
     @property
@@ -182,15 +194,25 @@ class DelayedScalingQuantizer:
 
     def scale_for(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.scale.device != tensor.device:
-            self.scale = self.scale.to(tensor.device)
+            self.scale, self.scale_inv = self.scale.to(tensor.device), self.scale_inv.to(tensor.device)
             self.amax_history = self.amax_history.to(tensor.device)
         return self.scale
 
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
-        """One pass on the fused path: the cast (and its transpose if asked) records the amax too."""
+        """On the fused path: one pass casts (and transposes if asked) and records the amax; a tiny
+        kernel then updates the history and the scales."""
         tensor = tensor.detach()
-        quantized, amax = quantize_and_amax(tensor, self.scale_for(tensor), self.format, transpose)
-        self.record_amax(amax)
+        scale = self.scale_for(tensor)
+        quantized, partials = _cast(tensor, scale, self.format, transpose, self.scale_inv, record_amax=True)
+        if partials is None:
+            self.record_amax(amax_of(tensor))
+        else:
+            from lowprec import triton_cast
+
+            use_max = self.recipe.amax_compute_algo == "max"
+            self.amax_history, self.scale, self.scale_inv = triton_cast.delayed_scaling_update(
+                partials, self.amax_history, scale, self.format, self.recipe.margin, use_max
+            )
         return quantized
 
     def record_amax(self, amax: torch.Tensor) -> None:
@@ -201,32 +223,7 @@ class DelayedScalingQuantizer:
         else:
             reference = self.amax_history[0]
         self.scale = scale_from_amax(reference, self.format, self.recipe.margin, fallback=self.scale)
+        self.scale_inv = self.scale.reciprocal()
 
 
 Quantizer = CurrentScalingQuantizer | DelayedScalingQuantizer
-
-
-class WeightCache:
-    """A layer's last weight cast, reused while the weight is unchanged: across the micro-batches of
-    a step (Transformer Engine's ``is_first_microbatch`` idea, decided here from the weight itself).
-
-    The weight counts as unchanged while its storage, its version counter (bumped by every in-place
-    update such as an optimizer step), the quantizer and the layout asked for stay the same. Writes
-    through ``weight.data`` bypass the version counter: call ``clear()`` after such a write. With
-    delayed scaling a reused cast records no new amax, as in Transformer Engine.
-    """
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._cast: Float8Tensor | None = None
-
-    def quantize(self, weight: torch.Tensor, quantizer: Quantizer, transpose: bool) -> Float8Tensor:
-        key = (weight.data_ptr(), weight._version, weight.shape, weight.dtype, quantizer)
-        cached = self._cast
-        if key != self._key or cached is None or (transpose and cached.other_layout is None and uses_fused_kernels(weight)):
-            cached = quantizer.quantize(weight, transpose)
-            self._key, self._cast = key, cached
-        return cached
-
-    def clear(self) -> None:
-        self._key = self._cast = None

@@ -13,12 +13,12 @@ from lowprec.quantization import (
     CurrentScalingQuantizer,
     DelayedScalingQuantizer,
     Float8Tensor,
-    WeightCache,
     amax_of,
     quantize_with_scale,
     scale_from_amax,
 )
 from lowprec.recipe import DelayedScaling
+from lowprec.weight_cache import WeightCache
 
 
 def test_scale_from_amax():

@@ -5,7 +5,10 @@
    them and its neighbours, NaN of both signs, infinities, zeros of both signs, fp32 subnormals,
    saturation, several scales, input dtypes and strides; the transposed bytes are the transpose.
 2. The amaxes equal ``x.abs().amax()`` (NaN when a NaN is present), over several loop rounds.
-3. A ``lowprec.Linear`` trained with the kernels standing in for CUDA's gives bit-identical outputs,
+3. The scales of current scaling and the history and scales of delayed scaling, each from one tiny
+   kernel, equal ``scale_from_amax`` and ``DelayedScalingQuantizer.record_amax`` exactly: zero, NaN,
+   infinite and tiny amaxes (scale overflow), margins, both amax algorithms, several history lengths.
+4. A ``lowprec.Linear`` trained with the kernels standing in for CUDA's gives bit-identical outputs,
    gradients and amax histories to the torch path, and its operands carry the transposed layout.
 """
 
@@ -56,7 +59,8 @@ def check_casts(failures: list[str]) -> int:
     for name, fmt, x, scale in value_cases():
         count += 1
         want = bits(fmt.cast(x.float() * scale))
-        data, data_t, amax = triton_cast.cast_fp8(x, scale, fmt, transpose=True, record_amax=True)
+        data, data_t, partials = triton_cast.cast_fp8(x, scale, fmt, transpose=True, record_amax=True)
+        amax = partials.amax()
         if not torch.equal(bits(data), want):
             wrong = (bits(data) != want).nonzero()[:3].tolist()
             failures.append(f"{name}: bytes differ at {wrong}")
@@ -64,11 +68,11 @@ def check_casts(failures: list[str]) -> int:
             failures.append(f"{name}: transposed bytes differ")
         if not same_amax(amax, x.float().abs().amax()):
             failures.append(f"{name}: amax {amax.item()} != {x.float().abs().amax().item()}")
-        alone, none_t, no_amax = triton_cast.cast_fp8(x, scale, fmt, transpose=False)
-        if not torch.equal(bits(alone), want) or none_t is not None or no_amax is not None:
+        alone, none_t, no_partials = triton_cast.cast_fp8(x, scale, fmt, transpose=False)
+        if not torch.equal(bits(alone), want) or none_t is not None or no_partials is not None:
             failures.append(f"{name}: cast without transpose and amax differs")
-    data, data_t, amax = triton_cast.cast_fp8(torch.zeros(0, 5), torch.tensor(1.0), E4M3, True, True)
-    if data.shape != (0, 5) or data_t.shape != (5, 0) or amax.item() != 0.0:
+    data, data_t, partials = triton_cast.cast_fp8(torch.zeros(0, 5), torch.tensor(1.0), E4M3, True, True)
+    if data.shape != (0, 5) or data_t.shape != (5, 0) or partials.amax().item() != 0.0:
         failures.append("empty tensor")
     return count
 
@@ -88,6 +92,39 @@ def check_amax(failures: list[str]) -> None:
         got, want = triton_cast.amax_of(x), x.float().abs().amax()
         if not same_amax(got, want):
             failures.append(f"amax {name}: {got.item()} != {want.item()}")
+
+
+def check_scales(failures: list[str]) -> None:
+    g = torch.Generator().manual_seed(2)
+    tensors = {
+        "random": torch.randn(70, 50, generator=g),
+        "zeros": torch.zeros(8, 8),
+        "tiny": torch.full((4, 4), 1e-44),
+        "huge": torch.full((3, 3), 3e38),
+        "NaN": torch.tensor([[1.0, math.nan]]),
+        "inf": torch.tensor([[1.0, -math.inf]]),
+    }
+    for name, x in tensors.items():
+        for fmt, margin in ((E4M3, 0), (E5M2, 3)):
+            scale, scale_inv = triton_cast.current_scaling(x, fmt, margin)
+            want = quantization.scale_from_amax(x.abs().amax(), fmt, margin)
+            if not (torch.equal(scale, want) and torch.equal(scale_inv, want.reciprocal())):
+                failures.append(f"current scale {name} {fmt.name}: {scale.item()}, {scale_inv.item()} != {want.item()}")
+    amaxes = [3.0, 0.0, 250.0, math.nan, 1e-3, math.inf, 7.5, 1e-44, 2.0]
+    for length, algo, margin in ((1, "max", 0), (5, "max", 1), (4, "most_recent", 0), (1024, "max", 2)):
+        recipe = lowprec.DelayedScaling(amax_history_len=length, amax_compute_algo=algo, margin=margin)
+        reference = quantization.DelayedScalingQuantizer(E4M3, recipe)
+        history, scale = reference.amax_history.clone(), reference.scale.clone()
+        for amax in amaxes:
+            partials = torch.tensor([amax / 2, amax, 0.0])
+            history, scale, scale_inv = triton_cast.delayed_scaling_update(partials, history, scale, E4M3, margin, algo == "max")
+            reference.record_amax(torch.tensor(amax))
+            same = torch.equal(history.nan_to_num(-1), reference.amax_history.nan_to_num(-1))
+            if not (same and torch.equal(scale, reference.scale) and torch.equal(scale_inv, reference.scale_inv)):
+                failures.append(
+                    f"delayed {length} {algo} margin {margin}, amax {amax}: {scale.item()} != {reference.scale.item()}"
+                )
+                break
 
 
 def train(fused: bool, recipe) -> dict[str, torch.Tensor]:
@@ -137,6 +174,7 @@ def main() -> None:
     failures: list[str] = []
     count = check_casts(failures)
     check_amax(failures)
+    check_scales(failures)
     check_training(failures)
     print("\n".join(failures) or f"ok: {count} cast cases")
     sys.exit(1 if failures else 0)

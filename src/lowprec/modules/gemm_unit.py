@@ -17,8 +17,9 @@ from lowprec.autocast import active_recipe
 from lowprec.debug.layer_state import DebugLayerState
 from lowprec.debug.quantizer import DebugProcessing
 from lowprec.modules.linear_function import LinearFunction, PlainProcessing
-from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer, WeightCache
+from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer
 from lowprec.recipe import DelayedScaling, Recipe
+from lowprec.weight_cache import WeightCache
 
 
 def make_quantizers(recipe: Recipe) -> dict[str, Quantizer]:

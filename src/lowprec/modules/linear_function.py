@@ -12,7 +12,8 @@ from typing import Any, Protocol
 import torch
 
 from lowprec.gemm import Operand, gemm
-from lowprec.quantization import Quantizer, WeightCache
+from lowprec.quantization import Quantizer
+from lowprec.weight_cache import WeightCache
 
 
 class Processing(Protocol):
