@@ -10,6 +10,8 @@
    infinite and tiny amaxes (scale overflow), margins, both amax algorithms, several history lengths.
 4. A ``lowprec.Linear`` trained with the kernels standing in for CUDA's gives bit-identical outputs,
    gradients and amax histories to the torch path, and its operands carry the transposed layout.
+5. With ``torch._scaled_mm`` (it runs on the CPU too) standing in for the GPU's, all three GEMMs of a
+   layer get their operands in the layouts it wants straight from the fused casts, with no copy.
 """
 
 from __future__ import annotations
@@ -170,12 +172,58 @@ def check_training(failures: list[str]) -> None:
         quantization.uses_fused_kernels = original
 
 
+def check_scaled_mm_layouts(failures: list[str]) -> None:
+    from lowprec import gemm
+    from lowprec.quantization import Float8Tensor
+
+    copies: list[str] = []
+    original = {name: getattr(Float8Tensor, name) for name in ("row_major", "column_major")}
+
+    def watching(name):
+        def layout(self):
+            result = original[name](self)
+            stored = {self.data.data_ptr()} | ({self.other_layout.data_ptr()} if self.other_layout is not None else set())
+            if result.data_ptr() not in stored:
+                copies.append(name)
+            return result
+
+        return layout
+
+    patches = [(quantization, "uses_fused_kernels", lambda t: t.dim() == 2), (gemm, "scaled_mm_unsupported", lambda a, b: None)]
+    patches += [(Float8Tensor, name, watching(name)) for name in original]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    calls = []
+    scaled_mm = torch._scaled_mm
+
+    def spy(a, b, **kwargs):
+        calls.append((a.is_contiguous(), b.t().is_contiguous()))
+        return scaled_mm(a, b, **kwargs)
+
+    try:
+        for owner, name, value in patches:
+            setattr(owner, name, value)
+        torch._scaled_mm = spy
+        torch.manual_seed(0)
+        layer = lowprec.Linear(32, 48, name="fc")
+        x = torch.randn(16, 32, requires_grad=True)
+        with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+            y = layer(x)
+        y.sum().backward()
+    finally:
+        torch._scaled_mm = scaled_mm
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+    if calls != [(True, True)] * 3 or copies:
+        failures.append(f"_scaled_mm operands: layouts {calls}, copies made by {copies}")
+
+
 def main() -> None:
     failures: list[str] = []
     count = check_casts(failures)
     check_amax(failures)
     check_scales(failures)
     check_training(failures)
+    check_scaled_mm_layouts(failures)
     print("\n".join(failures) or f"ok: {count} cast cases")
     sys.exit(1 if failures else 0)
 
