@@ -5,6 +5,7 @@ Directory names, file names and line formats match the reference framework, sinc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -12,6 +13,7 @@ import os
 import sys
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Any
 
 from nvdlfw_inspect.utils import get_distributed_rank, is_distributed
@@ -67,6 +69,20 @@ class MetricLogger:
             flush = getattr(logger, "flush", None)
             if flush is not None:
                 flush()
+
+    @classmethod
+    @contextlib.contextmanager
+    def batch(cls) -> Iterator[None]:
+        """Log many statistics at once: loggers that can (``hold_flushes``) stop flushing line by line,
+        and every logger is flushed once at the end, also when logging fails half way."""
+        for logger in cls.enabled_loggers:
+            hold = getattr(logger, "hold_flushes", None)
+            if hold is not None:
+                hold()
+        try:
+            yield
+        finally:
+            cls.flush()
 
     @classmethod
     def reset(cls) -> None:
@@ -150,16 +166,17 @@ def _attach_file_handler(logger: logging.Logger, path: str) -> logging.FileHandl
     return handler
 
 
-def _json_number(value: float) -> float | str:
-    """Finite floats as numbers; NaN and infinities as the strings ``float()`` reads back (strict JSON)."""
-    return value if math.isfinite(value) else str(value)
+def _json_number(value: float) -> str:
+    """A float as JSON: finite ones as numbers (``repr``, as ``json`` writes them); NaN and infinities
+    as the strings ``float()`` reads back (strict JSON)."""
+    return repr(value) if math.isfinite(value) else f'"{value}"'
 
 
 class StatisticsFile:
     """The statistics log: text lines in the format of Python's logging (``LOG_FORMAT``), and next to
     them (``.jsonl``) one JSON record per statistic with its layer, tensor, stat, iteration, value and
-    rank. Written and flushed line by line, directly: ``step()`` writes hundreds of lines and a
-    ``LogRecord`` each costs tens of microseconds."""
+    rank. Written directly (``step()`` writes hundreds of lines and a ``LogRecord`` each costs tens of
+    microseconds) and flushed line by line, or once per batch while ``autoflush`` is off."""
 
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -168,6 +185,8 @@ class StatisticsFile:
         self._rank = _global_rank()
         self._second = -1
         self._stamp = ""
+        self._record_heads: dict[tuple[str, str, str], str] = {}
+        self.autoflush = True
 
     def _asctime(self) -> str:
         """``YYYY-mm-dd HH:MM:SS,mmm`` in local time, like ``logging.Formatter``."""
@@ -179,13 +198,26 @@ class StatisticsFile:
 
     def write(self, message: str, level: int = logging.INFO) -> None:
         self._file.write(f"{self._asctime()} - {logging.getLevelName(level)} - {message}\n")
-        self._file.flush()
+        if self.autoflush:
+            self._file.flush()
 
     def write_record(self, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
-        record = {"layer": layer, "tensor": tensor, "stat": stat, "iteration": iteration, "value": _json_number(value)}
-        record["rank"] = self._rank
-        self._records.write(json.dumps(record) + "\n")
+        """``{"layer": ..., "tensor": ..., "stat": ..., "iteration": ..., "value": ..., "rank": ...}``
+        as ``json.dumps`` writes it, the names' part encoded once per name."""
+        head = self._record_heads.get((layer, tensor, stat))
+        if head is None:
+            names = ", ".join(
+                f'"{key}": {json.dumps(name)}' for key, name in (("layer", layer), ("tensor", tensor), ("stat", stat))
+            )
+            head = self._record_heads[(layer, tensor, stat)] = "{" + names
+        self._records.write(f'{head}, "iteration": {iteration}, "value": {_json_number(value)}, "rank": {self._rank}}}\n')
+        if self.autoflush:
+            self._records.flush()
+
+    def flush(self) -> None:
+        self._file.flush()
         self._records.flush()
+        self.autoflush = True
 
     def close(self) -> None:
         self._file.close()
@@ -195,7 +227,8 @@ class StatisticsFile:
 class FileLogger(BaseLogger):
     """The main debug log, and (once enabled) the default statistics log file.
 
-    Both files are flushed after every line, so nothing logged is lost if the process dies.
+    Both files are flushed after every line, or after every batch of statistics (``step()``), so
+    nothing logged is lost if the process dies.
     """
 
     def __init__(self, name: str, log_dir: str):
@@ -238,6 +271,15 @@ class FileLogger(BaseLogger):
             raise RuntimeError("[NVDLFW INSPECT ERROR] Default stats logger not initialized.")
         line = f"{name} \t\t\t\t iteration={int(iteration):06d} \t\t\t\t value={_as_float(value):.4f}"
         self.stats_file.write(line, kwargs.get("level", logging.INFO))
+
+    def hold_flushes(self) -> None:
+        """Until ``flush()``, statistics lines are written but not flushed (see ``MetricLogger.batch``)."""
+        if self.stats_file is not None:
+            self.stats_file.autoflush = False
+
+    def flush(self) -> None:
+        if self.stats_file is not None:
+            self.stats_file.flush()
 
     def close(self) -> None:
         """Detach and close every handler this logger added, so a later initialize starts clean."""

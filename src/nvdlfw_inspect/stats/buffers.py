@@ -104,13 +104,13 @@ class StatsBuffers:
                 if buffer.last_rank_only and not last_rank:
                     continue
                 for name, derivation in buffer.stats:
-                    value = float(columns[derivation][i])
-                    MetricLogger.log_statistic(buffer.layer_name, buffer.tensor_name, name, value, iteration)
-                    logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = value
+                    logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = float(columns[derivation][i])
         for buffer in self.buffers.values():
             buffer.pending.clear()
         if logged:
-            MetricLogger.flush()
+            with MetricLogger.batch():
+                for (layer, tensor, stat, iteration), value in logged.items():
+                    MetricLogger.log_statistic(layer, tensor, stat, value, iteration)
         return logged
 
     def _groups(self) -> dict[Any, list[Hashable]]:
