@@ -5,9 +5,10 @@ add, extremes take the min or max, and mean/M2 (sum of squared deviations) merge
 formula, so std stays accurate even when the mean dwarfs the spread. Fields a feature does not fill
 keep their identity value, so one layout serves every statistic.
 
-``compute_partials`` reads a CUDA tensor once (a Triton kernel, ``triton_partials``); elsewhere it
-makes one pass per reduction in float32 (float64 for float64 input) with no float64 copy. Neither
-synchronises with the host.
+``compute_partials`` reads a tensor once: a CUDA tensor with a Triton kernel (``triton_partials``),
+a CPU tensor with a C kernel compiled on first use (``cpu_native``). Without them it makes one pass
+per reduction in float32 (float64 for float64 input) with no float64 copy. None synchronises with
+the host.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import warnings
 from collections.abc import Callable, Iterable
 
 import torch
+
+from nvdlfw_inspect.stats.cpu_native import DTYPE_CODES, native_kernel
 
 # name -> (merge rule, identity)
 _LAYOUT: dict[str, tuple[str, float]] = {
@@ -107,6 +110,11 @@ def compute_partials(tensor: torch.Tensor, fields: Iterable[str] = ()) -> torch.
     fused = _fused_kernel() if x.is_cuda else None
     if fused is not None:
         return fused(x)
+    native = native_kernel() if x.device.type == "cpu" and x.dtype in DTYPE_CODES else None
+    if native is not None:
+        out = identity_partials(x.device).clone()
+        native(x if x.is_contiguous() else x.contiguous(), out, "abs_min_nonzero" in set(fields))
+        return out
     if x.dtype not in (torch.float32, torch.float64):
         x = x.float()
     mean = x.mean()

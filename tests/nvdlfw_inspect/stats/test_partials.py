@@ -1,5 +1,6 @@
 """Partial statistics: every field and statistic against independent float64 references, merging equals
-concatenation (chunks of any size, empty ones included), std survives a mean far above the spread."""
+concatenation (chunks of any size, empty ones included), std survives a mean far above the spread.
+Every test runs twice on the CPU: with the compiled one-read kernel and with the torch reductions."""
 
 from __future__ import annotations
 
@@ -10,13 +11,22 @@ import pytest
 import torch
 from statref import reference_stats
 
-from nvdlfw_inspect.stats import compute_partials, derive_stats, merge_partials, supported_stats
+from nvdlfw_inspect.stats import compute_partials, derive_stats, merge_partials, partials, supported_stats
 from nvdlfw_inspect.stats.partials import FIELDS, INDEX, OPTIONAL_FIELDS, empty_partials
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ALL_FIELDS = {"abs_min_nonzero"}
 REL = 2e-6  # sums accumulate in float32 (no float64 copy of the tensor); extremes and counts are exact
 EXACT_FIELDS = ("count", "min", "max", "abs_min_nonzero")
+
+
+@pytest.fixture(autouse=True, params=["C kernel", "torch reductions"])
+def cpu_implementation(request, monkeypatch):
+    if request.param == "torch reductions":
+        monkeypatch.setattr(partials, "native_kernel", lambda: None)
+    elif partials.native_kernel() is None:
+        pytest.skip("no C compiler: the kernel cannot be built")
+    return request.param
 
 
 def f64(x: torch.Tensor) -> np.ndarray:

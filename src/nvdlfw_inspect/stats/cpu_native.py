@@ -1,0 +1,86 @@
+"""The one-read statistics kernel for CPU tensors (``cpu_partials.c``), compiled on first use.
+
+The C source ships with the package; the first process that needs it compiles it with the system's C
+compiler (``$CC`` or ``cc``) into a per-user cache (``$NVDLFW_INSPECT_CACHE``, default
+``~/.cache/nvdlfw_inspect``), keyed by the hash of the source and of the CPU it is built for. Where no compiler works, or with
+``NVDLFW_INSPECT_NATIVE=0``, statistics use several torch reductions instead (same results, slower),
+and the debug log says why once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # float64 keeps the torch path
+CORE_FIELDS = 7  # count, mean, m2, min, max, abs_sum, abs_min_nonzero
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC", "-pthread"]
+ELEMENTS_PER_THREAD = 1 << 18  # below this, starting a thread costs more than it saves
+logger = logging.getLogger("nvdlfw_inspect")
+
+
+def _cache_dir() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nvdlfw_inspect"
+    return Path(os.environ.get("NVDLFW_INSPECT_CACHE", default))
+
+
+def _cpu_identity() -> str:
+    """What ``-march=native`` compiles for: a cache shared by different machines keeps one build each."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + flags
+
+
+def _compile(source: str, library: Path) -> None:
+    """Compile into a temporary file first, then rename: ranks starting together never see half a file."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    compiler = os.environ.get("CC", "cc")
+    with tempfile.TemporaryDirectory(dir=library.parent) as work:
+        source_path, built = Path(work) / "cpu_partials.c", Path(work) / library.name
+        source_path.write_text(source)
+        command = [compiler, *FLAGS, "-o", str(built), str(source_path), "-lm"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            raise OSError(f"{' '.join(command)} failed: {result.stderr.strip()[-2000:]}")
+        os.replace(built, library)
+
+
+@functools.cache
+def native_kernel() -> Callable[[torch.Tensor, torch.Tensor, bool], None] | None:
+    """``kernel(x, out, want_abs_min)``: the 7 core partials of the contiguous CPU tensor ``x``
+    (float32, bfloat16 or float16) into the float64 tensor ``out`` (the smallest non-zero magnitude
+    only if asked, else its identity); None when the kernel cannot be built."""
+    if os.environ.get("NVDLFW_INSPECT_NATIVE", "1") == "0":
+        return None
+    source = resources.files(__package__).joinpath("cpu_partials.c").read_text(encoding="utf-8")
+    digest = hashlib.sha256((source + " ".join(FLAGS) + _cpu_identity()).encode()).hexdigest()[:16]
+    library = _cache_dir() / f"cpu_partials-{digest}.so"
+    try:
+        if not library.exists():
+            _compile(source, library)
+        function = ctypes.CDLL(str(library)).cpu_partials
+    except (OSError, subprocess.SubprocessError) as error:
+        logger.info(f"statistics of CPU tensors use torch reductions: the C kernel is unavailable ({error})")
+        return None
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+
+    def kernel(x: torch.Tensor, out: torch.Tensor, want_abs_min: bool) -> None:
+        threads = min(torch.get_num_threads(), max(1, x.numel() // ELEMENTS_PER_THREAD))
+        function(x.data_ptr(), x.numel(), DTYPE_CODES[x.dtype], int(want_abs_min), out.data_ptr(), threads)
+
+    return kernel

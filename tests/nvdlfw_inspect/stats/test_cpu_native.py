@@ -1,0 +1,79 @@
+"""Building and loading the C statistics kernel: compiled once into the cache, reused, and replaced by
+the torch reductions (with the reason in the debug log) where it cannot be built or is switched off."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+
+from nvdlfw_inspect.stats import cpu_native
+from nvdlfw_inspect.stats.partials import INDEX, compute_partials
+
+needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+
+@pytest.fixture
+def fresh_build(tmp_path, monkeypatch):
+    """An empty kernel cache and no kernel loaded yet in this process."""
+    monkeypatch.setenv("NVDLFW_INSPECT_CACHE", str(tmp_path / "cache"))
+    cpu_native.native_kernel.cache_clear()
+    yield tmp_path / "cache"
+    cpu_native.native_kernel.cache_clear()
+
+
+@needs_compiler
+def test_compiled_once_into_the_cache_then_reused(fresh_build):
+    kernel = cpu_native.native_kernel()
+    assert kernel is not None
+    (library,) = fresh_build.glob("cpu_partials-*.so")
+    built = library.stat().st_mtime_ns
+    cpu_native.native_kernel.cache_clear()
+    assert cpu_native.native_kernel() is not None and library.stat().st_mtime_ns == built
+    x = torch.tensor([[-3.0, 0.0, 2.0], [0.5, 4.0, -1.0]], dtype=torch.bfloat16)
+    out = torch.zeros(13, dtype=torch.float64)
+    kernel(x, out, True)
+    expected = [6.0, 2.5 / 6, 30.25 - 2.5**2 / 6, -3.0, 4.0, 10.5, 0.5]  # mean in float32 within a chunk
+    assert out[:7].tolist() == pytest.approx(expected, rel=1e-7)
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_threads_split_large_tensors_without_changing_the_result(dtype):
+    x = (torch.randn(3 * cpu_native.ELEMENTS_PER_THREAD + 77) * 5 + 20).to(dtype)
+    x[12345] = 0.0
+    kernel = cpu_native.native_kernel()
+    one, several = torch.zeros(13, dtype=torch.float64), torch.zeros(13, dtype=torch.float64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        kernel(x, one, True)
+        torch.set_num_threads(3)
+        kernel(x, several, True)
+    finally:
+        torch.set_num_threads(threads)
+    assert one[:7].tolist() == pytest.approx(several[:7].tolist(), rel=1e-12)
+    reference = x.double()
+    assert several[INDEX["m2"]].item() == pytest.approx(((reference - reference.mean()) ** 2).sum().item(), rel=1e-6)
+
+
+def test_without_a_compiler_the_torch_reductions_take_over(fresh_build, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "no-such-compiler")
+    with caplog.at_level(logging.INFO, logger="nvdlfw_inspect"):
+        assert cpu_native.native_kernel() is None
+    assert "statistics of CPU tensors use torch reductions" in caplog.text and "no-such-compiler" in caplog.text
+    assert compute_partials(torch.tensor([1.0, 3.0]))[INDEX["mean"]].item() == 2.0
+
+
+def test_a_compiler_error_is_reported(fresh_build, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "false")  # runs, fails
+    with caplog.at_level(logging.INFO, logger="nvdlfw_inspect"):
+        assert cpu_native.native_kernel() is None
+    assert "false -O3" in caplog.text and not list(fresh_build.glob("*.so"))
+
+
+def test_switched_off_by_the_environment(fresh_build, monkeypatch):
+    monkeypatch.setenv("NVDLFW_INSPECT_NATIVE", "0")
+    assert cpu_native.native_kernel() is None and not fresh_build.exists()
