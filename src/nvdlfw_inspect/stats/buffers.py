@@ -127,6 +127,8 @@ class StatsBuffers:
         if not entries:
             return {}
         depth = max(len(self.buffers[key].pending[it]) for key, it in entries)
+        if depth == 1:  # one call per entry (no micro-batches): nothing to merge
+            return {entry: self.buffers[entry[0]].pending[entry[1]][0] for entry in entries}
         padded = []
         for key, it in entries:
             rows = self.buffers[key].pending[it]
