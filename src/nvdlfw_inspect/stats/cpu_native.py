@@ -25,8 +25,7 @@ import torch
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # float64 keeps the torch path
 CORE_FIELDS = 7  # count, mean, m2, min, max, abs_sum, abs_min_nonzero
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC", "-pthread"]
-ELEMENTS_PER_THREAD = 1 << 18  # below this, starting a thread costs more than it saves
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC"]
 logger = logging.getLogger("nvdlfw_inspect")
 
 
@@ -77,10 +76,9 @@ def native_kernel() -> Callable[[torch.Tensor, torch.Tensor, bool], None] | None
         logger.info(f"statistics of CPU tensors use torch reductions: the C kernel is unavailable ({error})")
         return None
     function.restype = None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
 
     def kernel(x: torch.Tensor, out: torch.Tensor, want_abs_min: bool) -> None:
-        threads = min(torch.get_num_threads(), max(1, x.numel() // ELEMENTS_PER_THREAD))
-        function(x.data_ptr(), x.numel(), DTYPE_CODES[x.dtype], int(want_abs_min), out.data_ptr(), threads)
+        function(x.data_ptr(), x.numel(), DTYPE_CODES[x.dtype], int(want_abs_min), out.data_ptr())
 
     return kernel

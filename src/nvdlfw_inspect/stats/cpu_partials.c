@@ -3,19 +3,16 @@
    The tensor is walked in chunks small enough to stay in the L1 cache. Each chunk is read twice
    from the cache (its mean first, then the squared deviations from that mean, so M2 is well
    conditioned) in float32, eight lanes at a time, and merged into the running result with Chan's
-   formula in double precision, so rounding never accumulates beyond one chunk. Large tensors are
-   split over a few threads, whose results merge the same way.
+   formula in double precision, so rounding never accumulates beyond one chunk.
    Output, as partials.FIELDS begins: count, mean, m2, min, max, sum |x|, smallest non-zero |x|;
    a NaN anywhere makes every field but the count NaN, as torch's reductions do. */
 
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
 enum { FLOAT32 = 0, BFLOAT16 = 1, FLOAT16 = 2 };
 #define CHUNK 2048
-#define MAX_THREADS 16
 
 static inline float bfloat16_value(uint16_t bits) {
     uint32_t wide = (uint32_t)bits << 16;
@@ -63,27 +60,21 @@ static void merge(Partials *into, double count, double mean, double m2, double l
     into->nan_seen |= nan_seen;
 }
 
-typedef struct {
-    const void *data;
-    int64_t start, end;
-    int dtype, want_abs_min;
-    Partials result;
-} Range;
-
-static void *range_partials(void *argument) {
-    Range *range = (Range *)argument;
+/* The partials of data[0, count) into out[0..6]; the smallest non-zero |x| only if want_abs_min
+   (else infinity, the field's identity). One thread: in a training step torch's own threads are
+   still spinning after the previous operator, and a second thread of ours would compete with them. */
+void cpu_partials(const void *data, int64_t count, int dtype, int want_abs_min, double *out) {
     float buffer[CHUNK];
-    Partials *result = &range->result;
-    *result = (Partials){0.0, 0.0, 0.0, INFINITY, -INFINITY, 0.0, INFINITY, 0};
-    for (int64_t start = range->start; start < range->end; start += CHUNK) {
-        int64_t n = range->end - start < CHUNK ? range->end - start : CHUNK;
-        load_chunk(range->data, range->dtype, start, n, buffer);
+    Partials total = {0.0, 0.0, 0.0, INFINITY, -INFINITY, 0.0, INFINITY, 0};
+    for (int64_t start = 0; start < count; start += CHUNK) {
+        int64_t n = count - start < CHUNK ? count - start : CHUNK;
+        load_chunk(data, dtype, start, n, buffer);
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t i = 0; i < n; i++) sum += buffer[i];
         float chunk_mean = sum / (float)n, chunk_m2 = 0.0f, chunk_abs = 0.0f;
         float chunk_low = INFINITY, chunk_high = -INFINITY, chunk_abs_min = INFINITY;
-        if (range->want_abs_min) {
+        if (want_abs_min) {
 #pragma omp simd reduction(+ : chunk_m2, chunk_abs) reduction(min : chunk_low, chunk_abs_min) reduction(max : chunk_high)
             for (int64_t i = 0; i < n; i++) {
                 float x = buffer[i], deviation = x - chunk_mean, magnitude = fabsf(x);
@@ -106,35 +97,7 @@ static void *range_partials(void *argument) {
         int chunk_nan = 0;
         if (sum != sum) /* NaN in the chunk, or +inf and -inf: only the first poisons min and max */
             for (int64_t i = 0; i < n; i++) chunk_nan |= buffer[i] != buffer[i];
-        merge(result, (double)n, chunk_mean, chunk_m2, chunk_low, chunk_high, chunk_abs, chunk_abs_min, chunk_nan);
-    }
-    return NULL;
-}
-
-/* The partials of data[0, count) into out[0..6], split over up to MAX_THREADS threads; the smallest
-   non-zero |x| only if want_abs_min (else infinity, the field's identity). */
-void cpu_partials(const void *data, int64_t count, int dtype, int want_abs_min, double *out, int threads) {
-    Range ranges[MAX_THREADS];
-    pthread_t workers[MAX_THREADS];
-    threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
-    int64_t per_thread = (count + threads - 1) / threads;
-    per_thread = (per_thread + CHUNK - 1) / CHUNK * CHUNK;
-    int started = 0;
-    for (int t = 0; t < threads; t++) {
-        int64_t start = t * per_thread, end = start + per_thread < count ? start + per_thread : count;
-        ranges[t] = (Range){.data = data, .start = start < count ? start : count, .end = end, .dtype = dtype,
-                            .want_abs_min = want_abs_min};
-        if (t > 0 && pthread_create(&workers[t], NULL, range_partials, &ranges[t]) == 0) started |= 1 << t;
-    }
-    range_partials(&ranges[0]);
-    Partials total = ranges[0].result;
-    for (int t = 1; t < threads; t++) {
-        if (started & (1 << t))
-            pthread_join(workers[t], NULL);
-        else
-            range_partials(&ranges[t]);
-        Partials *r = &ranges[t].result;
-        merge(&total, r->count, r->mean, r->m2, r->low, r->high, r->abs_sum, r->abs_min, r->nan_seen);
+        merge(&total, (double)n, chunk_mean, chunk_m2, chunk_low, chunk_high, chunk_abs, chunk_abs_min, chunk_nan);
     }
     double results[7] = {total.count, total.mean, total.m2, total.low, total.high, total.abs_sum, total.abs_min};
     if (total.nan_seen)
