@@ -167,9 +167,9 @@ class CurrentScalingQuantizer:
         """On the fused path: one pass for the amax, a tiny kernel for the scale, one for the cast."""
         tensor = tensor.detach()
         if uses_fused_kernels(tensor):
-            from lowprec import triton_cast
+            from lowprec import triton_scales
 
-            scale, scale_inv = triton_cast.current_scaling(tensor, self.format, self.margin)
+            scale, scale_inv = triton_scales.current_scaling(tensor, self.format, self.margin)
             return quantize_with_scale(tensor, scale, self.format, transpose, scale_inv)
         return quantize_with_scale(tensor, self.scale_for(tensor), self.format, transpose)
 
@@ -207,10 +207,10 @@ class DelayedScalingQuantizer:
         if partials is None:
             self.record_amax(amax_of(tensor))
         else:
-            from lowprec import triton_cast
+            from lowprec import triton_scales
 
             use_max = self.recipe.amax_compute_algo == "max"
-            self.amax_history, self.scale, self.scale_inv = triton_cast.delayed_scaling_update(
+            self.amax_history, self.scale, self.scale_inv = triton_scales.delayed_scaling_update(
                 partials, self.amax_history, scale, self.format, self.recipe.margin, use_max
             )
         return quantized

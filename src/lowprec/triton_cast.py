@@ -4,8 +4,8 @@
 transpose (``torch._scaled_mm`` wants its second operand column-major, so dgrad and wgrad need the
 other layout), and optionally records the tensor's amax: with delayed scaling the scale is known
 before the cast, so that and one tiny kernel that updates the amax history and the scales
-(``delayed_scaling_update``) are the whole quantization. With current scaling ``current_scaling``
-reads the tensor once more first for its amax and scale.
+(``triton_scales.delayed_scaling_update``) are the whole quantization. With current scaling
+``triton_scales.current_scaling`` reads the tensor once more first for its amax and scale.
 
 The bytes, amaxes and scales equal the CPU emulation's exactly: each value is first rounded to the
 format's grid (round to nearest even, the format's subnormals included) with float arithmetic, so
@@ -25,8 +25,6 @@ from lowprec.formats import E4M3, FP8Format
 TILE = 64
 AMAX_BLOCK = 4096
 AMAX_PROGRAMS = 1024
-PARTIALS_BLOCK = 1024
-FP32_MAX = tl.constexpr(torch.finfo(torch.float32).max)
 OPTIONS = {"enable_fp_fusion": False}  # no contracted multiply-adds: every rounding as written
 MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (RNE)
 
@@ -142,7 +140,7 @@ def cast_fp8(
     """``(bytes, transposed bytes, amax partials)``: the FP8 bytes of ``tensor * scale`` (a 2-D
     tensor, any strides), those of its transpose (contiguous) if ``transpose``, and if
     ``record_amax`` one partial ``max |tensor|`` per tile (fp32; their max is the amax, see
-    ``delayed_scaling_update``); what is not asked for is None."""
+    ``triton_scales``); what is not asked for is None."""
     rows, cols = tensor.shape
     out = torch.empty((rows, cols), dtype=fmt.dtype, device=tensor.device)
     out_t = torch.empty((cols, rows), dtype=fmt.dtype, device=tensor.device) if transpose else None
@@ -172,99 +170,3 @@ def cast_fp8(
         **OPTIONS,
     )
     return out, out_t, partials
-
-
-@triton.jit
-def _max_of_partials(partials_ptr, n, BLOCK: tl.constexpr):
-    running = tl.zeros((BLOCK,), dtype=tl.float32)
-    for start in range(0, n, BLOCK):
-        offsets = start + tl.arange(0, BLOCK)
-        value = tl.load(partials_ptr + offsets, mask=offsets < n, other=0.0)
-        running = tl.where((value > running) | (value != value), value, running)
-    return _nan_aware_max(running)
-
-
-@triton.jit
-def _scale_from_amax(reference, fallback, FP8_MAX: tl.constexpr, MARGIN_FACTOR: tl.constexpr):
-    """``quantization.scale_from_amax`` step by step, each rounding as torch does it there:
-    ``fp8_max / amax`` is ``reciprocal(amax) * fp8_max`` in torch, then ``/ 2**margin``."""
-    usable = (reference == reference) & (reference < float("inf")) & (reference > 0.0)
-    scale = tl.math.div_rn(1.0, tl.where(usable, reference, 1.0)) * FP8_MAX
-    scale = tl.math.div_rn(scale, MARGIN_FACTOR)
-    scale = tl.where(scale == float("inf"), FP32_MAX, scale)
-    return tl.where(usable, scale, fallback)
-
-
-@triton.jit
-def _current_scale(
-    partials_ptr, n, scale_ptr, scale_inv_ptr, FP8_MAX: tl.constexpr, MARGIN_FACTOR: tl.constexpr, BLOCK: tl.constexpr
-):
-    scale = _scale_from_amax(_max_of_partials(partials_ptr, n, BLOCK), 1.0, FP8_MAX, MARGIN_FACTOR)
-    tl.store(scale_ptr, scale)
-    tl.store(scale_inv_ptr, tl.math.div_rn(1.0, scale))
-
-
-@triton.jit
-def _delayed_update(
-    partials_ptr,
-    n,
-    history_ptr,
-    new_history_ptr,
-    scale_ptr,
-    new_scale_ptr,
-    new_scale_inv_ptr,
-    HISTORY: tl.constexpr,
-    HISTORY_BLOCK: tl.constexpr,
-    USE_MAX: tl.constexpr,
-    FP8_MAX: tl.constexpr,
-    MARGIN_FACTOR: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    amax = _max_of_partials(partials_ptr, n, BLOCK)
-    slot = tl.arange(0, HISTORY_BLOCK)
-    older = tl.load(history_ptr + slot - 1, mask=(slot >= 1) & (slot < HISTORY), other=0.0)
-    history = tl.where(slot == 0, amax, older)  # newest first, the oldest dropped
-    tl.store(new_history_ptr + slot, history, mask=slot < HISTORY)
-    reference = _nan_aware_max(tl.where(slot < HISTORY, history, 0.0)) if USE_MAX else amax
-    scale = _scale_from_amax(reference, tl.load(scale_ptr), FP8_MAX, MARGIN_FACTOR)
-    tl.store(new_scale_ptr, scale)
-    tl.store(new_scale_inv_ptr, tl.math.div_rn(1.0, scale))
-
-
-def current_scaling(tensor: torch.Tensor, fmt: FP8Format, margin: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(scale, scale_inv)`` of ``tensor`` under current scaling (0-dim fp32): one read of the tensor
-    and one tiny kernel, equal to ``scale_from_amax(amax_of(tensor), fmt, margin)`` and its reciprocal."""
-    partials = amax_partials(tensor)
-    scale, scale_inv = (torch.empty((), dtype=torch.float32, device=tensor.device) for _ in range(2))
-    _current_scale[(1,)](
-        partials, partials.numel(), scale, scale_inv, FP8_MAX=fmt.max, MARGIN_FACTOR=2.0**margin, BLOCK=PARTIALS_BLOCK, **OPTIONS
-    )
-    return scale, scale_inv
-
-
-def delayed_scaling_update(
-    partials: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, fmt: FP8Format, margin: int, use_max: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(history, scale, scale_inv)`` after a cast whose amax partials are ``partials``: the amax
-    pushed into the history (newest first), the next scale from the history's max (``use_max``) or
-    the newest amax, ``scale`` kept where that amax is 0 or not finite. One tiny kernel; the same
-    numbers as ``DelayedScalingQuantizer.record_amax``."""
-    new_history = torch.empty_like(history)
-    new_scale, new_scale_inv = (torch.empty((), dtype=torch.float32, device=history.device) for _ in range(2))
-    _delayed_update[(1,)](
-        partials,
-        partials.numel(),
-        history,
-        new_history,
-        scale.reshape(1),
-        new_scale,
-        new_scale_inv,
-        HISTORY=history.numel(),
-        HISTORY_BLOCK=triton.next_power_of_2(history.numel()),
-        USE_MAX=use_max,
-        FP8_MAX=fmt.max,
-        MARGIN_FACTOR=2.0**margin,
-        BLOCK=PARTIALS_BLOCK,
-        **OPTIONS,
-    )
-    return new_history, new_scale, new_scale_inv

@@ -74,19 +74,19 @@ def test_amax_kernel_compiles_for_hopper():
 def test_scale_kernels_compile_for_hopper_with_exact_division():
     from triton_aot import hopper_ptx
 
-    from lowprec import triton_cast
+    from lowprec import triton_scales
 
-    common = {"FP8_MAX": 448.0, "MARGIN_FACTOR": 2.0, "BLOCK": triton_cast.PARTIALS_BLOCK}
+    common = {"FP8_MAX": 448.0, "MARGIN_FACTOR": 2.0, "BLOCK": triton_scales.PARTIALS_BLOCK}
     current = {"partials_ptr": "*fp32", "n": "i32", "scale_ptr": "*fp32", "scale_inv_ptr": "*fp32"}
     current |= dict.fromkeys(common, "constexpr")
     delayed = {"partials_ptr": "*fp32", "n": "i32", "history_ptr": "*fp32", "new_history_ptr": "*fp32"}
     delayed |= {"scale_ptr": "*fp32", "new_scale_ptr": "*fp32", "new_scale_inv_ptr": "*fp32"}
     delayed |= dict.fromkeys(["HISTORY", "HISTORY_BLOCK", "USE_MAX", *common], "constexpr")
     for kernel, signature, constexprs in (
-        (triton_cast._current_scale, current, common),
-        (triton_cast._delayed_update, delayed, common | {"HISTORY": 1000, "HISTORY_BLOCK": 1024, "USE_MAX": True}),
+        (triton_scales._current_scale, current, common),
+        (triton_scales._delayed_update, delayed, common | {"HISTORY": 1000, "HISTORY_BLOCK": 1024, "USE_MAX": True}),
     ):
-        ptx = hopper_ptx(kernel, signature, constexprs, triton_cast.OPTIONS)
+        ptx = hopper_ptx(kernel, signature, constexprs, triton_scales.OPTIONS)
         assert "div.rn.f32" in ptx and "div.full" not in ptx and "div.approx" not in ptx
 
 

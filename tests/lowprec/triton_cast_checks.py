@@ -22,7 +22,7 @@ import sys
 import torch
 
 import lowprec
-from lowprec import quantization, triton_cast
+from lowprec import quantization, triton_cast, triton_scales
 from lowprec.formats import E4M3, E5M2
 
 
@@ -108,7 +108,7 @@ def check_scales(failures: list[str]) -> None:
     }
     for name, x in tensors.items():
         for fmt, margin in ((E4M3, 0), (E5M2, 3)):
-            scale, scale_inv = triton_cast.current_scaling(x, fmt, margin)
+            scale, scale_inv = triton_scales.current_scaling(x, fmt, margin)
             want = quantization.scale_from_amax(x.abs().amax(), fmt, margin)
             if not (torch.equal(scale, want) and torch.equal(scale_inv, want.reciprocal())):
                 failures.append(f"current scale {name} {fmt.name}: {scale.item()}, {scale_inv.item()} != {want.item()}")
@@ -119,7 +119,9 @@ def check_scales(failures: list[str]) -> None:
         history, scale = reference.amax_history.clone(), reference.scale.clone()
         for amax in amaxes:
             partials = torch.tensor([amax / 2, amax, 0.0])
-            history, scale, scale_inv = triton_cast.delayed_scaling_update(partials, history, scale, E4M3, margin, algo == "max")
+            history, scale, scale_inv = triton_scales.delayed_scaling_update(
+                partials, history, scale, E4M3, margin, algo == "max"
+            )
             reference.record_amax(torch.tensor(amax))
             same = torch.equal(history.nan_to_num(-1), reference.amax_history.nan_to_num(-1))
             if not (same and torch.equal(scale, reference.scale) and torch.equal(scale_inv, reference.scale_inv)):
