@@ -46,13 +46,20 @@ def window_key(config: dict) -> tuple:
     return config.get("start_step"), config.get("end_step"), pairs, config.get("freq", 1)
 
 
-def validate_stats(config: dict, location: ConfigLocation, supported: list[str]) -> None:
-    """``stats`` must be a non-empty list of names from ``supported`` (case-insensitive)."""
+def stats_list(config: dict, location: ConfigLocation, allowed: list[str]) -> list:
+    """The ``stats`` of a feature's (or a tensor's) config: present and a non-empty list; checking its
+    entries is the caller's part. ``allowed`` is shown in the errors."""
     stats = config.get("stats")
     if stats is None:
-        raise location.error(f"tensor '{config.get('tensor', '<tensors>')}' has no 'stats' list", allowed=supported)
+        raise location.error(f"tensor '{config.get('tensor', '<tensors>')}' has no 'stats' list", allowed=allowed)
     if isinstance(stats, str) or not isinstance(stats, list) or not stats:
-        raise location.child("stats").error("must be a non-empty list of statistic names", stats, supported)
+        raise location.child("stats").error("must be a non-empty list of statistics", stats, allowed)
+    return stats
+
+
+def validate_stats(config: dict, location: ConfigLocation, supported: list[str]) -> None:
+    """``stats`` must be a non-empty list of names from ``supported`` (case-insensitive)."""
+    stats = stats_list(config, location, supported)
     for i, stat in enumerate(stats):
         if not isinstance(stat, str) or stat.lower() not in supported:
             raise location.child("stats").child(i).error("unsupported statistic", stat, supported)

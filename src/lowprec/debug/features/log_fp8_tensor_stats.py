@@ -27,7 +27,7 @@ from lowprec.quantization import (
     quantize_with_scale,
 )
 from lowprec.recipe import DelayedScaling
-from nvdlfw_inspect.debug_features.log_tensor_stats import window_key
+from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_key
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
@@ -70,11 +70,7 @@ def parse_fp8_stat(written: Any, location: ConfigLocation) -> Fp8Stat:
 
 
 def parse_fp8_stats(config: dict, location: ConfigLocation) -> list[Fp8Stat]:
-    stats = config.get("stats")
-    if stats is None:
-        raise location.error(f"tensor '{config.get('tensor', '<tensors>')}' has no 'stats' list", allowed=list(NAMES))
-    if isinstance(stats, str) or not isinstance(stats, list) or not stats:
-        raise location.child("stats").error("must be a non-empty list of statistic names", stats, list(NAMES))
+    stats = stats_list(config, location, list(NAMES))
     return [parse_fp8_stat(entry, location.child("stats").child(i)) for i, entry in enumerate(stats)]
 
 

@@ -16,7 +16,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.schedule import next_enabled_iter
 from lowprec.quantization import Float8Tensor
-from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_window, window_key
+from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, stats_list, validate_window, window_key
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.blockwise import max_blockwise_dynamic_range
@@ -76,11 +76,7 @@ def parse_stat(entry: Any, location: ConfigLocation) -> str | BlockwiseRange:
 
 
 def parse_stats(config: dict, location: ConfigLocation) -> list[str | BlockwiseRange]:
-    stats = config.get("stats")
-    if stats is None:
-        raise location.error(f"tensor '{config.get('tensor', '<tensors>')}' has no 'stats' list", allowed=list(STATS))
-    if isinstance(stats, str) or not isinstance(stats, list) or not stats:
-        raise location.child("stats").error("must be a non-empty list of statistics", stats, list(STATS))
+    stats = stats_list(config, location, list(STATS))
     return [parse_stat(entry, location.child("stats").child(i)) for i, entry in enumerate(stats)]
 
 
