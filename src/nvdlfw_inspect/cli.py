@@ -57,8 +57,8 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def list_features(args: argparse.Namespace) -> int:
-    with loaded_features(args.feature_dirs), contextlib.redirect_stdout(io.StringIO()):
-        names = debug_api.list_features()
+    with loaded_features(args.feature_dirs):
+        names = _feature_names()
     print("\n".join(names))
     return 0
 
@@ -76,6 +76,7 @@ def explain(args: argparse.Namespace) -> int:
 
 
 def _feature_names() -> list[str]:
+    """The loaded features as ``namespace.Feature`` (``list_features`` also prints them: not here)."""
     with contextlib.redirect_stdout(io.StringIO()):
         return debug_api.list_features()
 

@@ -243,18 +243,16 @@ def _read_sections(config: Any) -> tuple[str, dict, ConfigLocation]:
     return source, raw, top
 
 
-def find_config_errors(config: Any, registry_data: dict) -> list[ConfigError]:
-    """Every error of ``config`` at once: sections are checked independently (the first error of each),
-    then, when they are all valid, the conflicts between them."""
-    try:
-        _, raw, top = _read_sections(config)
-    except ConfigError as error:
-        return [error]
-    errors: list[ConfigError] = []
+def _parse_sections(
+    raw: dict, top: ConfigLocation, registry_data: dict, warnings: list[str]
+) -> tuple[list[ConfigSpec], list[ConfigError]]:
+    """The enabled sections' specs and every error: sections are checked independently (the first
+    error of each), then, when they are all valid, the conflicts between them."""
     specs: list[ConfigSpec] = []
+    errors: list[ConfigError] = []
     for name, section in raw.items():
         try:
-            spec = _parse_section(str(name), section, top.child(name), registry_data, [])
+            spec = _parse_section(str(name), section, top.child(name), registry_data, warnings)
         except ConfigError as error:
             errors.append(error)
             continue
@@ -265,7 +263,16 @@ def find_config_errors(config: Any, registry_data: dict) -> list[ConfigError]:
             _check_static_conflicts(specs, top)
         except ConfigError as error:
             errors.append(error)
-    return errors
+    return specs, errors
+
+
+def find_config_errors(config: Any, registry_data: dict) -> list[ConfigError]:
+    """Every error of ``config`` at once (see ``_parse_sections``)."""
+    try:
+        _, raw, top = _read_sections(config)
+    except ConfigError as error:
+        return [error]
+    return _parse_sections(raw, top, registry_data, [])[1]
 
 
 def config_line(path: str | os.PathLike, key_path: tuple[str, ...]) -> int | None:
@@ -304,15 +311,12 @@ class ConfigManager:
         """Parse and validate ``config`` against the registered namespaces and features."""
         source, raw, top = _read_sections(config)
         warnings: list[str] = []
-        specs: dict[str, ConfigSpec] = {}
-        for name, section in raw.items():
-            spec = _parse_section(str(name), section, top.child(name), registry_data, warnings)
-            if spec is not None:
-                specs[spec.name] = spec
-        _check_static_conflicts(list(specs.values()), top)
+        specs, errors = _parse_sections(raw, top, registry_data, warnings)
+        if errors:
+            raise errors[0]
         if not specs:
             warnings.append(f"{source}: every section is disabled; no feature is active")
-        cls.configs = specs
+        cls.configs = {spec.name: spec for spec in specs}
         cls.layer_name_to_config_cache = {}
         cls.source = source
         cls.section_names = [str(name) for name in raw]
