@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ def _payloads(data: bytes) -> Iterator[bytes]:
         if kind == 0:  # zero padding up to the end of the block
             pos += left
             continue
+        if pos + CHUNK.size + length > len(data):
+            return  # a chunk still being written
         parts.append(data[pos + CHUNK.size : pos + CHUNK.size + length])
         pos += CHUNK.size + length
         if kind in (FULL, LAST):
@@ -40,13 +43,27 @@ def _payloads(data: bytes) -> Iterator[bytes]:
             parts = []
 
 
-def records(run_dir: Path) -> list[Any]:
-    """Every record of the run in ``run_dir`` (an ``offline-run-*`` folder)."""
+def records(run_dir: Path, timeout: float = 30.0) -> list[Any]:
+    """Every record of the run in ``run_dir`` (an ``offline-run-*`` folder). ``finish()`` may return
+    while wandb's service process is still writing the file: wait (up to ``timeout`` seconds) until
+    its last record, ``exit``, is there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = _read_records(run_dir)
+        if (found and found[-1].WhichOneof("record_type") == "exit") or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def _read_records(run_dir: Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2
 
     (path,) = run_dir.glob("run-*.wandb")
+    data = path.read_bytes()
+    if len(data) < HEADER.size:
+        return []
     out = []
-    for payload in _payloads(path.read_bytes()):
+    for payload in _payloads(data):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
         out.append(record)
