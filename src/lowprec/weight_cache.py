@@ -23,8 +23,8 @@ class WeightCache:
 
     def quantize(self, weight: torch.Tensor, quantizer: Quantizer, transpose: bool) -> Float8Tensor:
         key = (weight.data_ptr(), weight._version, weight.shape, weight.dtype, quantizer)
-        cached = self._cast
-        if key != self._key or cached is None or (transpose and cached.other_layout is None and uses_fused_kernels(weight)):
+        cached = self._cast  # set together with the key, so a matching key means a cast is there
+        if key != self._key or (transpose and cached.other_layout is None and uses_fused_kernels(weight)):
             cached = quantizer.quantize(weight, transpose)
             self._key, self._cast = key, cached
         return cached
