@@ -39,3 +39,17 @@ def test_demo_from_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--steps", "0", "--log-dir", str(tmp_path)])
     assert exit_info.value.code == 2 and "must be a positive integer, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"size": "huge"}, r"size must be one of \['tiny', 'small', 'base'\], got 'huge'"),
+        ({"steps": 0}, "steps must be a positive integer, got 0"),
+        ({"steps": True}, "steps must be a positive integer, got True"),
+    ],
+)
+def test_bad_demo_arguments_are_clear_errors(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        run_demo(log_dir=tmp_path, **kwargs)
+    assert not (tmp_path / "nvdlfw_inspect_logs").exists()  # refused before anything started
