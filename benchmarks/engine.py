@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 
 import torch
-from harness import InProcess, interleave, print_ratio_table
+from harness import InProcess, interleave, mean_seconds, print_ratio_table
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -54,18 +53,7 @@ def step_time(model: torch.nn.Module, batch: torch.Tensor, steps: int, fp8: bool
         if debug:
             debug_api.step()
 
-    one_step()  # warm-up: the first step asks the routing questions
-    synchronize(batch.device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        one_step()
-    synchronize(batch.device)
-    return (time.perf_counter() - start) / steps
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return mean_seconds(one_step, steps, batch.device)  # the warm-up step asks the routing questions
 
 
 def idle_debug_table(args: argparse.Namespace, device: str, dtype: torch.dtype) -> None:
@@ -94,17 +82,6 @@ def idle_debug_table(args: argparse.Namespace, device: str, dtype: torch.dtype) 
         print_ratio_table(title, fastest, f"no debug, {precision}", {})
 
 
-def cuda_seconds(fn, steps: int) -> float:
-    """Seconds per call of ``fn`` on the GPU, after one warm-up call."""
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps
-
-
 def gpu_training_table(
     args: argparse.Namespace, title: str, reference: torch.nn.Module, ours: torch.nn.Module, width: int
 ) -> None:
@@ -124,7 +101,7 @@ def gpu_training_table(
                 layer(x).backward(grad)
 
         try:
-            return cuda_seconds(one_step, args.steps)
+            return mean_seconds(one_step, args.steps, "cuda")
         finally:
             quantization.FUSED_KERNELS = True
 
@@ -183,7 +160,8 @@ def cast_bandwidth_table(args: argparse.Namespace) -> None:
     print(f"\nQuantizing a 128 MiB bf16 tensor (8192x8192) to E4M3, {torch.cuda.get_device_name()}")
     print(f"{'variant':<28} {'us':>8} {'GB/s':>8} {'of copy':>8}")
     seconds = {
-        label: min(cuda_seconds(work, args.steps * 5) for _ in range(args.repeats)) for label, (work, _) in variants.items()
+        label: min(mean_seconds(work, args.steps * 5, "cuda") for _ in range(args.repeats))
+        for label, (work, _) in variants.items()
     }
     copy_rate = variants["copy (ceiling)"][1] / seconds["copy (ceiling)"]
     for label, (_, moved) in variants.items():

@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import venv
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_VENV = ROOT / "benchmarks" / ".reference-venv"
@@ -36,6 +39,23 @@ def reference_python() -> tuple[Path | None, str]:
         return None, f"pip install {REFERENCE_REQUIREMENT} failed: {result.stderr.strip().splitlines()[-1:]}"
     stamp.write_text(REFERENCE_REQUIREMENT)
     return python, ""
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for the device's queued work, so a clock read afterwards covers it (CUDA only)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def mean_seconds(fn: Callable[[], object], steps: int, device: str | torch.device) -> float:
+    """Seconds per call of ``fn`` over ``steps`` calls, after one warm-up call."""
+    fn()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / steps
 
 
 def serve(run_variant: Callable[[str], float]) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from harness import Worker, interleave, print_ratio_table, reference_python, serve
+from harness import Worker, interleave, print_ratio_table, reference_python, serve, synchronize
 
 SIX = ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
 DEFAULTS = {
@@ -73,17 +73,12 @@ def config(regex: str) -> dict:
     }
 
 
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, debug: bool, clock: Clock) -> float:
     """Mean seconds per training step (forward, backward, SGD update, debug step)."""
     import nvdlfw_inspect.api as debug_api
 
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    synchronize(batch.device.type)
+    synchronize(batch.device)
     start = time.perf_counter()
     for _ in range(steps):
         model(batch).float().square().mean().backward()
@@ -91,7 +86,7 @@ def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, debug: b
         optimizer.zero_grad()
         if debug:
             clock.call(debug_api.step)
-    synchronize(batch.device.type)
+    synchronize(batch.device)
     return (time.perf_counter() - start) / steps
 
 
