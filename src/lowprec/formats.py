@@ -1,11 +1,18 @@
 """Low-precision number formats: their torch dtypes, largest finite values, and saturating casts.
 
 ``torch``'s own ``.to(float8)`` does not saturate the same way everywhere (NaN on CUDA eager,
-saturation on the CPU), so every cast here clamps to the format's range first. NaN stays NaN.
+saturation on the CPU), so every cast here clamps to the format's range first.
+
+Every NaN, whatever its sign or payload, becomes the canonical positive NaN byte 0x7F (E4M3
+S.1111.111, E5M2 0.11111.11): NVIDIA GPUs return a positive canonical NaN from any fp32 multiply
+with a NaN operand, so the sign of ``x * scale`` is already gone there (in torch's CUDA cast, the
+fused Triton cast and Transformer Engine alike) while x86 keeps it; canonicalising makes every path
+write the same byte.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +27,9 @@ class FP8Format:
     max: float
 
     def cast(self, scaled: torch.Tensor) -> torch.Tensor:
-        """Round ``scaled`` (already multiplied by the scale) to this format, saturating at ``±max``."""
-        return scaled.float().clamp(-self.max, self.max).to(self.dtype)
+        """Round ``scaled`` (already multiplied by the scale) to this format, saturating at ``±max``;
+        NaN becomes the positive NaN byte 0x7F (see the module docstring)."""
+        return scaled.float().clamp(-self.max, self.max).nan_to_num_(nan=math.nan).to(self.dtype)
 
     def count_overflows(self, scaled: torch.Tensor) -> torch.Tensor:
         """How many elements of ``scaled`` lie beyond ``±max`` (and so saturate): a 0-dim device tensor."""

@@ -9,9 +9,15 @@ before the cast, so that and one tiny kernel that updates the amax history and t
 
 The bytes, amaxes and scales equal the CPU emulation's exactly: each value is first rounded to the
 format's grid (round to nearest even, the format's subnormals included) with float arithmetic, so
-the hardware conversion that follows only re-encodes an exactly representable value; NaN keeps its
-sign, as in ``torch``'s cast; scales round as ``quantization.scale_from_amax`` does. With ``TRITON_INTERPRET=1`` the
-kernels run on CPU tensors, which is how the tests check them without a GPU.
+the hardware conversion that follows only re-encodes an exactly representable value; every NaN
+becomes the positive NaN byte 0x7F, as in ``FP8Format.cast`` (a GPU's ``x * scale`` already drops
+the sign of NaN); scales round as ``quantization.scale_from_amax`` does. With ``TRITON_INTERPRET=1``
+the kernels run on CPU tensors, which is how the tests check them without a GPU.
+
+Loops are ``while`` loops: Triton 3.6's interpreter turns a tensor loop bound of ``range`` (a kernel
+argument or ``program_id``) into an int by ``int()`` of a 1-element array, which NumPy refuses since
+the deprecation of 1.25 expired; a ``while`` condition goes through ``bool()``, which works. Both
+compile to the same GPU code.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ TILE = 64
 AMAX_BLOCK = 4096
 AMAX_PROGRAMS = 1024
 OPTIONS = {"enable_fp_fusion": False}  # no contracted multiply-adds: every rounding as written
+NAN_BYTE = tl.constexpr(0x7F)  # the canonical positive NaN of E4M3 and E5M2
 MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (RNE)
 
 
@@ -72,8 +79,7 @@ def _cast_tile(
         encoded = exact.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     else:
         encoded = exact.to(tl.float8e5).to(tl.uint8, bitcast=True)
-    sign = ((v.to(tl.int32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
-    encoded = tl.where(v != v, sign | 0x7F, encoded)
+    encoded = tl.where(v != v, NAN_BYTE, encoded)  # whatever NaN the conversion made
     tl.store(out_ptr + row[:, None] * cols + col[None, :], encoded, mask=inside)
     if TRANSPOSE:
         tl.store(out_t_ptr + col[:, None] * rows + row[None, :], tl.trans(encoded), mask=tl.trans(inside))
@@ -99,14 +105,15 @@ def _nan_aware_max(values):
 def _amax_blocks(x_ptr, amax_ptr, n, BLOCK: tl.constexpr):
     """Each program folds every ``num_programs``-th block into one partial amax (few programs, so
     the partials stay few and no atomics contend)."""
-    start = tl.program_id(0).to(tl.int64) * BLOCK
+    block_start = tl.program_id(0).to(tl.int64) * BLOCK
     step = tl.num_programs(0).to(tl.int64) * BLOCK
     running = tl.zeros((BLOCK,), dtype=tl.float32)
-    for block_start in range(start, n, step):
+    while block_start < n:  # not ``for``: see the module docstring
         offsets = block_start + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
         magnitude = tl.abs(x)
         running = tl.where((magnitude > running) | (magnitude != magnitude), magnitude, running)
+        block_start += step
     tl.store(amax_ptr + tl.program_id(0), _nan_aware_max(running))
 
 

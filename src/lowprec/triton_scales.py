@@ -22,10 +22,12 @@ FP32_MAX = tl.constexpr(torch.finfo(torch.float32).max)
 @triton.jit
 def _max_of_partials(partials_ptr, n, BLOCK: tl.constexpr):
     running = tl.zeros((BLOCK,), dtype=tl.float32)
-    for start in range(0, n, BLOCK):
+    start = 0
+    while start < n:  # not ``for``: see ``triton_cast``'s docstring
         offsets = start + tl.arange(0, BLOCK)
         value = tl.load(partials_ptr + offsets, mask=offsets < n, other=0.0)
         running = tl.where((value > running) | (value != value), value, running)
+        start += BLOCK
     return _nan_aware_max(running)
 
 

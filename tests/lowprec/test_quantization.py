@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from lowprec.block_scaling import block_scaling_quantize, mxfp8_quantize
 from lowprec.formats import E4M3, E5M2
 from lowprec.quantization import (
     FP32_MAX,
@@ -55,6 +56,39 @@ def test_current_scaling_uses_the_tensors_amax():
 def test_amax_of_empty_and_nan():
     assert amax_of(torch.empty(0)).item() == 0.0
     assert math.isnan(amax_of(torch.tensor([1.0, float("nan")])).item())
+
+
+NAN_BITS = {  # +NaN, -NaN, NaNs with payloads (signalling ones too), all-ones of both signs
+    torch.float32: (torch.int32, [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0x7FFFFFFF, 0xFFFFFFFF]),
+    torch.bfloat16: (torch.int16, [0x7FC0, 0xFFC0, 0x7F81, 0xFF85, 0x7FFF, 0xFFFF]),
+    torch.float16: (torch.int16, [0x7E00, 0xFE00, 0x7C01, 0xFC2A, 0x7FFF, 0xFFFF]),
+}
+
+
+def nans(dtype: torch.dtype) -> torch.Tensor:
+    """A 2 x 3 tensor of ``dtype`` NaNs made from their bits."""
+    int_dtype, bits = NAN_BITS[dtype]
+    x = torch.tensor(bits, dtype=torch.int64).to(int_dtype).view(dtype).reshape(2, 3)
+    assert x.isnan().all() and x.signbit().any() and not x.signbit().all()
+    return x
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda fmt: fmt.name)
+@pytest.mark.parametrize("dtype", list(NAN_BITS), ids=str)
+def test_every_nan_quantizes_to_the_canonical_nan_byte(fmt, dtype):
+    """0x7F whatever the sign or payload: the byte a GPU writes, whose multiply by the scale drops the sign."""
+    x = nans(dtype)
+    casts = {
+        "FP8Format.cast": fmt.cast(x),
+        "quantize_with_scale": quantize_with_scale(x, torch.tensor(3.0), fmt).data,
+        "current scaling": CurrentScalingQuantizer(fmt).quantize(x).data,
+        "delayed scaling": DelayedScalingQuantizer(fmt, DelayedScaling()).quantize(x).data,
+        "MXFP8": mxfp8_quantize(x, fmt).data[:, :3],
+        "MXFP8 columnwise": mxfp8_quantize(x, fmt, columnwise=True).data[:, :2],
+        "block scaling": block_scaling_quantize(x, fmt).data[:2, :3],
+    }
+    for path, data in casts.items():
+        assert data.view(torch.uint8).tolist() == [[0x7F] * data.shape[1]] * data.shape[0], path
 
 
 def test_delayed_scaling_first_cast_uses_scale_one_then_history():

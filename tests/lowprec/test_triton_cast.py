@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import lowprec
+from lowprec import quantization
 from lowprec.formats import E4M3, E5M2
 from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, uses_fused_kernels
 from lowprec.recipe import DelayedScaling
@@ -110,6 +111,24 @@ def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(fmt, dtype, make):
         assert torch.equal(cuda.data.cpu().view(torch.uint8), cpu.data.view(torch.uint8))
         assert torch.equal(cuda.other_layout.cpu().view(torch.uint8), cpu.data.view(torch.uint8))
         assert cuda.other_layout.t().is_contiguous()
+        assert torch.equal(cuda.scale_inv.cpu(), cpu.scale_inv)
+
+
+@needs_cuda
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("make", [CurrentScalingQuantizer, lambda fmt: DelayedScalingQuantizer(fmt, DelayedScaling())])
+def test_unfused_cuda_casts_equal_the_cpu_emulation_bit_for_bit(fmt, dtype, make, monkeypatch):
+    """torch's own CUDA path (NaN loses its sign in the GPU's multiply) writes the same bytes too."""
+    monkeypatch.setattr(quantization, "FUSED_KERNELS", False)
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(1000, 777, generator=g) * torch.logspace(-8, 8, 777)).to(dtype)
+    x[0, :4] = torch.tensor([float("nan"), -float("nan"), float("inf"), -0.0]).to(dtype)
+    cuda_quantizer, cpu_quantizer = make(fmt), make(fmt)
+    for _ in range(2):  # delayed scaling: scale 1, then the scale from the recorded amax
+        cuda, cpu = cuda_quantizer.quantize(x.cuda()), cpu_quantizer.quantize(x)
+        assert cuda.other_layout is None  # the torch path, not the fused kernel
+        assert torch.equal(cuda.data.cpu().view(torch.uint8), cpu.data.view(torch.uint8))
         assert torch.equal(cuda.scale_inv.cpu(), cpu.scale_inv)
 
 

@@ -4,6 +4,7 @@
 1. The bytes equal ``FP8Format.cast(x * scale)`` exactly: every FP8 value, every tie between two of
    them and its neighbours, NaN of both signs, infinities, zeros of both signs, fp32 subnormals,
    saturation, several scales, input dtypes and strides; the transposed bytes are the transpose.
+   Every NaN (either sign, any payload, fp32, bf16 and fp16) is the byte 0x7F in both layouts.
 2. The amaxes equal ``x.abs().amax()`` (NaN when a NaN is present), over several loop rounds.
 3. The scales of current scaling and the history and scales of delayed scaling, each from one tiny
    kernel, equal ``scale_from_amax`` and ``DelayedScalingQuantizer.record_amax`` exactly: zero, NaN,
@@ -18,12 +19,17 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 import torch
+import triton
 
-import lowprec
-from lowprec import quantization, triton_cast, triton_scales
-from lowprec.formats import E4M3, E5M2
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for triton_strict (this runs as a script)
+from triton_strict import index_as_triton_36  # noqa: E402
+
+import lowprec  # noqa: E402
+from lowprec import quantization, triton_cast, triton_scales  # noqa: E402
+from lowprec.formats import E4M3, E5M2  # noqa: E402
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -77,6 +83,25 @@ def check_casts(failures: list[str]) -> int:
     if data.shape != (0, 5) or data_t.shape != (5, 0) or partials.amax().item() != 0.0:
         failures.append("empty tensor")
     return count
+
+
+NAN_BITS = {  # +NaN, -NaN, NaNs with payloads (signalling ones too), all-ones of both signs
+    torch.float32: (torch.int32, [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0x7FFFFFFF, 0xFFFFFFFF]),
+    torch.bfloat16: (torch.int16, [0x7FC0, 0xFFC0, 0x7F81, 0xFF85, 0x7FFF, 0xFFFF]),
+    torch.float16: (torch.int16, [0x7E00, 0xFE00, 0x7C01, 0xFC2A, 0x7FFF, 0xFFFF]),
+}
+
+
+def check_nan_bytes(failures: list[str]) -> None:
+    """The kernel writes the canonical NaN byte 0x7F for every NaN, as ``FP8Format.cast`` does."""
+    for dtype, (int_dtype, nan_bits) in NAN_BITS.items():
+        nans = torch.tensor(nan_bits, dtype=torch.int64).to(int_dtype).view(dtype)
+        x = torch.cat([nans, torch.tensor([1.0, -2.0], dtype=dtype)]).reshape(2, 4)
+        for fmt in (E4M3, E5M2):
+            data, data_t, _ = triton_cast.cast_fp8(x, torch.tensor(3.0), fmt, transpose=True)
+            for name, got, nan_at in (("bytes", data, x.isnan()), ("transposed bytes", data_t, x.isnan().t())):
+                if bits(got)[nan_at].unique().tolist() != [0x7F] or bits(got)[~nan_at].eq(0x7F).any():
+                    failures.append(f"NaN {dtype} {fmt.name}: {name} {bits(got).tolist()}")
 
 
 def check_amax(failures: list[str]) -> None:
@@ -220,13 +245,15 @@ def check_scaled_mm_layouts(failures: list[str]) -> None:
 
 
 def main() -> None:
+    index_as_triton_36()
     failures: list[str] = []
     count = check_casts(failures)
+    check_nan_bytes(failures)
     check_amax(failures)
     check_scales(failures)
     check_training(failures)
     check_scaled_mm_layouts(failures)
-    print("\n".join(failures) or f"ok: {count} cast cases")
+    print("\n".join(failures) or f"ok: {count} cast cases (Triton {triton.__version__})")
     sys.exit(1 if failures else 0)
 
 
