@@ -12,10 +12,12 @@ import subprocess
 import sys
 import time
 import venv
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_VENV = ROOT / "benchmarks" / ".reference-venv"
@@ -45,6 +47,32 @@ def synchronize(device: str | torch.device) -> None:
     """Wait for the device's queued work, so a clock read afterwards covers it (CUDA only)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts every op that reaches the Python dispatcher, by name, and runs it unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.name()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], object]) -> Counter[str]:
+    """The ops dispatched while ``fn()`` runs, by name (``aten::add.Tensor``, ``aten::mm``,
+    ``nvdlfw_inspect::...``), each with how many times it ran.
+
+    Counted with a ``TorchDispatchMode``, so each op is counted where it is dispatched: aten ops and
+    custom ops registered through ``torch.library`` (the ops inside a custom op's own implementation are
+    not counted again), in forward and in backward, whatever the device. Composite ops appear as the ops
+    they decompose into; work done outside the dispatcher (Python, ctypes) is not seen.
+    """
+    with _OpCounter() as counter:
+        fn()
+    return counter.counts
 
 
 def mean_seconds(fn: Callable[[], object], steps: int, device: str | torch.device) -> float:

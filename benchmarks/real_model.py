@@ -1,0 +1,354 @@
+"""Cost of FP8 tensor statistics on a Hugging Face Llama-style model, as ratios to the step without debugging.
+
+The model is ``transformers.LlamaForCausalLM`` built from a ``LlamaConfig`` (random weights, nothing is
+downloaded) and passed through ``lowprec.convert``; a training step is the forward with the causal
+language-model loss under ``lowprec.fp8_autocast(fp8_recipe=lowprec.DelayedScaling())``, backward, an
+SGD step and, when debugging, ``debug_api.step()``. Sizes (``--size``):
+  full   hidden 2048, 8 layers, 16 heads, 4 KV heads, intermediate 5376, vocabulary 32000,
+         4 sequences of 2048 tokens, bf16 (the default on CUDA)
+  small  hidden 256, 2 layers, 4 heads, 2 KV heads, intermediate 688, vocabulary 1000,
+         2 sequences of 128 tokens, fp32 (the default on the CPU)
+
+Variants, eager, timed interleaved in one process:
+  no debug       debug_api never initialized
+  debug idle     initialized with the statistics config below, but its section selects no layer
+  stats freq 1   on every layer whose name ends in ``proj``, for activation, gradient and weight:
+                 transformer_engine.LogTensorStats (min, max, mean, std, l1_norm, l2_norm, cur_amax,
+                 dynamic_range) and transformer_engine.LogFp8TensorStats (underflows%, scale_inv_min,
+                 scale_inv_max, mse), every step
+  stats freq 10  the same every 10th step
+
+Printed per variant: the step time (fastest of interleaved rounds of ``--steps`` steps; 10 steps hold
+one freq-10 step) and its ratio to no debug; on CUDA the device kernels per step (``torch.profiler``);
+on any device the ops dispatched per step (aten ops and custom ``torch.library`` ops, counted with
+``harness.count_ops`` over one whole training step: forward, backward, optimizer step and
+``debug_api.step()``), averaged over 10 consecutive steady-state steps, and the ops beyond the no-debug
+step per inspected (layer, tensor) pair. Then the freq-10 steps one at a time (with and without
+statistics) and the 15 op names that the freq-1 statistics add most of.
+
+Needs ``transformers`` (``pip install -e .[bench]``). Run: ``python benchmarks/real_model.py
+[--size small|full] [--device cpu|cuda] [--steps N] [--repeats R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from harness import InProcess, count_ops, interleave, mean_seconds, synchronize
+
+import lowprec
+import nvdlfw_inspect.api as debug_api
+
+SIZES = {
+    "full": {
+        "hidden": 2048,
+        "layers": 8,
+        "heads": 16,
+        "kv_heads": 4,
+        "intermediate": 5376,
+        "vocab": 32000,
+        "batch": 4,
+        "seq": 2048,
+        "dtype": "bfloat16",
+    },
+    "small": {
+        "hidden": 256,
+        "layers": 2,
+        "heads": 4,
+        "kv_heads": 2,
+        "intermediate": 688,
+        "vocab": 1000,
+        "batch": 2,
+        "seq": 128,
+        "dtype": "float32",
+    },
+}
+TENSOR_STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
+FP8_STATS = ["underflows%", "scale_inv_min", "scale_inv_max", "mse"]
+TENSORS = ["activation", "gradient", "weight"]
+PROJ_LAYERS = r".*proj$"
+NO_LAYER = r"^no layer has this name$"
+VARIANTS = {"no debug": None, "debug idle": (NO_LAYER, 1), "stats freq 1": (PROJ_LAYERS, 1), "stats freq 10": (PROJ_LAYERS, 10)}
+OPS_TARGET = 8  # ops per inspected tensor, freq 1
+WARMUP_STEPS = 3  # iterations 0-2: the first step of a session asks the routing questions, iteration 0 logs
+COUNTED_STEPS = 10  # iterations 3-12 (ops), then 13-22 (kernels): each window holds one freq-10 step
+
+
+def import_transformers():
+    try:
+        import transformers
+    except ImportError as error:
+        raise SystemExit(
+            f"benchmarks/real_model.py needs Hugging Face transformers ({error}); install it with: pip install -e .[bench]"
+        ) from None
+    return transformers
+
+
+def debug_config(regex: str, freq: int) -> dict:
+    return {
+        "stats_of_every_proj_layer": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": regex},
+            "transformer_engine": {
+                "LogTensorStats": {"enabled": True, "tensors": TENSORS, "stats": TENSOR_STATS, "freq": freq},
+                "LogFp8TensorStats": {"enabled": True, "tensors": TENSORS, "stats": FP8_STATS, "freq": freq},
+            },
+        }
+    }
+
+
+@dataclass
+class Bench:
+    """A converted Llama model, its batch and optimizer, and how many (layer, tensor) pairs a
+    statistics step inspects."""
+
+    model: torch.nn.Module
+    input_ids: torch.Tensor
+    optimizer: torch.optim.Optimizer
+    recipe: lowprec.DelayedScaling
+    converted: list[str]
+    inspected_layers: list[str]
+    left_unconverted: list[str]
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    @property
+    def inspected_per_logging_step(self) -> int:
+        return len(self.inspected_layers) * len(TENSORS)
+
+    def step_fn(self, debug: bool) -> Callable[[], None]:
+        def step() -> None:
+            with lowprec.fp8_autocast(fp8_recipe=self.recipe):
+                loss = self.model(input_ids=self.input_ids, labels=self.input_ids).loss
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if debug:
+                debug_api.step()
+
+        return step
+
+
+def build(size: dict, device: str) -> Bench:
+    transformers = import_transformers()
+    config = transformers.LlamaConfig(
+        hidden_size=size["hidden"],
+        num_hidden_layers=size["layers"],
+        num_attention_heads=size["heads"],
+        num_key_value_heads=size["kv_heads"],
+        intermediate_size=size["intermediate"],
+        vocab_size=size["vocab"],
+        max_position_embeddings=size["seq"],
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(config)
+    model.to(getattr(torch, size["dtype"]))
+    lowprec.convert(model)
+    converted = [module.name for module in model.modules() if isinstance(module, lowprec.Linear)]
+    left = [path for path, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    input_ids = torch.randint(0, size["vocab"], (size["batch"], size["seq"]), device=device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    inspected = [name for name in converted if re.search(PROJ_LAYERS, name)]
+    return Bench(model, input_ids, optimizer, lowprec.DelayedScaling(), converted, inspected, left)
+
+
+@contextlib.contextmanager
+def debug_session(variant: str, log_dir: str) -> Iterator[bool]:
+    """Runs the body with the variant's debug config initialized; yields whether debug is on."""
+    selection = VARIANTS[variant]
+    if selection is None:
+        yield False
+        return
+    debug_api.initialize(config_file=debug_config(*selection), feature_dirs=[lowprec.FEATURE_DIR], log_dir=log_dir)
+    try:
+        yield True
+    finally:
+        debug_api.end_debug()
+
+
+def time_variant(bench: Bench, variant: str, steps: int, log_dir: str) -> float:
+    """Seconds per step over ``steps`` steps, after one warm-up step (iteration 0) of a new session."""
+    with debug_session(variant, log_dir) as debug:
+        return mean_seconds(bench.step_fn(debug), steps, bench.device)
+
+
+def kernels_per_step(step: Callable[[], None], steps: int, device: torch.device) -> float:
+    """Device kernels (memory copies and sets left out) per call of ``step``, from ``torch.profiler``."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    kernels = [
+        event
+        for event in prof.events()
+        if event.device_type == DeviceType.CUDA and not event.name.startswith(("Memcpy", "Memset"))
+    ]
+    return len(kernels) / steps
+
+
+@dataclass
+class Counts:
+    """Ops of each counted step of one variant (iterations ``first_iteration``, ...), and kernels per step."""
+
+    per_step: list[Counter[str]]
+    first_iteration: int
+    kernels: float | None = None
+
+    def mean(self) -> dict[str, float]:
+        total: Counter[str] = Counter()
+        for counts in self.per_step:
+            total.update(counts)
+        return {name: count / len(self.per_step) for name, count in total.items()}
+
+    def total_per_step(self) -> float:
+        return sum(sum(counts.values()) for counts in self.per_step) / len(self.per_step)
+
+
+def count_variant(
+    bench: Bench, variant: str, log_dir: str, warmup: int = WARMUP_STEPS, steps: int = COUNTED_STEPS, kernels: bool = False
+) -> Counts:
+    """Ops of each of ``steps`` consecutive steps after ``warmup`` steps of a new session; then, when
+    ``kernels``, device kernels per step over the next ``steps`` steps."""
+    with debug_session(variant, log_dir) as debug:
+        step = bench.step_fn(debug)
+        for _ in range(warmup):
+            step()
+        counts = Counts([count_ops(step) for _ in range(steps)], first_iteration=warmup)
+        if kernels:
+            counts.kernels = kernels_per_step(step, steps, bench.device)
+    return counts
+
+
+def inspected_per_step(bench: Bench, variant: str, first_iteration: int, steps: int) -> float:
+    """(layer, tensor) pairs inspected per step, averaged over iterations ``first_iteration`` onwards."""
+    selection = VARIANTS[variant]
+    if selection is None or selection[0] == NO_LAYER:
+        return 0.0
+    freq = selection[1]
+    logging_steps = sum(1 for iteration in range(first_iteration, first_iteration + steps) if iteration % freq == 0)
+    return bench.inspected_per_logging_step * logging_steps / steps
+
+
+def measure_ops(
+    bench: Bench, log_dir: str, warmup: int = WARMUP_STEPS, steps: int = COUNTED_STEPS, kernels: bool = False
+) -> tuple[dict[str, Counts], dict[str, float]]:
+    """Per variant: its ``Counts``, and the inspected (layer, tensor) pairs per step they cover."""
+    counts = {variant: count_variant(bench, variant, log_dir, warmup, steps, kernels) for variant in VARIANTS}
+    inspected = {variant: inspected_per_step(bench, variant, warmup, steps) for variant in VARIANTS}
+    return counts, inspected
+
+
+def extra_per_inspected(counts: dict[str, Counts], inspected: dict[str, float], variant: str) -> float | None:
+    """Ops per step beyond the no-debug step, per inspected (layer, tensor) pair; None when none is inspected."""
+    if inspected[variant] == 0:
+        return None
+    extra = counts[variant].total_per_step() - counts["no debug"].total_per_step()
+    return extra / inspected[variant]
+
+
+def print_table(title: str, fastest: dict[str, float], counts: dict[str, Counts], inspected: dict[str, float]) -> None:
+    cuda = counts["no debug"].kernels is not None
+    base_ops = counts["no debug"].total_per_step()
+    print(title)
+    header = f"{'variant':<15} {'ms/step':>9} {'ratio':>7}"
+    header += f" {'kernels/step':>13}" if cuda else ""
+    header += f" {'ops/step':>10} {'extra ops':>10} {'inspected':>10} {'extra ops/inspected':>20}"
+    print(header)
+    for variant in VARIANTS:
+        seconds, variant_counts = fastest[variant], counts[variant]
+        ops = variant_counts.total_per_step()
+        per_inspected = extra_per_inspected(counts, inspected, variant)
+        row = f"{variant:<15} {seconds * 1e3:>9.2f} {seconds / fastest['no debug']:>7.3f}"
+        row += f" {variant_counts.kernels:>13.1f}" if cuda else ""
+        row += f" {ops:>10.1f} {ops - base_ops:>+10.1f} {inspected[variant]:>10.1f}"
+        row += f" {per_inspected:>20.1f}" if per_inspected is not None else f" {'-':>20}"
+        print(row)
+
+
+def print_freq10_steps(counts: dict[str, Counts], bench: Bench) -> None:
+    freq10, base = counts["stats freq 10"], counts["no debug"].total_per_step()
+    parts = []
+    for offset, step_counts in enumerate(freq10.per_step):
+        iteration = freq10.first_iteration + offset
+        logging = iteration % 10 == 0
+        if any(part[0] == logging for part in parts):
+            continue
+        parts.append((logging, iteration, sum(step_counts.values())))
+    for logging, iteration, ops in sorted(parts):
+        what = "with statistics" if logging else "without statistics"
+        line = f"stats freq 10, iteration {iteration} ({what}): {ops} ops ({ops - base:+.1f} vs no debug"
+        if logging:
+            line += f", {(ops - base) / bench.inspected_per_logging_step:.1f} per inspected tensor"
+        print(line + ")")
+
+
+def op_breakdown(counts: dict[str, Counts], top: int = 15) -> list[tuple[str, float, float, float]]:
+    """``(op, no-debug count, freq-1 count, extra)`` per step for the ``top`` ops the freq-1 statistics add most of."""
+    base, stats = counts["no debug"].mean(), counts["stats freq 1"].mean()
+    rows = [(name, base.get(name, 0.0), stats.get(name, 0.0)) for name in stats | base]
+    rows = [(name, before, after, after - before) for name, before, after in rows]
+    return sorted(rows, key=lambda row: (-row[3], row[0]))[:top]
+
+
+def print_breakdown(counts: dict[str, Counts], inspected: dict[str, float], top: int = 15) -> None:
+    rows = op_breakdown(counts, top)
+    print(f"\nops per step that stats freq 1 adds to no debug, top {top} by extra count")
+    print(f"{'op':<40} {'no debug':>10} {'freq 1':>10} {'extra':>10} {'per inspected':>14}")
+    for name, base, stats, extra in rows:
+        print(f"{name:<40} {base:>10.1f} {stats:>10.1f} {extra:>+10.1f} {extra / inspected['stats freq 1']:>14.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--size", choices=sorted(SIZES), help="model size (default: full on CUDA, small on the CPU)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timing (10 hold one freq-10 step)")
+    parser.add_argument("--repeats", type=int, default=5, help="timing rounds per variant (fastest reported)")
+    args = parser.parse_args()
+    size_name = args.size or ("full" if args.device == "cuda" else "small")
+    size = SIZES[size_name]
+    import_transformers()
+    bench = build(size, args.device)
+    with tempfile.TemporaryDirectory() as log_dir:
+        worker = InProcess(lambda variant: time_variant(bench, variant, args.steps, log_dir))
+        fastest = interleave([(variant, worker, variant) for variant in VARIANTS], args.repeats)
+        counts, inspected = measure_ops(bench, log_dir, kernels=args.device == "cuda")
+
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(
+        f"Llama-style model ({size_name}): hidden {size['hidden']}, {size['layers']} layers, {size['heads']} heads, "
+        f"{size['kv_heads']} KV heads, intermediate {size['intermediate']}, vocabulary {size['vocab']}, "
+        f"{size['batch']} x {size['seq']} tokens, {size['dtype']}, FP8 delayed scaling, {where}"
+    )
+    print(
+        f"lowprec.convert: {len(bench.converted)} Linear layers converted, {len(bench.left_unconverted)} left as "
+        f"torch.nn.Linear; {len(bench.inspected_layers)} match {PROJ_LAYERS!r} x {len(TENSORS)} tensors = "
+        f"{bench.inspected_per_logging_step} inspected tensors per statistics step"
+    )
+    title = (
+        f"\nstep time: fastest of {args.repeats} interleaved rounds of {args.steps} steps; ops: aten and custom ops "
+        f"dispatched per step, mean of iterations {WARMUP_STEPS}-{WARMUP_STEPS + COUNTED_STEPS - 1}"
+    )
+    print_table(title, fastest, counts, inspected)
+    per_inspected = extra_per_inspected(counts, inspected, "stats freq 1")
+    print(f"\nops per inspected tensor, stats freq 1: {per_inspected:.1f} (target: at most {OPS_TARGET})")
+    print_freq10_steps(counts, bench)
+    print_breakdown(counts, inspected)
+
+
+if __name__ == "__main__":
+    main()
