@@ -14,8 +14,8 @@ from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.stats.derive import derive_tensors, fields_for
-from nvdlfw_inspect.stats.partials import compute_partials
+from nvdlfw_inspect.stats.derive import derive_tensors
+from nvdlfw_inspect.stats.partials import empty_partials
 from nvdlfw_inspect.utils import append_parent_docstring, get_distributed_world_size
 
 WINDOW_KEYS = frozenset({"freq", "start_step", "end_step", "start_end_list"})
@@ -187,14 +187,16 @@ class LogTensorStats(GenericConfigAPIMapper):
         if not self._check_params(config, layer_name, **kwargs):
             return {}
         stats = [s.lower() for s in config["stats"]]
-        partials = compute_partials(kwargs["tensor"], fields_for(stats))
+        tensor = kwargs["tensor"]
+        partials = empty_partials(tensor.device)
         STATS_BUFFERS.feed(
             (layer_name, tensor_name, "base", tuple(stats), window_key(config)),
             layer_name=layer_name,
             tensor_name=tensor_name,
             stats=stats,
             iteration=self._get_current_iteration(**kwargs),
-            partials=partials,
+            tensor=tensor.detach(),
+            call_out=partials,
             accumulate=tensor_name != "weight",
             **self._reduction(layer_name, **kwargs),
         )

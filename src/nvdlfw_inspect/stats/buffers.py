@@ -1,15 +1,21 @@
-"""Per-step statistics buffers: features feed partials during the step, ``debug_api.step()`` logs them.
+"""Per-step statistics buffers: features feed tensors during the step, ``debug_api.step()`` logs them.
 
-A feed stores the tensor's partial statistics (a few float64 values on the tensor's device); nothing
-is merged, reduced or read back to the host until ``flush``. ``flush`` merges each buffer's
-micro-batches, reduces every buffer of one process group with one object gather (which entries
-exist) and one tensor gather (all their partials), copies the result to the host once, derives every
-statistic as a column at once, and hands them to the statistics loggers as ``{layer}_{tensor}_{stat}``.
+Every statistics request (a layer, a tensor, a feature's options) owns one row of a per-device table
+allocated once: feeding a tensor runs the statistics operator (``kernels.tensor_stats``), which merges
+the tensor's partials straight into the rows of every request it serves, in one launch per tensor
+(``one_launch``). Nothing is read back to the host inside a step.
+
+``flush`` (at ``step()``) reduces every row of one process group with one tensor gather (the rows are
+packed in an order all ranks agreed on once; an object gather runs only when some rank's set of
+requests changed), copies every result to the host at once, derives every statistic as a column at
+once, hands them to the statistics loggers as ``{layer}_{tensor}_{stat}``, and resets the tables.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+import contextlib
+import hashlib
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,15 +24,18 @@ import torch.distributed as dist
 
 from nvdlfw_inspect.logging import MetricLogger
 from nvdlfw_inspect.stats.derive import derive_tensors, fields_for
-from nvdlfw_inspect.stats.partials import compute_partials, empty_partials, merge_partials
+from nvdlfw_inspect.stats.kernels import Grid, tensor_stats
+from nvdlfw_inspect.stats.partials import FIELDS, identity_partials, merge_partials
 from nvdlfw_inspect.utils import get_distributed_rank, get_distributed_world_size
 
 Stat = tuple[str, str]  # (name in the log, derivation)
-Entry = tuple[Hashable, int]  # (buffer key, iteration)
+Quantization = tuple[torch.Tensor, Grid]  # (scale, grid) of a cast whose statistics a request wants
 
 
 @dataclass
 class StatsBuffer:
+    """One statistics request and its table row."""
+
     layer_name: str
     tensor_name: str
     stats: list[Stat]
@@ -34,13 +43,13 @@ class StatsBuffer:
     skip_reduction: bool
     accumulate: bool
     last_rank_only: bool
-    pending: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    device: torch.device
+    row: int
+    iteration: int | None = None  # the iteration fed since the last flush, None if not fed
+    want_abs_min: bool = False
 
-    def feed(self, partials: torch.Tensor, iteration: int) -> None:
-        rows = self.pending.setdefault(iteration, [])
-        if rows and not self.accumulate:
-            return  # e.g. weights: counted once per step however many micro-batches ran
-        rows.append(partials)
+    def __post_init__(self) -> None:
+        self.want_abs_min = "abs_min_nonzero" in fields_for(derivation for _, derivation in self.stats)
 
 
 def as_stats(stats: Iterable[str | Stat]) -> list[Stat]:
@@ -48,11 +57,109 @@ def as_stats(stats: Iterable[str | Stat]) -> list[Stat]:
     return [(stat, stat) if isinstance(stat, str) else tuple(stat) for stat in stats]
 
 
+class _Table:
+    """Rows of partials on one device; row 0 stays empty (the identity that ranks without a request
+    contribute to a reduction). Grows by doubling, which happens only while requests appear."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.used = 1
+        self.rows = identity_partials(device).expand(16, -1).clone()
+
+    def allocate(self) -> int:
+        if self.used == self.rows.shape[0]:
+            self.rows = torch.cat([self.rows, identity_partials(self.device).expand(self.used, -1)])
+        self.used += 1
+        return self.used - 1
+
+    def reset(self) -> None:
+        self.rows.copy_(identity_partials(self.device).expand_as(self.rows))
+
+
+@dataclass
+class _Launch:
+    """What every request fed from one tensor wants: one operator call."""
+
+    tensor: torch.Tensor
+    rows: list[int] = field(default_factory=list)
+    row_variants: list[int] = field(default_factory=list)
+    quantizations: list[Quantization] = field(default_factory=list)
+    want_abs_min: bool = False
+
+    def add(self, buffer: StatsBuffer, quantization: Quantization | None) -> None:
+        variant = -1
+        if quantization is not None:
+            scale, grid = quantization
+            variant = next((i for i, (s, g) in enumerate(self.quantizations) if s is scale and g == grid), -1)
+            if variant < 0:
+                self.quantizations.append(quantization)
+                variant = len(self.quantizations) - 1
+        self.rows.append(buffer.row)
+        self.row_variants.append(variant)
+        self.want_abs_min |= buffer.want_abs_min
+
+    def run(self, table: torch.Tensor, call_out: torch.Tensor | None = None) -> None:
+        if self.rows or call_out is not None:
+            scales = [scale for scale, _ in self.quantizations]
+            grids = [grid for _, grid in self.quantizations]
+            tensor_stats(self.tensor, table, self.rows, self.row_variants, scales, grids, self.want_abs_min, call_out)
+
+
+@dataclass
+class _Layout:
+    """The agreed order of one group's rows: the union of every rank's requests, and each rank's
+    signature of its own requests when the order was agreed."""
+
+    mine: tuple
+    union: list[Hashable]
+    signatures: list[float]
+    index: torch.Tensor
+
+
+def _signature(keys: tuple) -> float:
+    """A hash of a rank's request keys that is the same in every process (an exact float64)."""
+    return float(int.from_bytes(hashlib.sha256(repr(keys).encode()).digest()[:6], "big"))
+
+
 class StatsBuffers:
-    """All buffers of a run, keyed by whatever identifies one statistics request (layer, tensor, options)."""
+    """All requests of a run, keyed by whatever identifies one (layer, tensor, feature options)."""
 
     def __init__(self) -> None:
         self.buffers: dict[Hashable, StatsBuffer] = {}
+        self._tables: dict[torch.device, _Table] = {}
+        self._layouts: dict[tuple[Any, torch.device], _Layout] = {}
+        self._launch: _Launch | None = None
+
+    def _table(self, device: torch.device) -> _Table:
+        if device not in self._tables:
+            self._tables[device] = _Table(device)
+        return self._tables[device]
+
+    def _buffer(self, key: Hashable, iteration: int, device: torch.device, **request: Any) -> StatsBuffer | None:
+        """The request ``key`` fed at ``iteration`` (created on first use), or None when it takes no
+        more data this step (a request that does not accumulate, such as a weight, was fed already)."""
+        buffer = self.buffers.get(key)
+        if buffer is not None and buffer.iteration not in (None, iteration):
+            return self._buffer((key, "iteration", iteration), iteration, device, **request)  # a late feed of another step
+        if buffer is None:
+            buffer = StatsBuffer(**request, device=device, row=self._table(device).allocate())
+            self.buffers[key] = buffer
+        if buffer.iteration is not None and not buffer.accumulate:
+            return None
+        buffer.iteration = iteration
+        buffer.skip_reduction = request["skip_reduction"]
+        return buffer
+
+    @contextlib.contextmanager
+    def one_launch(self, tensor: torch.Tensor) -> Iterator[None]:
+        """Every ``feed`` of ``tensor`` inside joins one operator call, run at the end."""
+        outer, self._launch = self._launch, _Launch(tensor)
+        try:
+            yield
+            launch = self._launch
+        finally:
+            self._launch = outer
+        launch.run(self._table(tensor.device).rows)
 
     def feed(
         self,
@@ -64,98 +171,143 @@ class StatsBuffers:
         iteration: int,
         tensor: torch.Tensor | None = None,
         partials: torch.Tensor | None = None,
+        quantization: Quantization | None = None,
+        call_out: torch.Tensor | None = None,
         accumulate: bool = True,
         reduction_group: Any = None,
         skip_reduction: bool = False,
         last_rank_only: bool = False,
     ) -> None:
-        """Add ``tensor`` (or its precomputed ``partials``) to the buffer ``key``, created on first use.
+        """Add ``tensor`` (or its precomputed ``partials``) to the request ``key``, created on first use.
 
         ``stats`` are names, or ``(logged name, derivation)`` pairs such as
-        ``("fp8_current_scaling_mse", "mse")``. Empty tensors are ignored.
+        ``("fp8_current_scaling_mse", "mse")``. ``quantization`` adds the statistics of casting the
+        tensor with that scale on that grid. ``call_out`` (an empty partial) receives this call's own
+        partials. An empty tensor is logged as one (count 0, NaN extremes).
         """
-        buffer = self.buffers.get(key)
-        if buffer is None:
-            buffer = StatsBuffer(
-                layer_name, tensor_name, as_stats(stats), reduction_group, skip_reduction, accumulate, last_rank_only
-            )
-            self.buffers[key] = buffer
-        buffer.skip_reduction = skip_reduction
-        if partials is None:
-            if tensor is None or tensor.numel() == 0:
-                return
-            partials = compute_partials(tensor, fields_for(derivation for _, derivation in buffer.stats))
-        buffer.feed(partials, iteration)
+        source = tensor if tensor is not None else partials
+        if source is None:
+            return
+        request = dict(layer_name=layer_name, tensor_name=tensor_name, stats=as_stats(stats))
+        request |= dict(reduction_group=reduction_group, skip_reduction=skip_reduction, accumulate=accumulate)
+        buffer = self._buffer(key, iteration, source.device, **request, last_rank_only=last_rank_only)
+        table = self._table(source.device).rows
+        if partials is not None:
+            if buffer is not None:
+                table[buffer.row] = merge_partials(torch.stack([table[buffer.row], partials]))
+            return
+        if tensor.numel() == 0 and call_out is None:
+            return  # logged as an empty tensor: the row keeps its identity
+        launch = self._launch if self._launch is not None and self._launch.tensor is tensor else None
+        if launch is None:
+            launch = _Launch(tensor)
+            if buffer is not None:
+                launch.add(buffer, quantization)
+            launch.run(table, call_out)
+        elif buffer is not None:
+            launch.add(buffer, quantization)
 
     def flush(self) -> dict[tuple[str, str, str, int], float]:
-        """Log every buffer fed since the last flush; returns ``{(layer, tensor, stat, iteration): value}``."""
-        logged: dict[tuple[str, str, str, int], float] = {}
-        last_rank = get_distributed_rank() == get_distributed_world_size() - 1
-        for group, keys in self._groups().items():
-            merged = self._reduce(group, keys)
-            if not merged:
-                continue
-            entries = sorted(merged, key=lambda entry: entry[1])  # by iteration, then feeding order
-            derivations = {d for key, _ in entries for _, d in self.buffers[key].stats}
-            rows = torch.stack([merged[entry] for entry in entries]).cpu()
-            columns = {d: column.tolist() for d, column in derive_tensors(rows, derivations).items()}
-            for i, (key, iteration) in enumerate(entries):
-                buffer = self.buffers[key]
-                if buffer.last_rank_only and not last_rank:
-                    continue
-                for name, derivation in buffer.stats:
-                    logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = float(columns[derivation][i])
-        for buffer in self.buffers.values():
-            buffer.pending.clear()
+        """Log every request fed since the last flush; returns ``{(layer, tensor, stat, iteration): value}``."""
+        fed = [key for key, buffer in self.buffers.items() if buffer.iteration is not None]
+        if not fed:
+            return {}
+        pieces: dict[torch.device, list[torch.Tensor]] = {}
+        where: dict[Hashable, tuple[torch.device, int]] = {}
+        for (group, device), keys in self._groups().items():
+            rows = self._tables[device].rows if group == "local" else self._reduce(group, device, keys)
+            offset = sum(piece.shape[0] for piece in pieces.get(device, []))
+            for i, key in enumerate(keys):
+                where[key] = (device, offset + (self.buffers[key].row if group == "local" else i))
+            pieces.setdefault(device, []).append(rows)
+        host = {device: torch.cat(rows).cpu() for device, rows in pieces.items()}  # one copy per device
+        for table in self._tables.values():
+            table.reset()
+        logged = self._derive(host, where, fed)
         if logged:
             with MetricLogger.batch():
                 for (layer, tensor, stat, iteration), value in logged.items():
                     MetricLogger.log_statistic(layer, tensor, stat, value, iteration)
         return logged
 
-    def _groups(self) -> dict[Any, list[Hashable]]:
-        """Keys of every buffer, grouped by the process group they reduce over (``"local"`` for none)."""
-        groups: dict[Any, list[Hashable]] = {}
+    def _derive(self, host: dict[torch.device, torch.Tensor], where: dict[Hashable, tuple], fed: list[Hashable]) -> dict:
+        """Every fed request's statistics from the host rows, ordered by iteration then feeding order."""
+        last_rank = get_distributed_rank() == get_distributed_world_size() - 1
+        fed = sorted(fed, key=lambda key: self.buffers[key].iteration)
+        devices = {where[key][0] for key in fed}
+        if len(devices) == 1:
+            rows = host[devices.pop()][[where[key][1] for key in fed]]
+        else:
+            rows = torch.stack([host[where[key][0]][where[key][1]] for key in fed])
+        derivations = {d for key in fed for _, d in self.buffers[key].stats}
+        columns = {d: column.tolist() for d, column in derive_tensors(rows, derivations).items()}
+        logged: dict[tuple[str, str, str, int], float] = {}
+        for i, key in enumerate(fed):
+            buffer = self.buffers[key]
+            iteration, buffer.iteration = buffer.iteration, None
+            if buffer.last_rank_only and not last_rank:
+                continue
+            for name, derivation in buffer.stats:
+                logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = float(columns[derivation][i])
+        return logged
+
+    def _groups(self) -> dict[tuple[Any, torch.device], list[Hashable]]:
+        """Keys of every request by (process group it reduces over, or ``"local"``; its device)."""
+        groups: dict[tuple[Any, torch.device], list[Hashable]] = {}
         for key, buffer in self.buffers.items():
             local = buffer.skip_reduction or get_distributed_world_size(buffer.reduction_group) == 1
-            groups.setdefault("local" if local else buffer.reduction_group, []).append(key)
+            groups.setdefault(("local" if local else buffer.reduction_group, buffer.device), []).append(key)
         return groups
 
-    def _merged_here(self, keys: list[Hashable]) -> dict[Entry, torch.Tensor]:
-        """This rank's entries, each with its micro-batches merged (one batched merge for all)."""
-        entries = [(key, it) for key in keys for it, rows in self.buffers[key].pending.items() if rows]
-        if not entries:
-            return {}
-        depth = max(len(self.buffers[key].pending[it]) for key, it in entries)
-        if depth == 1:  # one call per entry (no micro-batches): nothing to merge
-            return {entry: self.buffers[entry[0]].pending[entry[1]][0] for entry in entries}
-        padded = []
-        for key, it in entries:
-            rows = self.buffers[key].pending[it]
-            padded += rows + [empty_partials(rows[0].device)] * (depth - len(rows))
-        merged = merge_partials(torch.stack(padded).view(len(entries), depth, -1))
-        return dict(zip(entries, merged, strict=True))
-
-    def _reduce(self, group: Any, keys: list[Hashable]) -> dict[Entry, torch.Tensor]:
-        """Merged partials of the entries this rank fed, over ``group``."""
-        mine = self._merged_here(keys)
-        if group == "local":
-            return mine
+    def _reduce(self, group: Any, device: torch.device, keys: list[Hashable]) -> torch.Tensor:
+        """The rows of ``keys`` merged over ``group``, in ``keys`` order: one tensor gather, plus an
+        object gather when the agreed order is missing or some rank's requests changed."""
+        table = self._tables[device]
+        layout = self._layouts.get((group, device))
+        mine = tuple(keys)
+        if layout is not None:
+            merged = self._gather(group, table, layout, mine)
+            if merged is not None:
+                return merged
         world = get_distributed_world_size(group)
-        every_rank: list[list[Entry]] = [[] for _ in range(world)]
-        dist.all_gather_object(every_rank, list(mine), group=group)
-        union = list(dict.fromkeys(entry for entries in every_rank for entry in entries))
-        if not union:
-            return {}
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-        rows = torch.stack([mine[e].to(device) if e in mine else empty_partials(device) for e in union])
-        gathered = [torch.empty_like(rows) for _ in range(world)]
-        dist.all_gather(gathered, rows, group=group)
-        merged = merge_partials(torch.stack(gathered, dim=1))  # [entry, rank, field] -> [entry, field]
-        return {entry: merged[i] for i, entry in enumerate(union) if entry in mine}
+        every_rank: list[tuple] = [() for _ in range(world)]
+        dist.all_gather_object(every_rank, mine, group=group)
+        union = list(dict.fromkeys(key for keys_of_rank in every_rank for key in keys_of_rank))
+        layout = _Layout(mine, union, [_signature(k) for k in every_rank], torch.empty(0))
+        self._layouts[(group, device)] = layout
+        merged = self._gather(group, table, layout, mine)
+        return merged
+
+    def _gather(self, group: Any, table: _Table, layout: _Layout, mine: tuple) -> torch.Tensor | None:
+        """One all_gather of this rank's rows in the agreed order with its signature in a last row;
+        None when some rank's signature shows its requests changed since the order was agreed."""
+        if layout.mine != mine:  # this rank's requests changed: send no data, only the news
+            rows = identity_partials(table.device).expand(len(layout.union), -1)
+            signature = -1.0
+        else:
+            if layout.index.device != table.device or layout.index.numel() != len(layout.union):
+                position = {key: self.buffers[key].row for key in mine}
+                layout.index = torch.tensor([position.get(key, 0) for key in layout.union], device=table.device)
+            rows = table.rows.index_select(0, layout.index)
+            signature = _signature(mine)
+        backend_device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+        stamp = torch.zeros(1, len(FIELDS), dtype=torch.float64, device=table.device)
+        stamp[:, :1].fill_(signature)
+        packed = torch.cat([rows, stamp]).to(backend_device)
+        gathered = [torch.empty_like(packed) for _ in range(get_distributed_world_size(group))]
+        dist.all_gather(gathered, packed, group=group)
+        stacked = torch.stack(gathered, dim=1)  # [row, rank, field]
+        if stacked[-1, :, 0].tolist() != layout.signatures:
+            return None
+        merged = merge_partials(stacked[:-1]).to(table.device)
+        order = {key: i for i, key in enumerate(layout.union)}
+        return merged[[order[key] for key in mine]] if mine else merged[:0]
 
     def reset(self) -> None:
         self.buffers.clear()
+        self._tables.clear()
+        self._layouts.clear()
+        self._launch = None
 
 
 STATS_BUFFERS = StatsBuffers()

@@ -17,15 +17,14 @@ import os
 import platform
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 
 import torch
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # float64 keeps the torch path
-CORE_FIELDS = 7  # count, mean, m2, min, max, abs_sum, abs_min_nonzero
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off", "-shared", "-fPIC"]
 logger = logging.getLogger("nvdlfw_inspect")
 
 
@@ -59,10 +58,10 @@ def _compile(source: str, library: Path) -> None:
 
 
 @functools.cache
-def native_kernel() -> Callable[[torch.Tensor, torch.Tensor, bool], None] | None:
-    """``kernel(x, out, want_abs_min)``: the 7 core partials of the contiguous CPU tensor ``x``
-    (float32, bfloat16 or float16) into the float64 tensor ``out`` (the smallest non-zero magnitude
-    only if asked, else its identity); None when the kernel cannot be built."""
+def native_kernel() -> Callable[..., None] | None:
+    """``kernel(x, table, rows, row_variants, scales, grids, want_abs_min, call_out, amax_out)``: the
+    statistics of the contiguous CPU tensor ``x`` (float32, bfloat16 or float16) merged into rows of
+    the float64 ``table`` (see ``kernels.tensor_stats``); None when the kernel cannot be built."""
     if os.environ.get("NVDLFW_INSPECT_NATIVE", "1") == "0":
         return None
     source = resources.files(__package__).joinpath("cpu_partials.c").read_text(encoding="utf-8")
@@ -71,14 +70,43 @@ def native_kernel() -> Callable[[torch.Tensor, torch.Tensor, bool], None] | None
     try:
         if not library.exists():
             _compile(source, library)
-        function = ctypes.CDLL(str(library)).cpu_partials
+        function = ctypes.CDLL(str(library)).tensor_stats
     except (OSError, subprocess.SubprocessError) as error:
         logger.info(f"statistics of CPU tensors use torch reductions: the C kernel is unavailable ({error})")
         return None
     function.restype = None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    pointer = ctypes.c_void_p
+    function.argtypes = [pointer, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, *[pointer] * 4, ctypes.c_int]
+    function.argtypes += [pointer] * 5
 
-    def kernel(x: torch.Tensor, out: torch.Tensor, want_abs_min: bool) -> None:
-        function(x.data_ptr(), x.numel(), DTYPE_CODES[x.dtype], int(want_abs_min), out.data_ptr())
+    def kernel(
+        x: torch.Tensor,
+        table: torch.Tensor,
+        rows: Sequence[int],
+        row_variants: Sequence[int],
+        scales: Sequence[torch.Tensor],
+        grids: Sequence[tuple[float, int, int]],
+        want_abs_min: bool,
+        call_out: torch.Tensor | None = None,
+        amax_out: torch.Tensor | None = None,
+    ) -> None:
+        variants = len(scales)
+        function(
+            x.data_ptr(),
+            x.numel(),
+            DTYPE_CODES[x.dtype],
+            int(want_abs_min),
+            variants,
+            (ctypes.c_void_p * max(variants, 1))(*(scale.data_ptr() for scale in scales)),
+            (ctypes.c_float * max(variants, 1))(*(grid[0] for grid in grids)),
+            (ctypes.c_int * max(variants, 1))(*(grid[1] for grid in grids)),
+            (ctypes.c_int * max(variants, 1))(*(grid[2] for grid in grids)),
+            len(rows),
+            (ctypes.c_int64 * max(len(rows), 1))(*rows),
+            (ctypes.c_int * max(len(rows), 1))(*row_variants),
+            table.data_ptr(),
+            call_out.data_ptr() if call_out is not None else None,
+            amax_out.data_ptr() if amax_out is not None else None,
+        )
 
     return kernel

@@ -1,18 +1,28 @@
-/* Partial statistics of a CPU tensor in one read: the CPU counterpart of triton_partials.py.
+/* Partial statistics of a CPU tensor in one read, merged straight into rows of a statistics table:
+   the CPU counterpart of triton_partials.py.
 
-   The tensor is walked in chunks small enough to stay in the L1 cache. Each chunk is read twice
-   from the cache (its mean first, then the squared deviations from that mean, so M2 is well
-   conditioned) in float32, eight lanes at a time, and merged into the running result with Chan's
-   formula in double precision, so rounding never accumulates beyond one chunk.
-   Output, as partials.FIELDS begins: count, mean, m2, min, max, sum |x|, smallest non-zero |x|;
-   a NaN anywhere makes every field but the count NaN, as torch's reductions do. */
+   The tensor is walked in chunks small enough to stay in the L1 cache. Each chunk is read from the
+   cache a few times (its mean first, then the squared deviations from that mean, so M2 is well
+   conditioned, then once per quantization grid) in float32, and merged into the running result with
+   Chan's formula in double precision, so rounding never accumulates beyond one chunk.
+
+   A call's row holds the fields of partials.FIELDS: count, mean, m2, min, max, sum |x|, smallest
+   non-zero |x|, then per quantization grid ("variant": a scale and an FP8-like grid) the values that
+   become zero (underflows), lie beyond the grid's range after scaling (overflows), the squared error
+   of the dequantized value, and the grid's scale_inv as its min and max. A NaN anywhere makes every
+   field but the count NaN, as torch's reductions do. Each requested table row takes the tensor
+   fields and the fields of its variant, merged with what the row already holds. */
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 enum { FLOAT32 = 0, BFLOAT16 = 1, FLOAT16 = 2 };
+enum { COUNT, MEAN, M2, LOW, HIGH, ABS_SUM, ABS_MIN, UNDERFLOWS, OVERFLOWS, SQ_ERR, SCALE_INV_MIN, SCALE_INV_MAX, BLOCKWISE_DR,
+       FIELDS };
 #define CHUNK 2048
+#define MAX_VARIANTS 4
+#define MAGIC 12582912.0f /* 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (ties to even) */
 
 static inline float bfloat16_value(uint16_t bits) {
     uint32_t wide = (uint32_t)bits << 16;
@@ -25,6 +35,12 @@ static inline float float16_value(uint16_t bits) {
     _Float16 value;
     memcpy(&value, &bits, sizeof value);
     return (float)value;
+}
+
+static inline float from_bits(uint32_t bits) {
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
 }
 
 /* The chunk [start, start + n) as float32 in buffer. */
@@ -40,67 +56,160 @@ static void load_chunk(const void *data, int dtype, int64_t start, int64_t n, fl
     }
 }
 
-/* Running partials: count, mean and M2 (Chan's merge), min, max, sum |x|, min non-zero |x|, NaN seen. */
+/* One quantization grid: x * scale saturates at +-max and rounds to nearest even on a grid with
+   mantissa_bits bits whose smallest normal is 2**min_normal_exp (subnormals below); the value it
+   stands for is that times scale_inv. The same arithmetic as lowprec's Triton cast (_round_to_grid). */
+typedef struct {
+    float scale, scale_inv, max;
+    int min_normal_exp, mantissa_bits;
+} Grid;
+
+static inline float round_to_grid(float v, const Grid *grid) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    int exponent = (int)((bits >> 23) & 0xFF);
+    int floor_exponent = 127 + grid->min_normal_exp;
+    int spacing_exponent = (exponent > floor_exponent ? exponent : floor_exponent) - grid->mantissa_bits;
+    float spacing = from_bits((uint32_t)spacing_exponent << 23);
+    float inverse = from_bits((uint32_t)(254 - spacing_exponent) << 23);
+    float steps = (v * inverse + MAGIC) - MAGIC;
+    float rounded = steps * spacing;
+    return rounded == 0.0f ? v * 0.0f : rounded;
+}
+
+static inline double min_nan(double a, double b) { return (a != a || b != b) ? NAN : (a < b ? a : b); }
+static inline double max_nan(double a, double b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
+
+/* Merge the row `add` into `into` (both FIELDS long), each field by its rule. */
+static void merge_row(double *into, const double *add) {
+    double n = into[COUNT] + add[COUNT];
+    if (into[COUNT] == 0.0) {
+        into[MEAN] = add[MEAN];
+        into[M2] = add[M2];
+    } else if (add[COUNT] > 0.0) {
+        double delta = add[MEAN] - into[MEAN];
+        into[M2] += add[M2] + delta * delta * (into[COUNT] * add[COUNT] / n);
+        into[MEAN] += delta * (add[COUNT] / n);
+    }
+    into[COUNT] = n;
+    into[LOW] = min_nan(into[LOW], add[LOW]);
+    into[HIGH] = max_nan(into[HIGH], add[HIGH]);
+    into[ABS_SUM] += add[ABS_SUM];
+    into[ABS_MIN] = min_nan(into[ABS_MIN], add[ABS_MIN]);
+    into[UNDERFLOWS] += add[UNDERFLOWS];
+    into[OVERFLOWS] += add[OVERFLOWS];
+    into[SQ_ERR] += add[SQ_ERR];
+    into[SCALE_INV_MIN] = min_nan(into[SCALE_INV_MIN], add[SCALE_INV_MIN]);
+    into[SCALE_INV_MAX] = max_nan(into[SCALE_INV_MAX], add[SCALE_INV_MAX]);
+    into[BLOCKWISE_DR] = max_nan(into[BLOCKWISE_DR], add[BLOCKWISE_DR]);
+}
+
+/* Running tensor fields over the chunks, and per grid the quantization counts and error. */
 typedef struct {
     double count, mean, m2, low, high, abs_sum, abs_min;
     int nan_seen;
-} Partials;
+    double underflows[MAX_VARIANTS], overflows[MAX_VARIANTS], sq_err[MAX_VARIANTS];
+} Running;
 
-static void merge(Partials *into, double count, double mean, double m2, double low, double high, double abs_sum,
-                  double abs_min, int nan_seen) {
-    double merged = into->count + count, delta = mean - into->mean;
-    if (count == 0.0) return;
-    into->mean += delta * (count / merged);
-    into->m2 += m2 + delta * delta * (into->count * count / merged);
-    into->count = merged;
-    into->abs_sum += abs_sum;
-    into->low = low < into->low ? low : into->low;
-    into->high = high > into->high ? high : into->high;
-    into->abs_min = abs_min < into->abs_min ? abs_min : into->abs_min;
-    into->nan_seen |= nan_seen;
+static void add_chunk(Running *total, const float *buffer, int64_t n, int want_abs_min) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; i++) sum += buffer[i];
+    float mean = sum / (float)n, m2 = 0.0f, abs_sum = 0.0f;
+    float low = INFINITY, high = -INFINITY, abs_min = INFINITY;
+    if (want_abs_min) {
+#pragma omp simd reduction(+ : m2, abs_sum) reduction(min : low, abs_min) reduction(max : high)
+        for (int64_t i = 0; i < n; i++) {
+            float x = buffer[i], deviation = x - mean, magnitude = fabsf(x);
+            m2 += deviation * deviation;
+            abs_sum += magnitude;
+            low = x < low ? x : low;
+            high = x > high ? x : high;
+            abs_min = (magnitude > 0.0f && magnitude < abs_min) ? magnitude : abs_min;
+        }
+    } else {
+#pragma omp simd reduction(+ : m2, abs_sum) reduction(min : low) reduction(max : high)
+        for (int64_t i = 0; i < n; i++) {
+            float x = buffer[i], deviation = x - mean;
+            m2 += deviation * deviation;
+            abs_sum += fabsf(x);
+            low = x < low ? x : low;
+            high = x > high ? x : high;
+        }
+    }
+    int nan_seen = 0;
+    if (sum != sum) /* NaN in the chunk, or +inf and -inf: only the first poisons min and max */
+        for (int64_t i = 0; i < n; i++) nan_seen |= buffer[i] != buffer[i];
+    double merged = total->count + (double)n, delta = (double)mean - total->mean;
+    total->mean += delta * ((double)n / merged);
+    total->m2 += (double)m2 + delta * delta * (total->count * (double)n / merged);
+    total->count = merged;
+    total->abs_sum += abs_sum;
+    total->low = low < total->low ? low : total->low;
+    total->high = high > total->high ? high : total->high;
+    total->abs_min = abs_min < total->abs_min ? abs_min : total->abs_min;
+    total->nan_seen |= nan_seen;
 }
 
-/* The partials of data[0, count) into out[0..6]; the smallest non-zero |x| only if want_abs_min
-   (else infinity, the field's identity). One thread: in a training step torch's own threads are
-   still spinning after the previous operator, and a second thread of ours would compete with them. */
-void cpu_partials(const void *data, int64_t count, int dtype, int want_abs_min, double *out) {
+static void add_chunk_quantization(Running *total, int v, const Grid *grid, const float *buffer, int64_t n) {
+    float sq_err = 0.0f;
+    int64_t underflows = 0, overflows = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float x = buffer[i], scaled = x * grid->scale;
+        overflows += fabsf(scaled) > grid->max;
+        scaled = scaled > grid->max ? grid->max : (scaled < -grid->max ? -grid->max : scaled);
+        float q = round_to_grid(scaled, grid);
+        underflows += x != 0.0f && q == 0.0f;
+        float error = x - q * grid->scale_inv;
+        sq_err += error * error;
+    }
+    total->underflows[v] += (double)underflows;
+    total->overflows[v] += (double)overflows;
+    total->sq_err[v] += sq_err;
+}
+
+/* The statistics of data[0, count) merged into the table rows slot_rows[0, slots): every row takes
+   the tensor fields, and the quantization fields of the variant slot_variants[s] (-1: none). Variant
+   v casts with the float32 *scales[v] on a grid of max grid_max[v], min_normal_exp[v] and
+   mantissa_bits[v]. The smallest non-zero |x| only if want_abs_min (else its identity, infinity).
+   If call_out is not NULL it receives the call's own row (tensor fields only); if amax_out is not
+   NULL, the call's max |x| as float32. One thread: in a training step torch's own threads are still
+   spinning after the previous operator, and a second thread of ours would compete with them. */
+void tensor_stats(const void *data, int64_t count, int dtype, int want_abs_min, int variants, const float *const *scales,
+                  const float *grid_max, const int *min_normal_exp, const int *mantissa_bits, int slots, const int64_t *slot_rows,
+                  const int *slot_variants, double *table, double *call_out, float *amax_out) {
     float buffer[CHUNK];
-    Partials total = {0.0, 0.0, 0.0, INFINITY, -INFINITY, 0.0, INFINITY, 0};
+    Grid grids[MAX_VARIANTS];
+    Running total = {0.0, 0.0, 0.0, INFINITY, -INFINITY, 0.0, INFINITY, 0, {0}, {0}, {0}};
+    variants = variants > MAX_VARIANTS ? MAX_VARIANTS : variants;
+    for (int v = 0; v < variants; v++) {
+        grids[v] = (Grid){*scales[v], 1.0f / *scales[v], grid_max[v], min_normal_exp[v], mantissa_bits[v]};
+    }
     for (int64_t start = 0; start < count; start += CHUNK) {
         int64_t n = count - start < CHUNK ? count - start : CHUNK;
         load_chunk(data, dtype, start, n, buffer);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < n; i++) sum += buffer[i];
-        float chunk_mean = sum / (float)n, chunk_m2 = 0.0f, chunk_abs = 0.0f;
-        float chunk_low = INFINITY, chunk_high = -INFINITY, chunk_abs_min = INFINITY;
-        if (want_abs_min) {
-#pragma omp simd reduction(+ : chunk_m2, chunk_abs) reduction(min : chunk_low, chunk_abs_min) reduction(max : chunk_high)
-            for (int64_t i = 0; i < n; i++) {
-                float x = buffer[i], deviation = x - chunk_mean, magnitude = fabsf(x);
-                chunk_m2 += deviation * deviation;
-                chunk_abs += magnitude;
-                chunk_low = x < chunk_low ? x : chunk_low;
-                chunk_high = x > chunk_high ? x : chunk_high;
-                chunk_abs_min = (magnitude > 0.0f && magnitude < chunk_abs_min) ? magnitude : chunk_abs_min;
-            }
-        } else {
-#pragma omp simd reduction(+ : chunk_m2, chunk_abs) reduction(min : chunk_low) reduction(max : chunk_high)
-            for (int64_t i = 0; i < n; i++) {
-                float x = buffer[i], deviation = x - chunk_mean;
-                chunk_m2 += deviation * deviation;
-                chunk_abs += fabsf(x);
-                chunk_low = x < chunk_low ? x : chunk_low;
-                chunk_high = x > chunk_high ? x : chunk_high;
-            }
-        }
-        int chunk_nan = 0;
-        if (sum != sum) /* NaN in the chunk, or +inf and -inf: only the first poisons min and max */
-            for (int64_t i = 0; i < n; i++) chunk_nan |= buffer[i] != buffer[i];
-        merge(&total, (double)n, chunk_mean, chunk_m2, chunk_low, chunk_high, chunk_abs, chunk_abs_min, chunk_nan);
+        add_chunk(&total, buffer, n, want_abs_min);
+        for (int v = 0; v < variants; v++) add_chunk_quantization(&total, v, &grids[v], buffer, n);
     }
-    double results[7] = {total.count, total.mean, total.m2, total.low, total.high, total.abs_sum, total.abs_min};
+    double row[FIELDS] = {total.count, total.mean, total.m2, total.low, total.high, total.abs_sum, total.abs_min,
+                          0.0,         0.0,        0.0,      INFINITY,  -INFINITY,  -INFINITY};
     if (total.nan_seen)
-        for (int i = 1; i < 7; i++) results[i] = NAN;
-    memcpy(out, results, sizeof results);
+        for (int i = MEAN; i <= ABS_MIN; i++) row[i] = NAN;
+    if (call_out != NULL) memcpy(call_out, row, sizeof row);
+    if (amax_out != NULL) {
+        double amax = fabs(row[LOW]) > fabs(row[HIGH]) ? fabs(row[LOW]) : fabs(row[HIGH]);
+        *amax_out = count == 0 ? 0.0f : (row[LOW] != row[LOW] ? NAN : (float)amax);
+    }
+    for (int s = 0; s < slots; s++) {
+        int v = slot_variants[s];
+        double own[FIELDS];
+        memcpy(own, row, sizeof row);
+        if (v >= 0 && v < variants) {
+            own[UNDERFLOWS] = total.underflows[v];
+            own[OVERFLOWS] = total.overflows[v];
+            own[SQ_ERR] = total.sq_err[v];
+            own[SCALE_INV_MIN] = own[SCALE_INV_MAX] = grids[v].scale_inv;
+        }
+        merge_row(table + slot_rows[s] * FIELDS, own);
+    }
 }

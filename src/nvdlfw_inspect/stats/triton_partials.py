@@ -1,62 +1,442 @@
-"""The partial statistics of a CUDA tensor in one read: a Triton kernel, one program per block.
+"""The statistics of a CUDA tensor in one launch: a persistent Triton kernel that reduces within itself.
 
-Each program loads its block once and writes the block's count, mean, M2 (two passes over the values
-held in registers), min, max, sum of |x| and smallest non-zero |x|; ``merge_partials`` then merges
-the block rows (Chan's formula, float64). With ``TRITON_INTERPRET=1`` the same kernel runs on CPU
-tensors, which is how the tests check it on machines without a GPU.
+A grid of at most a few programs per multiprocessor walks the tensor once; each program keeps running
+partials (count, mean and M2 merged with Chan's formula in float64, min, max, sums, and per
+quantization grid its underflows, overflows and squared error) and writes them to a scratch row. The
+last program to finish (an atomic counter) merges the scratch rows and merges the result into every
+requested row of the statistics table, the same rows and rules as ``cpu_partials.c``. No per-block
+rows are merged by torch ops afterwards. With ``TRITON_INTERPRET=1`` the same kernel runs on CPU
+tensors, which is how the tests check it without a GPU.
 """
 
 from __future__ import annotations
 
-import math
+import functools
+from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-from nvdlfw_inspect.stats.partials import FIELDS, identity_partials, merge_partials
+from nvdlfw_inspect.stats.partials import FIELDS
 
-BLOCK = 4096
-OPTIONS = {"enable_fp_fusion": True}  # contracted multiply-adds are fine for statistics
-CORE = FIELDS[:7]  # count, mean, m2, min, max, abs_sum, abs_min_nonzero: the fields the kernel writes
+BLOCK = 2048
+PROGRAMS_PER_SM = 4
+MAX_PROGRAMS = 1024  # also the scratch rows; a power of two
+SCRATCH_FIELDS = 20  # count, mean, m2, min, max, abs_sum, abs_min, nan count, then underflows, overflows, sq_err x 4
+MAX_VARIANTS = 4
+MAX_ROWS = 4
+OPTIONS = {"enable_fp_fusion": False}  # the quantization grid must round exactly as the cast does
+MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (RNE)
+N_FIELDS = tl.constexpr(len(FIELDS))
 
 
 @triton.jit
-def _block_partials(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def round_to_grid(v, MIN_NORMAL_EXP: tl.constexpr, MANTISSA_BITS: tl.constexpr):
+    """``v`` rounded to the nearest value of an FP8-like grid (ties to even), as fp32; ``v`` is in range."""
+    bits = v.to(tl.int32, bitcast=True)
+    exponent = (bits >> 23) & 0xFF
+    spacing_exponent = tl.maximum(exponent, 127 + MIN_NORMAL_EXP) - MANTISSA_BITS  # biased
+    spacing = (spacing_exponent << 23).to(tl.float32, bitcast=True)
+    inverse = ((254 - spacing_exponent) << 23).to(tl.float32, bitcast=True)
+    steps = (v * inverse + MAGIC) - MAGIC
+    rounded = steps * spacing
+    return tl.where(rounded == 0.0, v * 0.0, rounded)  # keep the sign of values that round to zero
+
+
+@triton.jit
+def _grid_counts(x, valid, scale_ptr, GRID_MAX: tl.constexpr, MIN_NORMAL_EXP: tl.constexpr, MANTISSA_BITS: tl.constexpr):
+    """(underflows, overflows, squared error) of one block cast with the scale at ``scale_ptr``."""
+    scale = tl.load(scale_ptr)
+    scale_inv = tl.math.div_rn(1.0, scale)
+    scaled = x * scale
+    overflows = tl.sum((valid & (tl.abs(scaled) > GRID_MAX)).to(tl.float32), axis=0)
+    clamped = tl.where(scaled > GRID_MAX, GRID_MAX, tl.where(scaled < -GRID_MAX, -GRID_MAX, scaled))
+    q = round_to_grid(clamped, MIN_NORMAL_EXP, MANTISSA_BITS)
+    underflows = tl.sum((valid & (x != 0.0) & (q == 0.0)).to(tl.float32), axis=0)
+    error = tl.where(valid, x - q * scale_inv, 0.0)
+    return underflows, overflows, tl.sum(error * error, axis=0)
+
+
+@triton.jit
+def _merge_into_row(
+    table_ptr,
+    row,
+    count,
+    mean,
+    m2,
+    low,
+    high,
+    abs_sum,
+    abs_min,
+    underflows,
+    overflows,
+    sq_err,
+    scale_ptr,
+    HAS_VARIANT: tl.constexpr,
+):
+    """Merge one call's fields into table row ``row`` by each field's rule (see ``partials._LAYOUT``)."""
+    base = table_ptr + row.to(tl.int64) * N_FIELDS
+    old_count = tl.load(base + 0)
+    old_mean = tl.load(base + 1)
+    total = old_count + count
+    delta = mean - old_mean
+    safe_total = tl.where(total > 0, total, 1.0)
+    merged_mean = tl.where(old_count == 0, mean, old_mean + delta * (count / safe_total))
+    merged_m2 = tl.where(old_count == 0, m2, tl.load(base + 2) + m2 + delta * delta * (old_count * count / safe_total))
+    tl.store(base + 0, total)
+    tl.store(base + 1, merged_mean)
+    tl.store(base + 2, merged_m2)
+    tl.store(base + 3, _min_nan(tl.load(base + 3), low))
+    tl.store(base + 4, _max_nan(tl.load(base + 4), high))
+    tl.store(base + 5, tl.load(base + 5) + abs_sum)
+    tl.store(base + 6, _min_nan(tl.load(base + 6), abs_min))
+    if HAS_VARIANT:
+        scale_inv = tl.math.div_rn(1.0, tl.load(scale_ptr)).to(tl.float64)
+        tl.store(base + 7, tl.load(base + 7) + underflows)
+        tl.store(base + 8, tl.load(base + 8) + overflows)
+        tl.store(base + 9, tl.load(base + 9) + sq_err)
+        tl.store(base + 10, _min_nan(tl.load(base + 10), scale_inv))
+        tl.store(base + 11, _max_nan(tl.load(base + 11), scale_inv))
+
+
+@triton.jit
+def _min_nan(a, b):
+    return tl.where((a != a) | (b != b), float("nan"), tl.minimum(a, b))
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.where((a != a) | (b != b), float("nan"), tl.maximum(a, b))
+
+
+@triton.jit
+def _pick(variant: tl.constexpr, u0, u1, u2, u3):
+    """The value of grid ``variant`` among four (a compile-time choice)."""
+    if variant == 0:
+        return u0
+    elif variant == 1:
+        return u1
+    elif variant == 2:
+        return u2
+    else:
+        return u3
+
+
+@triton.jit
+def _scale_ptr(variant: tl.constexpr, s0, s1, s2, s3):
+    if variant <= 0:
+        return s0
+    elif variant == 1:
+        return s1
+    elif variant == 2:
+        return s2
+    else:
+        return s3
+
+
+@triton.jit
+def _tensor_stats(
+    x_ptr,
+    n,
+    table_ptr,
+    scratch_ptr,
+    counter_ptr,
+    call_out_ptr,
+    amax_out_ptr,
+    row0,
+    row1,
+    row2,
+    row3,
+    scale0_ptr,
+    scale1_ptr,
+    scale2_ptr,
+    scale3_ptr,
+    ROWS: tl.constexpr,
+    VARIANTS: tl.constexpr,
+    ROW_VARIANT0: tl.constexpr,
+    ROW_VARIANT1: tl.constexpr,
+    ROW_VARIANT2: tl.constexpr,
+    ROW_VARIANT3: tl.constexpr,
+    GRID_MAX0: tl.constexpr,
+    GRID_MAX1: tl.constexpr,
+    GRID_MAX2: tl.constexpr,
+    GRID_MAX3: tl.constexpr,
+    MIN_EXP0: tl.constexpr,
+    MIN_EXP1: tl.constexpr,
+    MIN_EXP2: tl.constexpr,
+    MIN_EXP3: tl.constexpr,
+    MANTISSA0: tl.constexpr,
+    MANTISSA1: tl.constexpr,
+    MANTISSA2: tl.constexpr,
+    MANTISSA3: tl.constexpr,
+    CALL_OUT: tl.constexpr,
+    AMAX_OUT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PROGRAMS_BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
-    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    valid = offsets < n
-    x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
-    count = tl.sum(valid.to(tl.float32), axis=0)
-    mean = tl.sum(x, axis=0) / count
-    deviation = tl.where(valid, x - mean, 0.0)
-    m2 = tl.sum(deviation * deviation, axis=0)
-    has_nan = tl.sum((valid & (x != x)).to(tl.int32), axis=0) > 0
-    low = tl.min(tl.where(valid, x, float("inf")), axis=0)
-    high = tl.max(tl.where(valid, x, float("-inf")), axis=0)
-    low = tl.where(has_nan, float("nan"), low)
-    high = tl.where(has_nan, float("nan"), high)
-    magnitude = tl.abs(x)
-    abs_sum = tl.sum(magnitude, axis=0)
-    smallest = tl.min(tl.where(valid & (magnitude > 0), magnitude, float("inf")), axis=0)
-    smallest = tl.where(has_nan, float("nan"), smallest)
-    row = out_ptr + pid.to(tl.int64) * 7
-    tl.store(row + 0, count)
-    tl.store(row + 1, mean)
-    tl.store(row + 2, m2)
-    tl.store(row + 3, low)
-    tl.store(row + 4, high)
-    tl.store(row + 5, abs_sum)
-    tl.store(row + 6, smallest)
+    programs = tl.num_programs(0)
+    count = tl.zeros((), dtype=tl.float64)
+    mean = tl.zeros((), dtype=tl.float64)
+    m2 = tl.zeros((), dtype=tl.float64)
+    low = tl.full((), float("inf"), dtype=tl.float32)
+    high = tl.full((), float("-inf"), dtype=tl.float32)
+    abs_sum = tl.zeros((), dtype=tl.float64)
+    abs_min = tl.full((), float("inf"), dtype=tl.float32)
+    nans = tl.zeros((), dtype=tl.float32)
+    u0 = tl.zeros((), dtype=tl.float64)
+    u1 = tl.zeros((), dtype=tl.float64)
+    u2 = tl.zeros((), dtype=tl.float64)
+    u3 = tl.zeros((), dtype=tl.float64)
+    o0 = tl.zeros((), dtype=tl.float64)
+    o1 = tl.zeros((), dtype=tl.float64)
+    o2 = tl.zeros((), dtype=tl.float64)
+    o3 = tl.zeros((), dtype=tl.float64)
+    e0 = tl.zeros((), dtype=tl.float64)
+    e1 = tl.zeros((), dtype=tl.float64)
+    e2 = tl.zeros((), dtype=tl.float64)
+    e3 = tl.zeros((), dtype=tl.float64)
+    block = pid.to(tl.int64)
+    while block * BLOCK < n:  # a while loop: Triton 3.6's interpreter cannot take a tensor as a range bound
+        offsets = block * BLOCK + tl.arange(0, BLOCK)
+        block += programs
+        valid = offsets < n
+        x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
+        block_count = tl.sum(valid.to(tl.float32), axis=0)
+        block_mean = tl.sum(x, axis=0) / tl.maximum(block_count, 1.0)
+        deviation = tl.where(valid, x - block_mean, 0.0)
+        block_m2 = tl.sum(deviation * deviation, axis=0)
+        magnitude = tl.abs(x)
+        nans += tl.sum((valid & (x != x)).to(tl.float32), axis=0)
+        low = tl.minimum(low, tl.min(tl.where(valid, x, float("inf")), axis=0))
+        high = tl.maximum(high, tl.max(tl.where(valid, x, float("-inf")), axis=0))
+        abs_sum += tl.sum(magnitude, axis=0).to(tl.float64)
+        abs_min = tl.minimum(abs_min, tl.min(tl.where(valid & (magnitude > 0), magnitude, float("inf")), axis=0))
+        merged = count + block_count.to(tl.float64)
+        delta = block_mean.to(tl.float64) - mean
+        share = tl.where(merged > 0, block_count.to(tl.float64) / tl.where(merged > 0, merged, 1.0), 0.0)
+        m2 += block_m2.to(tl.float64) + delta * delta * count * share
+        mean += delta * share
+        count = merged
+        if VARIANTS > 0:
+            a, b, c = _grid_counts(x, valid, scale0_ptr, GRID_MAX0, MIN_EXP0, MANTISSA0)
+            u0 += a.to(tl.float64)
+            o0 += b.to(tl.float64)
+            e0 += c.to(tl.float64)
+        if VARIANTS > 1:
+            a, b, c = _grid_counts(x, valid, scale1_ptr, GRID_MAX1, MIN_EXP1, MANTISSA1)
+            u1 += a.to(tl.float64)
+            o1 += b.to(tl.float64)
+            e1 += c.to(tl.float64)
+        if VARIANTS > 2:
+            a, b, c = _grid_counts(x, valid, scale2_ptr, GRID_MAX2, MIN_EXP2, MANTISSA2)
+            u2 += a.to(tl.float64)
+            o2 += b.to(tl.float64)
+            e2 += c.to(tl.float64)
+        if VARIANTS > 3:
+            a, b, c = _grid_counts(x, valid, scale3_ptr, GRID_MAX3, MIN_EXP3, MANTISSA3)
+            u3 += a.to(tl.float64)
+            o3 += b.to(tl.float64)
+            e3 += c.to(tl.float64)
+    own = scratch_ptr + pid.to(tl.int64) * 20
+    tl.store(own + 0, count)
+    tl.store(own + 1, mean)
+    tl.store(own + 2, m2)
+    tl.store(own + 3, low.to(tl.float64))
+    tl.store(own + 4, high.to(tl.float64))
+    tl.store(own + 5, abs_sum)
+    tl.store(own + 6, abs_min.to(tl.float64))
+    tl.store(own + 7, nans.to(tl.float64))
+    tl.store(own + 8, u0)
+    tl.store(own + 9, u1)
+    tl.store(own + 10, u2)
+    tl.store(own + 11, u3)
+    tl.store(own + 12, o0)
+    tl.store(own + 13, o1)
+    tl.store(own + 14, o2)
+    tl.store(own + 15, o3)
+    tl.store(own + 16, e0)
+    tl.store(own + 17, e1)
+    tl.store(own + 18, e2)
+    tl.store(own + 19, e3)
+    tl.debug_barrier()
+    finished = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+    if finished == programs - 1:  # the last program: merge every program's row, then into the table
+        tl.store(counter_ptr, 0)  # ready for the next launch
+        p = tl.arange(0, PROGRAMS_BLOCK)
+        rows = scratch_ptr + p.to(tl.int64) * 20
+        mine = p < programs
+        counts = tl.load(rows + 0, mask=mine, other=0.0, cache_modifier=".cg")
+        means = tl.load(rows + 1, mask=mine, other=0.0, cache_modifier=".cg")
+        total = tl.sum(counts, axis=0)
+        safe = tl.where(total > 0, total, 1.0)
+        t_mean = tl.sum(counts * means, axis=0) / safe
+        spread = tl.where(counts > 0, counts * (means - t_mean) * (means - t_mean), 0.0)
+        t_m2 = tl.sum(tl.load(rows + 2, mask=mine, other=0.0, cache_modifier=".cg"), axis=0) + tl.sum(spread, axis=0)
+        t_low = tl.min(tl.load(rows + 3, mask=mine, other=float("inf"), cache_modifier=".cg"), axis=0)
+        t_high = tl.max(tl.load(rows + 4, mask=mine, other=float("-inf"), cache_modifier=".cg"), axis=0)
+        t_abs = tl.sum(tl.load(rows + 5, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_abs_min = tl.min(tl.load(rows + 6, mask=mine, other=float("inf"), cache_modifier=".cg"), axis=0)
+        poisoned = tl.sum(tl.load(rows + 7, mask=mine, other=0.0, cache_modifier=".cg"), axis=0) > 0
+        t_mean = tl.where(poisoned, float("nan"), t_mean)
+        t_m2 = tl.where(poisoned, float("nan"), t_m2)
+        t_low = tl.where(poisoned, float("nan"), t_low)
+        t_high = tl.where(poisoned, float("nan"), t_high)
+        t_abs = tl.where(poisoned, float("nan"), t_abs)
+        t_abs_min = tl.where(poisoned, float("nan"), t_abs_min)
+        t_u0 = tl.sum(tl.load(rows + 8, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_u1 = tl.sum(tl.load(rows + 9, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_u2 = tl.sum(tl.load(rows + 10, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_u3 = tl.sum(tl.load(rows + 11, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_o0 = tl.sum(tl.load(rows + 12, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_o1 = tl.sum(tl.load(rows + 13, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_o2 = tl.sum(tl.load(rows + 14, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_o3 = tl.sum(tl.load(rows + 15, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_e0 = tl.sum(tl.load(rows + 16, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_e1 = tl.sum(tl.load(rows + 17, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_e2 = tl.sum(tl.load(rows + 18, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_e3 = tl.sum(tl.load(rows + 19, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        if CALL_OUT:
+            tl.store(call_out_ptr + 0, total)
+            tl.store(call_out_ptr + 1, t_mean)
+            tl.store(call_out_ptr + 2, t_m2)
+            tl.store(call_out_ptr + 3, t_low)
+            tl.store(call_out_ptr + 4, t_high)
+            tl.store(call_out_ptr + 5, t_abs)
+            tl.store(call_out_ptr + 6, t_abs_min)
+        if AMAX_OUT:
+            amax = tl.maximum(tl.abs(t_low), tl.abs(t_high))
+            tl.store(amax_out_ptr, tl.where(total > 0, amax, 0.0).to(tl.float32))
+        if ROWS > 0:
+            _merge_into_row(
+                table_ptr,
+                row0,
+                total,
+                t_mean,
+                t_m2,
+                t_low,
+                t_high,
+                t_abs,
+                t_abs_min,
+                _pick(ROW_VARIANT0, t_u0, t_u1, t_u2, t_u3),
+                _pick(ROW_VARIANT0, t_o0, t_o1, t_o2, t_o3),
+                _pick(ROW_VARIANT0, t_e0, t_e1, t_e2, t_e3),
+                _scale_ptr(ROW_VARIANT0, scale0_ptr, scale1_ptr, scale2_ptr, scale3_ptr),
+                ROW_VARIANT0 >= 0,
+            )
+        if ROWS > 1:
+            _merge_into_row(
+                table_ptr,
+                row1,
+                total,
+                t_mean,
+                t_m2,
+                t_low,
+                t_high,
+                t_abs,
+                t_abs_min,
+                _pick(ROW_VARIANT1, t_u0, t_u1, t_u2, t_u3),
+                _pick(ROW_VARIANT1, t_o0, t_o1, t_o2, t_o3),
+                _pick(ROW_VARIANT1, t_e0, t_e1, t_e2, t_e3),
+                _scale_ptr(ROW_VARIANT1, scale0_ptr, scale1_ptr, scale2_ptr, scale3_ptr),
+                ROW_VARIANT1 >= 0,
+            )
+        if ROWS > 2:
+            _merge_into_row(
+                table_ptr,
+                row2,
+                total,
+                t_mean,
+                t_m2,
+                t_low,
+                t_high,
+                t_abs,
+                t_abs_min,
+                _pick(ROW_VARIANT2, t_u0, t_u1, t_u2, t_u3),
+                _pick(ROW_VARIANT2, t_o0, t_o1, t_o2, t_o3),
+                _pick(ROW_VARIANT2, t_e0, t_e1, t_e2, t_e3),
+                _scale_ptr(ROW_VARIANT2, scale0_ptr, scale1_ptr, scale2_ptr, scale3_ptr),
+                ROW_VARIANT2 >= 0,
+            )
+        if ROWS > 3:
+            _merge_into_row(
+                table_ptr,
+                row3,
+                total,
+                t_mean,
+                t_m2,
+                t_low,
+                t_high,
+                t_abs,
+                t_abs_min,
+                _pick(ROW_VARIANT3, t_u0, t_u1, t_u2, t_u3),
+                _pick(ROW_VARIANT3, t_o0, t_o1, t_o2, t_o3),
+                _pick(ROW_VARIANT3, t_e0, t_e1, t_e2, t_e3),
+                _scale_ptr(ROW_VARIANT3, scale0_ptr, scale1_ptr, scale2_ptr, scale3_ptr),
+                ROW_VARIANT3 >= 0,
+            )
 
 
-def triton_partials(tensor: torch.Tensor) -> torch.Tensor:
-    """``compute_partials(tensor, every optional field)`` with one read of the (non-empty) tensor."""
-    x = tensor.detach().reshape(-1)
-    if not x.is_contiguous():
-        x = x.contiguous()
-    blocks = math.ceil(x.numel() / BLOCK)
-    core = torch.empty(blocks, len(CORE), dtype=torch.float32, device=x.device)
-    _block_partials[(blocks,)](x, core, x.numel(), BLOCK=BLOCK, **OPTIONS)
-    rest = identity_partials(x.device)[len(CORE) :].expand(blocks, -1)
-    return merge_partials(torch.cat([core.to(torch.float64), rest], dim=1))
+@functools.cache
+def _programs(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8  # the interpreter: a few programs still exercise the merge of their rows
+    return min(torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM, MAX_PROGRAMS)
+
+
+_workspace: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _scratch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The programs' rows and the finished-programs counter of ``device``, allocated once (the
+    counter is zeroed once; the last program of every launch sets it back to zero)."""
+    if device not in _workspace:
+        _workspace[device] = (
+            torch.empty(MAX_PROGRAMS, SCRATCH_FIELDS, dtype=torch.float64, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device),
+        )
+    return _workspace[device]
+
+
+def triton_tensor_stats(
+    x: torch.Tensor,
+    table: torch.Tensor,
+    rows: Sequence[int],
+    row_variants: Sequence[int],
+    scales: Sequence[torch.Tensor],
+    grids: Sequence[tuple[float, int, int]],
+    call_out: torch.Tensor | None = None,
+    amax_out: torch.Tensor | None = None,
+) -> None:
+    """``kernels.tensor_stats`` for a contiguous, non-empty CUDA tensor: one launch (see module docstring)."""
+    if len(rows) > MAX_ROWS or len(scales) > MAX_VARIANTS:
+        raise ValueError(f"one launch serves at most {MAX_ROWS} rows and {MAX_VARIANTS} grids")
+    scratch, counter = _scratch(x.device)
+    blocks = triton.cdiv(x.numel(), BLOCK)
+    programs = min(blocks, _programs(x.device))
+    padded_rows = [*rows, *[0] * (MAX_ROWS - len(rows))]
+    padded_variants = [*row_variants, *[-1] * (MAX_ROWS - len(rows))]
+    padded_scales = [*scales, *[table] * (MAX_VARIANTS - len(scales))]
+    padded_grids = [*grids, *[(0.0, 0, 0)] * (MAX_VARIANTS - len(grids))]
+    _tensor_stats[(programs,)](
+        x,
+        x.numel(),
+        table,
+        scratch,
+        counter,
+        call_out if call_out is not None else table,
+        amax_out if amax_out is not None else table,
+        *padded_rows,
+        *padded_scales,
+        ROWS=len(rows),
+        VARIANTS=len(scales),
+        **{f"ROW_VARIANT{i}": v for i, v in enumerate(padded_variants)},
+        **{f"GRID_MAX{i}": g[0] for i, g in enumerate(padded_grids)},
+        **{f"MIN_EXP{i}": g[1] for i, g in enumerate(padded_grids)},
+        **{f"MANTISSA{i}": g[2] for i, g in enumerate(padded_grids)},
+        CALL_OUT=call_out is not None,
+        AMAX_OUT=amax_out is not None,
+        BLOCK=BLOCK,
+        PROGRAMS_BLOCK=MAX_PROGRAMS,
+    )

@@ -11,7 +11,7 @@ import pytest
 import torch
 from statref import reference_stats
 
-from nvdlfw_inspect.stats import compute_partials, derive_stats, merge_partials, partials, supported_stats
+from nvdlfw_inspect.stats import compute_partials, derive_stats, kernels, merge_partials, supported_stats
 from nvdlfw_inspect.stats.partials import FIELDS, INDEX, OPTIONAL_FIELDS, empty_partials
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -23,8 +23,8 @@ EXACT_FIELDS = ("count", "min", "max", "abs_min_nonzero")
 @pytest.fixture(autouse=True, params=["C kernel", "torch reductions"])
 def cpu_implementation(request, monkeypatch):
     if request.param == "torch reductions":
-        monkeypatch.setattr(partials, "native_kernel", lambda: None)
-    elif partials.native_kernel() is None:
+        monkeypatch.setattr(kernels, "native_kernel", lambda: None)
+    elif kernels.native_kernel() is None:
         pytest.skip("no C compiler: the kernel cannot be built")
     return request.param
 

@@ -23,24 +23,50 @@ def test_kernel_in_the_triton_interpreter():
     assert result.stdout.startswith("ok: ")
 
 
+def kernel_signature(dtype: str) -> tuple[dict[str, str], dict]:
+    from nvdlfw_inspect.stats.triton_partials import BLOCK, MAX_PROGRAMS
+
+    pointers = ["table_ptr", "scratch_ptr", "call_out_ptr"]
+    signature = {"x_ptr": dtype, **dict.fromkeys(pointers, "*fp64"), "counter_ptr": "*i32", "amax_out_ptr": "*fp32"}
+    signature |= {"n": "i64", **{f"row{i}": "i32" for i in range(4)}}
+    signature |= {f"scale{i}_ptr": "*fp32" for i in range(4)}
+    grids = [(448.0, -6, 3), (57344.0, -14, 2), (448.0, -6, 3), (0.0, 0, 0)]
+    constexprs = {"ROWS": 4, "VARIANTS": 3, "CALL_OUT": True, "AMAX_OUT": True, "BLOCK": BLOCK, "PROGRAMS_BLOCK": MAX_PROGRAMS}
+    constexprs |= {f"ROW_VARIANT{i}": v for i, v in enumerate([-1, 0, 1, 2])}
+    for i, (grid_max, exponent, mantissa) in enumerate(grids):
+        constexprs |= {f"GRID_MAX{i}": grid_max, f"MIN_EXP{i}": exponent, f"MANTISSA{i}": mantissa}
+    return signature | dict.fromkeys(constexprs, "constexpr"), constexprs
+
+
 @pytest.mark.parametrize("dtype", ["*bf16", "*fp16", "*fp32"])
 def test_kernel_compiles_for_hopper(dtype):
+    """The real compiler accepts the kernel; the grid rounds exactly (no flushed subnormals, no
+    contracted multiply-add) and the last program's merge is ordered after every program's row."""
     from triton_aot import hopper_ptx
 
-    from nvdlfw_inspect.stats.triton_partials import BLOCK, OPTIONS, _block_partials
+    from nvdlfw_inspect.stats.triton_partials import OPTIONS, _tensor_stats
 
-    signature = {"x_ptr": dtype, "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
-    ptx = hopper_ptx(_block_partials, signature, {"BLOCK": BLOCK}, OPTIONS)
-    assert ".ftz" not in ptx and "ld.global" in ptx
+    signature, constexprs = kernel_signature(dtype)
+    ptx = hopper_ptx(_tensor_stats, signature, constexprs, OPTIONS)
+    assert ".ftz" not in ptx and "fma.rn.f32" not in ptx and "ld.global" in ptx
+    assert "atom.global.gpu.acq_rel.add" in ptx  # the counter releases each row and acquires all of them
+    assert "ld.global.cg" in ptx  # the scratch rows bypass the L1 cache, which other programs' writes do not update
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_tensors_take_the_kernel_and_match_the_eager_path():
+def test_kernel_on_the_gpu():
+    result = subprocess.run([sys.executable, str(CHECKS), "--device", "cuda"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("ok: ")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_take_the_kernel_and_match_the_cpu_kernel():
     from nvdlfw_inspect.stats.derive import derive_stats, supported_stats
     from nvdlfw_inspect.stats.partials import compute_partials
 
     x = (torch.randn(3, 5000, device="cuda") * 2 + 7).to(torch.bfloat16)
-    fused = derive_stats(compute_partials(x), supported_stats())
+    fused = derive_stats(compute_partials(x, {"abs_min_nonzero"}), supported_stats())
     eager = derive_stats(compute_partials(x.cpu(), {"abs_min_nonzero"}), supported_stats())
     for stat in supported_stats():
         assert fused[stat] == pytest.approx(eager[stat], rel=1e-5), stat

@@ -1,8 +1,12 @@
 """Checks of the Triton statistics kernel, run by test_triton_partials.py in a process where
-``TRITON_INTERPRET=1`` (set before Triton loads) makes the kernel run on CPU tensors."""
+``TRITON_INTERPRET=1`` (set before Triton loads) makes the kernel run on CPU tensors, or with
+``--device cuda`` on a GPU: tensor statistics against float64 ones, quantization counts against
+lowprec's casts, merging into table rows against the whole tensor, and the table rows against the
+C kernel's (or the torch reductions') for the same feeds."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -11,10 +15,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for statref (this runs as a script)
 from statref import reference_stats  # noqa: E402
+from triton_strict import index_as_triton_36  # noqa: E402
 
-from nvdlfw_inspect.stats.derive import derive_stats, supported_stats
-from nvdlfw_inspect.stats.partials import FIELDS, compute_partials, merge_partials
-from nvdlfw_inspect.stats.triton_partials import BLOCK, triton_partials
+from lowprec.formats import E4M3, E5M2  # noqa: E402
+from lowprec.quantization import quantize_with_scale  # noqa: E402
+from nvdlfw_inspect.stats import kernels  # noqa: E402
+from nvdlfw_inspect.stats.derive import derive_stats, supported_stats  # noqa: E402
+from nvdlfw_inspect.stats.partials import FIELDS, INDEX, empty_partials  # noqa: E402
+from nvdlfw_inspect.stats.triton_partials import BLOCK, triton_tensor_stats  # noqa: E402
+
+GRIDS = {E4M3: (448.0, -6, 3), E5M2: (57344.0, -14, 2)}
 
 
 def same(a: float, b: float, rel: float) -> bool:
@@ -25,10 +35,10 @@ def same(a: float, b: float, rel: float) -> bool:
     return abs(a - b) <= rel * abs(b) + 1e-12
 
 
-def cases() -> list[tuple[str, torch.Tensor]]:
+def cases(device: str) -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
     out = []
-    for n in (1, 7, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 123):
+    for n in (1, 7, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 123, 20 * BLOCK + 5):
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             x = (torch.randn(n, generator=g) * 3 - 1).to(dtype)
             x[: max(1, n // 10)] = 0.0
@@ -36,38 +46,106 @@ def cases() -> list[tuple[str, torch.Tensor]]:
     out.append(("large mean", 1000.0 + torch.randn(5 * BLOCK, generator=g)))
     out.append(("2-D non-contiguous", torch.randn(96, 80, generator=g).t()))
     out.append(("all zeros", torch.zeros(BLOCK + 5)))
-    return out
+    return [(name, x.to(device)) for name, x in out]
 
 
-def main() -> None:
-    failures = []
-    for name, x in cases():
-        fused = triton_partials(x)
-        if fused.shape != (len(FIELDS),) or fused.dtype != torch.float64:
-            failures.append(f"{name}: shape {tuple(fused.shape)} dtype {fused.dtype}")
-        got = derive_stats(fused, supported_stats())
-        want = reference_stats(x)
+def one_row(x: torch.Tensor, **kwargs) -> torch.Tensor:
+    table = empty_partials(x.device).view(1, -1)
+    triton_tensor_stats(kernels._flat(x), table, [0], [-1], [], [], **kwargs)
+    return table[0].cpu()
+
+
+def check_tensor_fields(device: str, failures: list[str]) -> None:
+    for name, x in cases(device):
+        got = derive_stats(one_row(x), supported_stats())
+        want = reference_stats(x.cpu())
         for stat in supported_stats():
             if not same(got[stat], want[stat], 1e-5):
                 failures.append(f"{name}: {stat} {got[stat]} != {want[stat]}")
-        eager = compute_partials(x, {"abs_min_nonzero"})
-        if not same(fused[0].item(), eager[0].item(), 0):
-            failures.append(f"{name}: count differs")
-    special = torch.tensor([1.0, math.inf, -2.0] + [0.5] * BLOCK)
-    got = derive_stats(triton_partials(special), ["max", "min", "l1_norm", "std"])
+    special = torch.tensor([1.0, math.inf, -2.0] + [0.5] * BLOCK, device=device)
+    got = derive_stats(one_row(special), ["max", "min", "l1_norm", "std"])
     if not (got["max"] == math.inf and got["min"] == -2.0 and got["l1_norm"] == math.inf and math.isnan(got["std"])):
         failures.append(f"inf: {got}")
-    with_nan = torch.tensor([1.0] * BLOCK + [math.nan, 2.0])
-    got = derive_stats(triton_partials(with_nan), supported_stats())
+    with_nan = torch.tensor([1.0] * 3 * BLOCK + [math.nan, 2.0], device=device)
+    got = derive_stats(one_row(with_nan), supported_stats())
     if not all(math.isnan(got[s]) for s in ("min", "max", "mean", "std", "l1_norm", "dynamic_range")):
         failures.append(f"nan: {got}")
+
+
+def check_merging_into_rows(device: str, failures: list[str]) -> None:
+    """Micro-batches fed into one row equal the whole tensor; launches reuse the scratch rows."""
     g = torch.Generator().manual_seed(1)  # fixed data: an unseeded mean can land near zero, where rel 1e-6 is below fp32
-    halves = [torch.randn(BLOCK + 3, generator=g), torch.randn(17, generator=g) + 5]
-    merged = derive_stats(merge_partials(torch.stack([triton_partials(h) for h in halves])), ["std", "mean"])
-    whole = reference_stats(torch.cat(halves))
-    if not (same(merged["std"], whole["std"], 1e-6) and same(merged["mean"], whole["mean"], 1e-6)):
-        failures.append(f"merge: {merged} vs {whole}")
-    print("\n".join(failures) or f"ok: {len(cases())} cases")
+    parts = [torch.randn(3 * BLOCK + 3, generator=g), torch.randn(17, generator=g) + 5, torch.randn(9 * BLOCK, generator=g) * 0.1]
+    table = torch.stack([empty_partials()] * 3).to(device)
+    for part in parts:
+        triton_tensor_stats(part.to(device), table, [2], [-1], [], [])
+    merged = derive_stats(table[2].cpu(), supported_stats())
+    whole = reference_stats(torch.cat(parts))
+    for stat in supported_stats():
+        if not same(merged[stat], whole[stat], 1e-6):
+            failures.append(f"merge {stat}: {merged[stat]} vs {whole[stat]}")
+    if not torch.equal(table[:2].cpu(), torch.stack([empty_partials()] * 2)):
+        failures.append("rows not asked for were written")
+
+
+def check_quantization_fields(device: str, failures: list[str]) -> None:
+    """Underflows and overflows equal lowprec's casts exactly; the squared error to float64 rounding."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(7 * BLOCK + 11, generator=g) * torch.logspace(-6, 3, 7 * BLOCK + 11).flip(0)
+    x[::97] = 0.0
+    for dtype in (torch.float32, torch.bfloat16):
+        data = x.to(dtype)
+        scales = [torch.tensor(0.5), torch.tensor(3000.0), torch.tensor(1e-3)]
+        formats = [E4M3, E4M3, E5M2]
+        table = torch.stack([empty_partials()] * 4).to(device)
+        call_out, amax_out = empty_partials(device), torch.zeros((), device=device)
+        triton_tensor_stats(
+            data.to(device),
+            table,
+            [0, 1, 2, 3],
+            [-1, 0, 1, 2],
+            [s.to(device) for s in scales],
+            [GRIDS[f] for f in formats],
+            call_out=call_out,
+            amax_out=amax_out,
+        )
+        rows = table.cpu()
+        reference = torch.stack([empty_partials()] * 4)
+        grids = [GRIDS[f] for f in formats]
+        request = kernels._Request([0, 1, 2, 3], [-1, 0, 1, 2], scales, *map(list, zip(*grids, strict=True)), True)
+        kernels._torch_tensor_stats(data, reference, request)
+        for v, (scale, fmt) in enumerate(zip(scales, formats, strict=True)):
+            row = rows[v + 1]
+            q = quantize_with_scale(data, scale, fmt)
+            values = data.double()
+            underflows = ((values != 0) & (q.data.float() == 0)).sum().item()
+            overflows = ((data.float() * scale).abs() > fmt.max).sum().item()
+            sq_err = (values - q.dequantize(torch.float32).double()).square().sum().item()
+            checks = {"underflows": underflows, "overflows": overflows, "scale_inv_min": (1 / scale).item()}
+            for field, want in checks.items():
+                if row[INDEX[field]].item() != want:
+                    failures.append(f"{dtype} grid {v}: {field} {row[INDEX[field]].item()} != {want}")
+            if not same(row[INDEX["sq_err"]].item(), sq_err, 1e-5):
+                failures.append(f"{dtype} grid {v}: sq_err {row[INDEX['sq_err']].item()} != {sq_err}")
+        differs = ~((rows - reference).abs() <= 1e-5 * reference.abs() + 1e-12) & ~(rows == reference)
+        if differs.any():
+            failures.append(f"{dtype}: rows differ from the torch reductions at {differs.nonzero().tolist()}")
+        if not torch.equal(call_out.cpu()[:7], rows[0][:7]) or amax_out.item() != data.float().abs().max().item():
+            failures.append(f"{dtype}: call_out/amax_out {call_out.tolist()} {amax_out.item()}")
+        if call_out.cpu()[7:].tolist() != empty_partials()[7:].tolist():
+            failures.append(f"{dtype}: call_out quantization fields written")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    device = parser.parse_args().device
+    index_as_triton_36()
+    failures: list[str] = []
+    check_tensor_fields(device, failures)
+    check_merging_into_rows(device, failures)
+    check_quantization_fields(device, failures)
+    print("\n".join(failures) or f"ok: {len(cases(device))} cases, {len(FIELDS)} fields")
     sys.exit(1 if failures else 0)
 
 
