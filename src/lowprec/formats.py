@@ -20,11 +20,19 @@ import torch
 
 @dataclass(frozen=True)
 class FP8Format:
-    """One FP8 encoding: its name in configs, its torch dtype and its largest finite magnitude."""
+    """One FP8 encoding: its name in configs, its torch dtype, its largest finite magnitude, the
+    exponent of its smallest normal value and its mantissa bits."""
 
     name: str
     dtype: torch.dtype
     max: float
+    min_normal_exp: int
+    mantissa_bits: int
+
+    @property
+    def grid(self) -> tuple[float, int, int]:
+        """``(max, min_normal_exp, mantissa_bits)``: the grid the statistics kernels round to."""
+        return self.max, self.min_normal_exp, self.mantissa_bits
 
     def cast(self, scaled: torch.Tensor) -> torch.Tensor:
         """Round ``scaled`` (already multiplied by the scale) to this format, saturating at ``±max``;
@@ -36,8 +44,8 @@ class FP8Format:
         return (scaled.float().abs() > self.max).sum()
 
 
-E4M3 = FP8Format("FP8E4M3", torch.float8_e4m3fn, 448.0)
-E5M2 = FP8Format("FP8E5M2", torch.float8_e5m2, 57344.0)
+E4M3 = FP8Format("FP8E4M3", torch.float8_e4m3fn, 448.0, -6, 3)
+E5M2 = FP8Format("FP8E5M2", torch.float8_e5m2, 57344.0, -14, 2)
 
 FP8_FORMATS = {fmt.name: fmt for fmt in (E4M3, E5M2)}
 BY_DTYPE = {fmt.dtype: fmt for fmt in (E4M3, E5M2)}

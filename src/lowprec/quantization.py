@@ -25,7 +25,8 @@ class Float8Tensor:
 
     ``other_layout``, when present, holds the same values in the other memory order (a column-major
     view when ``data`` is row-major), made by the fused cast so that GEMMs wanting that order need no
-    copy.
+    copy. ``scale``, when known, is the scale the cast multiplied by (statistics recompute the cast
+    from it: its reciprocal ``scale_inv`` does not always give it back exactly).
     """
 
     def __init__(
@@ -35,12 +36,14 @@ class Float8Tensor:
         fmt: FP8Format,
         dtype: torch.dtype,
         other_layout: torch.Tensor | None = None,
+        scale: torch.Tensor | None = None,
     ):
         self.data = data
         self.scale_inv = scale_inv
         self.format = fmt
         self.dtype = dtype
         self.other_layout = other_layout
+        self.scale = scale
 
     @property
     def shape(self) -> torch.Size:
@@ -53,7 +56,7 @@ class Float8Tensor:
     def t(self) -> Float8Tensor:
         """The transpose (views of the same bytes)."""
         other = self.other_layout.t() if self.other_layout is not None else None
-        return Float8Tensor(self.data.t(), self.scale_inv, self.format, self.dtype, other)
+        return Float8Tensor(self.data.t(), self.scale_inv, self.format, self.dtype, other, self.scale)
 
     def row_major(self) -> torch.Tensor:
         """The values in row-major order: a stored layout if one is, else a copy."""
@@ -134,8 +137,8 @@ def _cast(
 
         data, data_t, partials = triton_cast.cast_fp8(tensor, scale, fmt, transpose, record_amax)
         other = data_t.t() if data_t is not None else None
-        return Float8Tensor(data, scale_inv, fmt, tensor.dtype, other), partials
-    return Float8Tensor(fmt.cast(tensor.float() * scale), scale_inv, fmt, tensor.dtype), None
+        return Float8Tensor(data, scale_inv, fmt, tensor.dtype, other, scale), partials
+    return Float8Tensor(fmt.cast(tensor.float() * scale), scale_inv, fmt, tensor.dtype, scale=scale), None
 
 
 def amax_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -161,6 +164,11 @@ class CurrentScalingQuantizer:
         return self.format.dtype
 
     def scale_for(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The scale of ``tensor``: on the fused path one pass for the amax and a tiny kernel."""
+        if uses_fused_kernels(tensor):
+            from lowprec import triton_scales
+
+            return triton_scales.current_scaling(tensor, self.format, self.margin)[0]
         return scale_from_amax(amax_of(tensor), self.format, self.margin)
 
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
@@ -216,7 +224,15 @@ class DelayedScalingQuantizer:
         return quantized
 
     def record_amax(self, amax: torch.Tensor) -> None:
-        """Push ``amax`` into the history and compute the scale of the next cast."""
+        """Push ``amax`` (a 0-dim fp32 tensor) into the history and compute the scale of the next cast."""
+        if uses_fused_kernels(amax.reshape(1, 1)):
+            from lowprec import triton_scales
+
+            use_max = self.recipe.amax_compute_algo == "max"
+            self.amax_history, self.scale, self.scale_inv = triton_scales.delayed_scaling_update(
+                amax.reshape(1), self.amax_history, self.scale, self.format, self.recipe.margin, use_max
+            )
+            return
         self.amax_history = torch.cat([amax.reshape(1).to(self.amax_history), self.amax_history[:-1]])
         if self.recipe.amax_compute_algo == "max":
             reference = self.amax_history.amax()

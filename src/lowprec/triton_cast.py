@@ -27,26 +27,13 @@ import triton
 import triton.language as tl
 
 from lowprec.formats import E4M3, FP8Format
+from nvdlfw_inspect.stats.triton_partials import round_to_grid
 
 TILE = 64
 AMAX_BLOCK = 4096
 AMAX_PROGRAMS = 1024
 OPTIONS = {"enable_fp_fusion": False}  # no contracted multiply-adds: every rounding as written
 NAN_BYTE = tl.constexpr(0x7F)  # the canonical positive NaN of E4M3 and E5M2
-MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (RNE)
-
-
-@triton.jit
-def _round_to_grid(v, MIN_NORMAL_EXP: tl.constexpr, MANTISSA_BITS: tl.constexpr):
-    """``v`` rounded to the nearest value of the FP8 grid (ties to even), as fp32; ``v`` is in range."""
-    bits = v.to(tl.int32, bitcast=True)
-    exponent = (bits >> 23) & 0xFF
-    spacing_exponent = tl.maximum(exponent, 127 + MIN_NORMAL_EXP) - MANTISSA_BITS  # biased
-    spacing = (spacing_exponent << 23).to(tl.float32, bitcast=True)
-    inverse = ((254 - spacing_exponent) << 23).to(tl.float32, bitcast=True)
-    steps = (v * inverse + MAGIC) - MAGIC
-    rounded = steps * spacing
-    return tl.where(rounded == 0.0, v * 0.0, rounded)  # keep the sign of values that round to zero
 
 
 @triton.jit
@@ -74,7 +61,7 @@ def _cast_tile(
     x = tl.load(x_ptr + row[:, None] * stride_row + col[None, :] * stride_col, mask=inside, other=0.0).to(tl.float32)
     v = x * tl.load(scale_ptr)
     v = tl.where(v > FP8_MAX, FP8_MAX, tl.where(v < -FP8_MAX, -FP8_MAX, v))  # saturate; NaN stays NaN
-    exact = _round_to_grid(v, MIN_NORMAL_EXP, MANTISSA_BITS)
+    exact = round_to_grid(v, MIN_NORMAL_EXP, MANTISSA_BITS)
     if IS_E4M3:
         encoded = exact.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     else:
@@ -117,11 +104,6 @@ def _amax_blocks(x_ptr, amax_ptr, n, BLOCK: tl.constexpr):
     tl.store(amax_ptr + tl.program_id(0), _nan_aware_max(running))
 
 
-def _grid_of(fmt: FP8Format) -> tuple[int, int]:
-    """(exponent of the smallest normal, mantissa bits) of ``fmt``."""
-    return (-6, 3) if fmt is E4M3 else (-14, 2)
-
-
 def amax_partials(tensor: torch.Tensor) -> torch.Tensor:
     """Partial ``max |tensor|`` values (fp32, at most ``AMAX_PROGRAMS``) whose max is the amax, in one
     read (NaN where a NaN was seen)."""
@@ -156,7 +138,6 @@ def cast_fp8(
         return out, out_t, partials
     grid = (triton.cdiv(rows, TILE), triton.cdiv(cols, TILE))
     partials = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=tensor.device) if record_amax else None
-    min_normal_exp, mantissa_bits = _grid_of(fmt)
     _cast_tile[grid](
         tensor,
         scale.reshape(1).float(),
@@ -168,8 +149,8 @@ def cast_fp8(
         tensor.stride(0),
         tensor.stride(1),
         FP8_MAX=fmt.max,
-        MIN_NORMAL_EXP=min_normal_exp,
-        MANTISSA_BITS=mantissa_bits,
+        MIN_NORMAL_EXP=fmt.min_normal_exp,
+        MANTISSA_BITS=fmt.mantissa_bits,
         IS_E4M3=fmt is E4M3,
         TRANSPOSE=transpose,
         RECORD_AMAX=record_amax,

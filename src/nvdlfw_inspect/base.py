@@ -170,6 +170,8 @@ class BaseNamespaceAPI(ABC):
             if cached is not _MISS:
                 if cached is None:
                     return {}
+                if isinstance(cached, dict):
+                    return self._call_several(api_name, cached, layer_name, kwargs)
                 return self.call_feature(cached[0], cached[1], layer_name, **kwargs)
 
         from nvdlfw_inspect.logging import get_logger
@@ -207,13 +209,10 @@ class BaseNamespaceAPI(ABC):
                     f"{list(features_to_invoke)} are enabled for {kwargs_summary(kwargs)}; "
                     "select the layer in only one of them"
                 )
-            outputs = FeatureOutputs()
-            for feature_name, cfg in features_to_invoke.items():
-                out = self._call_named(feature_name, api_name, cfg, layer_name, kwargs)
-                self.output_assertions_hook(api_name, out, **kwargs)
-                outputs.append(out)
+            if uid is not None:
+                self._api_cache[uid] = features_to_invoke
             self._log_executed(api_name, f"Debug API call '{api_name}' found and multiple debug features were executed.")
-            return self.handle_multi_feature_output(api_name, outputs, features_to_invoke, **kwargs)
+            return self._call_several(api_name, features_to_invoke, layer_name, kwargs)
 
         ((feature_name, cfg),) = features_to_invoke.items()
         method = getattr(self.namespace_features[feature_name], api_name)
@@ -225,6 +224,15 @@ class BaseNamespaceAPI(ABC):
         out = self._call_named(feature_name, api_name, cfg, layer_name, kwargs)
         self.output_assertions_hook(api_name, out, **kwargs)
         return out
+
+    def _call_several(self, api_name: str, features: dict[str, dict], layer_name: str, kwargs: dict) -> Any:
+        """Call every feature of ``features`` (name -> resolved config) and combine their outputs."""
+        outputs = FeatureOutputs()
+        for feature_name, cfg in features.items():
+            out = self._call_named(feature_name, api_name, cfg, layer_name, kwargs)
+            self.output_assertions_hook(api_name, out, **kwargs)
+            outputs.append(out)
+        return self.handle_multi_feature_output(api_name, outputs, features, **kwargs)
 
     def _call_named(self, feature_name: str, api_name: str, cfg: dict, layer_name: str, kwargs: dict) -> Any:
         method = getattr(self.namespace_features[feature_name], api_name)

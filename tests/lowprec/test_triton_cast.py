@@ -52,7 +52,7 @@ def test_cast_kernel_compiles_for_hopper_with_exact_hardware_conversions(fmt, dt
 
     from lowprec import triton_cast
 
-    exponent, mantissa = triton_cast._grid_of(fmt)
+    exponent, mantissa = fmt.min_normal_exp, fmt.mantissa_bits
     constexprs = {"FP8_MAX": fmt.max, "MIN_NORMAL_EXP": exponent, "MANTISSA_BITS": mantissa, "IS_E4M3": fmt is E4M3}
     constexprs |= {"TRANSPOSE": transpose, "RECORD_AMAX": record_amax, "TILE": triton_cast.TILE}
     ptx = hopper_ptx(triton_cast._cast_tile, CAST_SIGNATURE | {"x_ptr": dtype}, constexprs, triton_cast.OPTIONS)

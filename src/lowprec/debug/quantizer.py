@@ -17,6 +17,7 @@ from lowprec.debug.names import TENSOR_GEMMS
 from lowprec.debug.plan import LayerPlan, Precision
 from lowprec.gemm import Operand
 from lowprec.quantization import Quantizer
+from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.utils import get_distributed_world_size
 
 
@@ -105,14 +106,15 @@ class DebugProcessing:
         columnwise: Operand | None,
         quantizer: Quantizer | None,
     ) -> None:
-        debug_api.transformer_engine.inspect_tensor(
-            layer_name=self.layer_name,
-            tensor_name=tensor_name,
-            tensor=tensor,
-            iteration=iteration,
-            tp_group=self.tp_group,
-            tp_size=self.tp_size,
-            rowwise_quantized_tensor=rowwise,
-            columnwise_quantized_tensor=columnwise,
-            quantizer=quantizer,
-        )
+        with STATS_BUFFERS.one_launch(tensor):  # every statistics feature on this tensor shares one kernel
+            debug_api.transformer_engine.inspect_tensor(
+                layer_name=self.layer_name,
+                tensor_name=tensor_name,
+                tensor=tensor,
+                iteration=iteration,
+                tp_group=self.tp_group,
+                tp_size=self.tp_size,
+                rowwise_quantized_tensor=rowwise,
+                columnwise_quantized_tensor=columnwise,
+                quantizer=quantizer,
+            )

@@ -85,8 +85,13 @@ class _Launch:
     row_variants: list[int] = field(default_factory=list)
     quantizations: list[Quantization] = field(default_factory=list)
     want_abs_min: bool = False
+    amax_outs: list[torch.Tensor] = field(default_factory=list)
 
-    def add(self, buffer: StatsBuffer, quantization: Quantization | None) -> None:
+    def add(self, buffer: StatsBuffer | None, quantization: Quantization | None, amax_out: torch.Tensor | None) -> None:
+        if amax_out is not None:
+            self.amax_outs.append(amax_out)
+        if buffer is None:
+            return
         variant = -1
         if quantization is not None:
             scale, grid = quantization
@@ -99,10 +104,13 @@ class _Launch:
         self.want_abs_min |= buffer.want_abs_min
 
     def run(self, table: torch.Tensor, call_out: torch.Tensor | None = None) -> None:
-        if self.rows or call_out is not None:
+        if self.rows or call_out is not None or self.amax_outs:
             scales = [scale for scale, _ in self.quantizations]
             grids = [grid for _, grid in self.quantizations]
-            tensor_stats(self.tensor, table, self.rows, self.row_variants, scales, grids, self.want_abs_min, call_out)
+            amax_out = self.amax_outs[0] if self.amax_outs else None
+            tensor_stats(self.tensor, table, self.rows, self.row_variants, scales, grids, self.want_abs_min, call_out, amax_out)
+            for other in self.amax_outs[1:]:
+                other.copy_(amax_out)
 
 
 @dataclass
@@ -173,39 +181,43 @@ class StatsBuffers:
         partials: torch.Tensor | None = None,
         quantization: Quantization | None = None,
         call_out: torch.Tensor | None = None,
+        amax_out: torch.Tensor | None = None,
         accumulate: bool = True,
         reduction_group: Any = None,
         skip_reduction: bool = False,
         last_rank_only: bool = False,
-    ) -> None:
-        """Add ``tensor`` (or its precomputed ``partials``) to the request ``key``, created on first use.
+    ) -> bool:
+        """Add ``tensor`` (or its precomputed ``partials``) to the request ``key``, created on first use;
+        whether the request took it (one that does not accumulate takes one tensor per step).
 
         ``stats`` are names, or ``(logged name, derivation)`` pairs such as
         ``("fp8_current_scaling_mse", "mse")``. ``quantization`` adds the statistics of casting the
         tensor with that scale on that grid. ``call_out`` (an empty partial) receives this call's own
-        partials. An empty tensor is logged as one (count 0, NaN extremes).
+        partials, ``amax_out`` (a 0-dim float32 tensor) the tensor's max |x|. An empty tensor is
+        logged as one (count 0, NaN extremes).
         """
         source = tensor if tensor is not None else partials
         if source is None:
-            return
+            return False
         request = dict(layer_name=layer_name, tensor_name=tensor_name, stats=as_stats(stats))
         request |= dict(reduction_group=reduction_group, skip_reduction=skip_reduction, accumulate=accumulate)
         buffer = self._buffer(key, iteration, source.device, **request, last_rank_only=last_rank_only)
         table = self._table(source.device).rows
+        if buffer is None:
+            amax_out = None  # nothing to record either
         if partials is not None:
             if buffer is not None:
                 table[buffer.row] = merge_partials(torch.stack([table[buffer.row], partials]))
-            return
-        if tensor.numel() == 0 and call_out is None:
-            return  # logged as an empty tensor: the row keeps its identity
-        launch = self._launch if self._launch is not None and self._launch.tensor is tensor else None
-        if launch is None:
-            launch = _Launch(tensor)
-            if buffer is not None:
-                launch.add(buffer, quantization)
-            launch.run(table, call_out)
-        elif buffer is not None:
-            launch.add(buffer, quantization)
+            return buffer is not None
+        if tensor.numel() > 0 or call_out is not None or amax_out is not None:  # an empty tensor: the row stays empty
+            launch = self._launch if self._launch is not None and self._launch.tensor is tensor else None
+            if launch is None:
+                launch = _Launch(tensor)
+                launch.add(buffer, quantization, amax_out)
+                launch.run(table, call_out)
+            else:
+                launch.add(buffer, quantization, amax_out)
+        return buffer is not None
 
     def flush(self) -> dict[tuple[str, str, str, int], float]:
         """Log every request fed since the last flush; returns ``{(layer, tensor, stat, iteration): value}``."""

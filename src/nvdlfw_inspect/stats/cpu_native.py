@@ -71,7 +71,7 @@ def native_kernel() -> Callable[..., None] | None:
         if not library.exists():
             _compile(source, library)
         function = ctypes.CDLL(str(library)).tensor_stats
-    except (OSError, subprocess.SubprocessError) as error:
+    except (OSError, AttributeError, subprocess.SubprocessError) as error:  # AttributeError: a library without the symbol
         logger.info(f"statistics of CPU tensors use torch reductions: the C kernel is unavailable ({error})")
         return None
     function.restype = None

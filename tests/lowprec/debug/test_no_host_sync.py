@@ -7,6 +7,7 @@ import contextlib
 import pytest
 import torch
 from debugrun import section, start
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -23,10 +24,30 @@ class Collect(BaseLogger):
         self.names.add(name)
 
 
+class HostDataForbidden(TorchDispatchMode):
+    """Raises on operators that move host data into a tensor (``lift_fresh``: ``torch.tensor(...)``,
+    ``t[i] = 1.5``; on CUDA a copy from pageable memory, which waits for the device) or read one back
+    (``_local_scalar_dense``: ``.item()``). Counts the statistics operators it sees."""
+
+    FORBIDDEN = ("aten::lift_fresh", "aten::lift_fresh_copy", "aten::_local_scalar_dense")
+
+    def __init__(self):
+        super().__init__()
+        self.stats_calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name in self.FORBIDDEN:
+            raise AssertionError(f"{name} inside the step")
+        self.stats_calls += name == "nvdlfw_inspect::tensor_stats"
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def host_reads_forbidden(monkeypatch):
-    """Every Python-level way of reading a tensor's value on the host raises while this is active; on
-    CUDA, so does every operation that waits for the device (``torch.cuda.set_sync_debug_mode``)."""
+    """Every Python-level way of reading a tensor's value on the host raises while this is active, and
+    so does every operator that moves host data into a tensor (``HostDataForbidden``); on CUDA, so does
+    every operation that waits for the device (``torch.cuda.set_sync_debug_mode``)."""
 
     def forbidden(name):
         def read(self, *args, **kwargs):
@@ -40,7 +61,8 @@ def host_reads_forbidden(monkeypatch):
         if torch.cuda.is_available():
             torch.cuda.set_sync_debug_mode("error")
         try:
-            yield
+            with HostDataForbidden() as mode:
+                yield mode
         finally:
             if torch.cuda.is_available():
                 torch.cuda.set_sync_debug_mode("default")
@@ -50,6 +72,16 @@ def test_the_guard_catches_reads(monkeypatch):
     with host_reads_forbidden(monkeypatch), pytest.raises(AssertionError, match="Tensor.item"):
         torch.ones(1).sum().item()
     assert torch.ones(1).item() == 1.0  # restored afterwards
+
+
+def test_the_guard_catches_host_data_written_into_tensors(monkeypatch):
+    x = torch.zeros(4)
+    with host_reads_forbidden(monkeypatch), pytest.raises(AssertionError, match="lift_fresh"):
+        x[3] = 1.5  # the element-wise fill that synchronised on the H100
+    with host_reads_forbidden(monkeypatch), pytest.raises(AssertionError, match="lift_fresh"):
+        torch.tensor([1.0, 2.0])
+    with host_reads_forbidden(monkeypatch):
+        x[3:4].fill_(1.5)  # a fill takes the value as a kernel argument: allowed
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
@@ -98,11 +130,14 @@ def test_stats_features_feed_buffers_without_host_reads(log_dir, monkeypatch, re
     start(config, log_dir, statistics_logger=collect)
     layer = lowprec.LayerNormMLP(32, 64, name="mlp", device=device)
     x = torch.randn(2, 8, 32, device=device)
-    for _ in range(2):  # micro-batches
-        with host_reads_forbidden(monkeypatch):
+    for micro_batch in range(2):
+        with host_reads_forbidden(monkeypatch) as guard:
             returned = debug_api.log_tensor_stats("model.input", tensor=x, tensor_name="input")
             with lowprec.fp8_autocast(fp8_recipe=recipe):
                 layer(x).sum().backward()
+        # one statistics operator per inspected tensor: 2 layers x 6 tensors, and the base input;
+        # the weights count once per step, so the second micro-batch skips them
+        assert guard.stats_calls == 1 + 2 * (6 if micro_batch == 0 else 5)
     assert set(returned) == {"mean", "std"} and collect.names == set()
     debug_api.step()
     assert "mlp.fc1_activation_max_blockwise_dynamic_range_block_size_8_dims_2_max_over_orientations" in collect.names

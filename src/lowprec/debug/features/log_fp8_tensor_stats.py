@@ -19,13 +19,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.block_scaling import block_scaling_quantize, mxfp8_quantize
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, schedule, stats_reduction
 from lowprec.formats import E4M3, E5M2, FP8Format
-from lowprec.quantization import (
-    CurrentScalingQuantizer,
-    DelayedScalingQuantizer,
-    Float8Tensor,
-    Quantizer,
-    quantize_with_scale,
-)
+from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Float8Tensor, Quantizer
 from lowprec.recipe import DelayedScaling
 from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_key
 from nvdlfw_inspect.errors import ConfigLocation
@@ -82,6 +76,16 @@ def recipe_of(quantizer: Quantizer | None) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Stats of one feature config that share one cast: its recipe, orientation, and buffer key."""
+
+    recipe: str
+    columnwise: bool
+    stats: list[tuple[str, str]]
+    key: tuple
+
+
 @dataclass
 class Quantized:
     """What the statistics need from one quantization: the FP8 bytes, every scale_inv, the dequantized
@@ -133,6 +137,8 @@ class LogFp8TensorStats(ScheduledStats):
     def __init__(self) -> None:
         super().__init__()
         self._shadow_delayed: dict[tuple[str, str, FP8Format], DelayedScalingQuantizer] = {}
+        self._pending_amax: dict[tuple[str, str, FP8Format], torch.Tensor] = {}
+        self._plans: dict[tuple, tuple[dict, list[Variant]]] = {}
 
     @api_method
     def inspect_tensor(
@@ -147,34 +153,77 @@ class LogFp8TensorStats(ScheduledStats):
             return
         quantizer = kwargs.get("quantizer")
         own_recipe = recipe_of(quantizer)
-        stats = self.parse_stats(config, ConfigLocation("config"))
-        variants: dict[tuple[str, bool], list[Fp8Stat]] = {}
-        for stat in stats:
-            recipe = stat.recipe or self._own_recipe(stat, own_recipe, layer_name, tensor_name)
-            variants.setdefault((recipe, stat.columnwise), []).append(stat)
         fmt = quantizer.format if quantizer is not None else (E5M2 if tensor_name == "gradient" else E4M3)
         reduction = stats_reduction(tensor_name, kwargs.get("tp_group"), kwargs.get("tp_size", 1))
-        for (recipe, columnwise), group in variants.items():
-            own = recipe == own_recipe
-            q = self._quantize(recipe, columnwise, tensor, fmt, layer_name, tensor_name, kwargs if own else None)
-            fields = quantization_fields(tensor, q, overflows=recipe == DELAYED)
-            STATS_BUFFERS.feed(
-                (
-                    layer_name,
-                    tensor_name,
-                    "LogFp8TensorStats",
-                    recipe,
-                    columnwise,
-                    tuple(s.written for s in group),
-                    window_key(config),
-                ),
-                layer_name=layer_name,
-                tensor_name=tensor_name,
-                stats=[(s.written, s.name) for s in group],
-                iteration=iteration,
-                partials=set_fields(empty_partials(tensor.device), fields),
-                **reduction,
-            )
+        for variant in self._plan(config, layer_name, tensor_name, own_recipe):
+            request = dict(layer_name=layer_name, tensor_name=tensor_name, stats=variant.stats, iteration=iteration, **reduction)
+            own = kwargs if variant.recipe == own_recipe else None
+            if variant.recipe in PER_TENSOR:
+                scale, amax_out = self._per_tensor_scale(variant.recipe, tensor, fmt, layer_name, tensor_name, own)
+                if scale is not None:
+                    quantization = (scale, fmt.grid)
+                    taken = STATS_BUFFERS.feed(
+                        variant.key, tensor=tensor, quantization=quantization, amax_out=amax_out, **request
+                    )
+                    if amax_out is not None and taken:  # the shadow history records it at its next cast
+                        self._pending_amax[(layer_name, tensor_name, fmt)] = amax_out
+                    continue
+            q = self._quantize(variant.recipe, variant.columnwise, tensor, fmt, own)
+            fields = quantization_fields(tensor, q, overflows=variant.recipe == DELAYED)
+            STATS_BUFFERS.feed(variant.key, partials=set_fields(empty_partials(tensor.device), fields), **request)
+
+    def _plan(self, config: dict, layer_name: str, tensor_name: str, own_recipe: str | None) -> list[Variant]:
+        """The stats grouped by the cast they need, worked out once per config and layer recipe."""
+        key = (id(config), layer_name, tensor_name, own_recipe)
+        cached = self._plans.get(key)
+        if cached is not None and cached[0] is config:
+            return cached[1]
+        groups: dict[tuple[str, bool], list[Fp8Stat]] = {}
+        for stat in self.parsed_stats(config):
+            recipe = stat.recipe or self._own_recipe(stat, own_recipe, layer_name, tensor_name)
+            groups.setdefault((recipe, stat.columnwise), []).append(stat)
+        variants = []
+        for (recipe, columnwise), group in groups.items():
+            written = tuple(s.written for s in group)
+            buffer_key = (layer_name, tensor_name, "LogFp8TensorStats", recipe, columnwise, written, window_key(config))
+            variants.append(Variant(recipe, columnwise, [(s.written, s.name) for s in group], buffer_key))
+        self._plans[key] = (config, variants)  # keeping ``config`` alive keeps its id unique
+        return variants
+
+    def _per_tensor_scale(
+        self, recipe: str, tensor: torch.Tensor, fmt: FP8Format, layer_name: str, tensor_name: str, own: dict | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(scale, amax_out)`` of a per-tensor cast whose statistics the statistics kernel computes:
+        the layer's own cast (its scale), current scaling (the tensor's own amax) or delayed scaling
+        (a shadow amax history per layer and tensor, which records the amax the kernel writes to
+        ``amax_out`` before its next cast; a weight fed again in a later micro-batch records nothing).
+        No scale when the layer's operand came without one (then the operand's bytes are used)."""
+        if own is not None:
+            for operand in (own.get("rowwise_quantized_tensor"), own.get("columnwise_quantized_tensor")):
+                if isinstance(operand, Float8Tensor):
+                    return operand.scale, None
+            return own["quantizer"].scale_for(tensor), None  # the tensor runs in high precision: cast it as the layer would
+        if recipe == CURRENT:
+            return CurrentScalingQuantizer(fmt).scale_for(tensor), None
+        key = (layer_name, tensor_name, fmt)
+        shadow = self._shadow_delayed.setdefault(key, DelayedScalingQuantizer(fmt, DelayedScaling()))
+        scale = shadow.scale_for(tensor)
+        pending = self._pending_amax.pop(key, None)
+        if pending is not None:  # the previous call's amax, written by its kernel: record it before this cast
+            shadow.record_amax(pending)
+            scale = shadow.scale
+        return scale, torch.empty((), dtype=torch.float32, device=tensor.device)
+
+    def _quantize(
+        self, recipe: str, columnwise: bool, tensor: torch.Tensor, fmt: FP8Format, own: dict[str, Any] | None
+    ) -> Quantized:
+        """The tensor as ``recipe`` quantizes it (block recipes, and own operands without a scale)."""
+        if own is not None:
+            for operand in (own.get("rowwise_quantized_tensor"), own.get("columnwise_quantized_tensor")):
+                if isinstance(operand, Float8Tensor):
+                    return _per_tensor(operand)
+        block = mxfp8_quantize(tensor, fmt, columnwise) if recipe == MXFP8 else block_scaling_quantize(tensor, fmt)
+        return Quantized(block.data, block.scale_inv, block.dequantized)
 
     @staticmethod
     def _own_recipe(stat: Fp8Stat, own_recipe: str | None, layer_name: str, tensor_name: str) -> str:
@@ -190,29 +239,3 @@ class LogFp8TensorStats(ScheduledStats):
         if stat.columnwise and own_recipe in PER_TENSOR:
             raise ValueError(f"{where}: {own_recipe} has one scale per tensor; drop '{COLUMNWISE}'")
         return own_recipe
-
-    def _quantize(
-        self,
-        recipe: str,
-        columnwise: bool,
-        tensor: torch.Tensor,
-        fmt: FP8Format,
-        layer_name: str,
-        tensor_name: str,
-        own: dict[str, Any] | None,
-    ) -> Quantized:
-        """The tensor as ``recipe`` quantizes it: the layer's own operand where the layer made one."""
-        if own is not None:
-            for operand in (own.get("rowwise_quantized_tensor"), own.get("columnwise_quantized_tensor")):
-                if isinstance(operand, Float8Tensor):
-                    return _per_tensor(operand)
-            quantizer = own["quantizer"]  # this tensor runs in high precision: cast it as the layer would
-            return _per_tensor(quantize_with_scale(tensor, quantizer.scale_for(tensor), quantizer.format))
-        if recipe == CURRENT:
-            return _per_tensor(CurrentScalingQuantizer(fmt).quantize(tensor))
-        if recipe == DELAYED:
-            key = (layer_name, tensor_name, fmt)
-            shadow = self._shadow_delayed.setdefault(key, DelayedScalingQuantizer(fmt, DelayedScaling()))
-            return _per_tensor(shadow.quantize(tensor))
-        block = mxfp8_quantize(tensor, fmt, columnwise) if recipe == MXFP8 else block_scaling_quantize(tensor, fmt)
-        return Quantized(block.data, block.scale_inv, block.dequantized)

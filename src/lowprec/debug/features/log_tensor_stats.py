@@ -90,6 +90,14 @@ class ScheduledStats(TEConfigAPIMapper):
     def parse_stats(self, config: dict, location: ConfigLocation) -> list:
         raise NotImplementedError
 
+    def parsed_stats(self, config: dict) -> list:
+        """``parse_stats`` of a config the router hands over again and again, parsed once."""
+        cache = self.__dict__.setdefault("_parsed", {})
+        cached = cache.get(id(config))
+        if cached is None or cached[0] is not config:
+            cached = cache[id(config)] = (config, self.parse_stats(config, ConfigLocation("config")))  # keeps config alive
+        return cached[1]
+
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
         self.parse_stats(view, location)
         validate_window(view, location, closed=True)
@@ -130,7 +138,7 @@ class LogTensorStats(ScheduledStats):
                 level=logging.WARNING,
             )
             return
-        stats = self.parse_stats(config, ConfigLocation("config"))
+        stats = self.parsed_stats(config)
         reduction = stats_reduction(tensor_name, kwargs.get("tp_group"), kwargs.get("tp_size", 1))
         window = window_key(config)
         plain = [stat for stat in stats if isinstance(stat, str)]
