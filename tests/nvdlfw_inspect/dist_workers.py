@@ -86,5 +86,49 @@ def te_stats(rank: int, world: int, log_dir: Path) -> None:
     torch.save(fed, log_dir / f"fed{rank}.pt")
 
 
+def packed_gather(rank: int, world: int, log_dir: Path) -> None:
+    """Five steps of base statistics; at step 3 rank 0 adds a layer of its own. Saves, per step, the
+    collectives the statistics ran and what was logged."""
+    import nvdlfw_inspect.api as debug_api
+    from nvdlfw_inspect.logging import BaseLogger
+    from nvdlfw_inspect.stats import buffers
+
+    calls: list[str] = []
+    for name in ("all_gather", "all_gather_object"):
+        original = getattr(dist, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        setattr(buffers.dist, name, counted)
+
+    logged: dict = {}
+
+    class Keep(BaseLogger):
+        def log_scalar(self, name, value, iteration):
+            logged[(name, iteration)] = value
+
+    config = {
+        "all": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": ".*"},
+            "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["mean", "std"]},
+        }
+    }
+    debug_api.initialize(config_file=config, log_dir=str(log_dir), statistics_logger=Keep())
+    debug_api.set_tensor_reduction_group(dist.group.WORLD)
+    per_step = []
+    for step in range(5):
+        for layer in ("a", "b"):
+            debug_api.log_tensor_stats(layer_name=layer, tensor=rank_tensor(rank) + step, tensor_name="activation")
+        if rank == 0 and step >= 3:
+            debug_api.log_tensor_stats(layer_name="only0", tensor=rank_tensor(rank), tensor_name="activation")
+        del calls[:]
+        debug_api.step()
+        per_step.append(list(calls))
+    torch.save({"calls": per_step, "logged": logged}, log_dir / f"packed{rank}.pt")
+
+
 if __name__ == "__main__":  # pragma: no cover - manual runs
     sys.exit("run through tests/nvdlfw_inspect/test_distributed.py")

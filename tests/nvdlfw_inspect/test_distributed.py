@@ -99,3 +99,32 @@ def test_lowprec_statistics_reduce_over_ranks_micro_batches_and_tensor_parallel_
             assert stats[(f"tp_weight_{stat}", 0)] == pytest.approx(want, rel=1e-6, abs=6e-5), (rank, stat)
         for stat, want in reference(fed[rank]["weights"]["local"]).items():  # not sharded: per rank
             assert stats[(f"local_weight_{stat}", 0)] == pytest.approx(want, rel=1e-6, abs=6e-5), (rank, stat)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_one_packed_collective_per_step_once_the_ranks_agree_on_the_order(tmp_path, world):
+    log_dir = spawn("packed_gather", world, tmp_path)
+    every_rank = torch.cat([dist_workers.rank_tensor(r) for r in range(world)])
+    for rank in range(world):
+        saved = torch.load(log_dir / f"packed{rank}.pt")
+        first = ["all_gather_object", "all_gather"]  # the order of the rows is agreed once
+        changed = ["all_gather", "all_gather_object", "all_gather"]  # rank 0 has a new request: agreed again
+        assert saved["calls"] == [first, ["all_gather"], ["all_gather"], changed, ["all_gather"]]
+        logged = saved["logged"]
+        for step in range(5):
+            want = reference_stats(every_rank + step, ("mean", "std"))
+            assert logged[("a_activation_mean", step)] == pytest.approx(want["mean"], rel=1e-6)
+            assert logged[("b_activation_std", step)] == pytest.approx(want["std"], rel=1e-6)
+        only0 = {key for key in logged if key[0].startswith("only0")}
+        if rank == 0:
+            assert only0 == {
+                ("only0_activation_mean", 3),
+                ("only0_activation_std", 3),
+                ("only0_activation_mean", 4),
+                ("only0_activation_std", 4),
+            }
+            assert logged[("only0_activation_mean", 4)] == pytest.approx(
+                reference_stats(dist_workers.rank_tensor(0), ("mean",))["mean"], rel=1e-6
+            )
+        else:
+            assert only0 == set()
