@@ -29,6 +29,7 @@ MAX_ROWS = 4
 OPTIONS = {"enable_fp_fusion": False}  # the quantization grid must round exactly as the cast does
 MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (RNE)
 N_FIELDS = tl.constexpr(len(FIELDS))
+SCRATCH_ROW = tl.constexpr(SCRATCH_FIELDS)
 
 
 @triton.jit
@@ -239,7 +240,7 @@ def _tensor_stats(
             u3 += a.to(tl.float64)
             o3 += b.to(tl.float64)
             e3 += c.to(tl.float64)
-    own = scratch_ptr + pid.to(tl.int64) * 20
+    own = scratch_ptr + pid.to(tl.int64) * SCRATCH_ROW
     tl.store(own + 0, count)
     tl.store(own + 1, mean)
     tl.store(own + 2, m2)
@@ -265,7 +266,7 @@ def _tensor_stats(
     if finished == programs - 1:  # the last program: merge every program's row, then into the table
         tl.store(counter_ptr, 0)  # ready for the next launch
         p = tl.arange(0, PROGRAMS_BLOCK)
-        rows = scratch_ptr + p.to(tl.int64) * 20
+        rows = scratch_ptr + p.to(tl.int64) * SCRATCH_ROW
         mine = p < programs
         counts = tl.load(rows + 0, mask=mine, other=0.0, cache_modifier=".cg")
         means = tl.load(rows + 1, mask=mine, other=0.0, cache_modifier=".cg")

@@ -87,15 +87,18 @@ class ScheduledStats(TEConfigAPIMapper):
     uses_gemms = False
     option_keys = frozenset({"stats"}) | WINDOW_KEYS
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._parsed: dict[int, tuple[dict, list]] = {}
+
     def parse_stats(self, config: dict, location: ConfigLocation) -> list:
         raise NotImplementedError
 
     def parsed_stats(self, config: dict) -> list:
         """``parse_stats`` of a config the router hands over again and again, parsed once."""
-        cache = self.__dict__.setdefault("_parsed", {})
-        cached = cache.get(id(config))
+        cached = self._parsed.get(id(config))
         if cached is None or cached[0] is not config:
-            cached = cache[id(config)] = (config, self.parse_stats(config, ConfigLocation("config")))  # keeps config alive
+            cached = self._parsed[id(config)] = (config, self.parse_stats(config, ConfigLocation("config")))  # keeps config alive
         return cached[1]
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
