@@ -7,7 +7,16 @@ Importing ``lowprec`` makes its debug features (config namespace ``transformer_e
 from lowprec.autocast import autocast, fp8_autocast
 from lowprec.debug import FEATURE_DIR
 from lowprec.formats import E4M3, E5M2, FP8Format
-from lowprec.modules import LayerNormLinear, LayerNormMLP, Linear, TransformerLayer, convert
+from lowprec.modules import (
+    Conv1D,
+    ConvertReport,
+    LayerNormLinear,
+    LayerNormMLP,
+    Linear,
+    TransformerLayer,
+    convert,
+    convert_with_report,
+)
 from lowprec.quantization import Float8Tensor
 from lowprec.recipe import DelayedScaling, Float8CurrentScaling, Format
 from nvdlfw_inspect.feature_loading import register_default_feature_dir
@@ -18,6 +27,8 @@ __all__ = [
     "E4M3",
     "E5M2",
     "FEATURE_DIR",
+    "Conv1D",
+    "ConvertReport",
     "DelayedScaling",
     "FP8Format",
     "Float8CurrentScaling",
@@ -29,5 +40,6 @@ __all__ = [
     "TransformerLayer",
     "autocast",
     "convert",
+    "convert_with_report",
     "fp8_autocast",
 ]

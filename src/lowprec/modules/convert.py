@@ -1,24 +1,254 @@
-"""``lowprec.convert``: make any PyTorch model's linear layers FP8-capable and debuggable."""
+"""``lowprec.convert``: make any PyTorch model's linear layers FP8-capable and debuggable, and say which.
+
+A converted layer shares the original's Parameters and is named by its module path, which is what
+debug configs select. Modules that hold GEMMs but cannot be converted are reported, not silently
+kept in high precision.
+"""
 
 from __future__ import annotations
 
-import torch
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
 
+import torch
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.utils import parametrize
+
+from lowprec.modules.base import NamedModule
+from lowprec.modules.conv1d import Conv1D
 from lowprec.modules.linear import Linear
 
+logger = logging.getLogger("lowprec")
 
-def convert(model: torch.nn.Module, prefix: str = "model") -> torch.nn.Module:
-    """Replace every ``torch.nn.Linear`` inside ``model`` with a ``lowprec.Linear`` sharing its parameters.
+ModuleFilter = Callable[[str, torch.nn.Module], bool]
+FILTERED_OUT = "filtered out"
 
-    Each new layer is named by its module path (``{prefix}.encoder.layer.0.attention.query``), which is
-    what debug configs select. Returns ``model`` (changed in place); a bare ``torch.nn.Linear`` is returned
-    converted.
+# GEMM-bearing modules lowprec has no layer for; each is reported with its reason.
+_NOT_CONVERTED: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (
+        torch.nn.MultiheadAttention,
+        "its projections run in F.multi_head_attention_forward, which reads the weights directly",
+    ),
+    (
+        (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d),
+        "convolution: lowprec has no FP8 convolution",
+    ),
+    (
+        (torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d),
+        "transposed convolution: lowprec has no FP8 convolution",
+    ),
+    (torch.nn.Bilinear, "bilinear layer: lowprec has no FP8 bilinear layer"),
+    (
+        (torch.nn.RNNBase, torch.nn.RNNCellBase),
+        "recurrent layer: its GEMMs run inside torch's RNN kernels",
+    ),
+)
+
+
+class Skipped(NamedTuple):
+    """A module left in high precision: its path in the model, its type name and why."""
+
+    path: str
+    type_name: str
+    reason: str
+
+
+@dataclass
+class ConvertReport:
+    """What ``convert_with_report`` did: the model to use from now on, the debug names of the layers
+    it converted, and the modules it left in high precision (``reason == "filtered out"`` when the
+    user's filter kept them)."""
+
+    model: torch.nn.Module
+    converted: list[str] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"lowprec.convert: {len(self.converted)} layers converted, {len(self.skipped)} modules left in high precision"]
+        lines += [f"  converted {name}" for name in self.converted]
+        lines += [f"  skipped {s.path or '<root>'} ({s.type_name}): {s.reason}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def convert(
+    model: torch.nn.Module,
+    prefix: str = "model",
+    *,
+    module_filter_fn: ModuleFilter | None = None,
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+) -> torch.nn.Module:
+    """Convert ``model``'s linear layers in place (see ``convert_with_report``) and return the model to use.
+
+    A bare layer passed in is returned converted. What was converted and skipped is logged to the
+    ``lowprec`` logger: INFO for conversions, WARNING for GEMM-bearing modules left in high precision.
     """
-    if type(model) is torch.nn.Linear:
-        return Linear.from_torch(model, prefix)
-    for path, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear:
-                full = ".".join(part for part in (prefix, path, child_name) if part)
-                setattr(module, child_name, Linear.from_torch(child, full))
-    return model
+    return convert_with_report(model, prefix, module_filter_fn=module_filter_fn, include=include, exclude=exclude).model
+
+
+def convert_with_report(
+    model: torch.nn.Module,
+    prefix: str = "model",
+    *,
+    module_filter_fn: ModuleFilter | None = None,
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+) -> ConvertReport:
+    """Replace ``torch.nn.Linear`` (and subclasses keeping its forward) by ``lowprec.Linear`` and Hugging
+    Face ``Conv1D`` by ``lowprec.Conv1D``, each sharing the original's Parameters and named
+    ``{prefix}.{path}``.
+
+    A module at ``path`` (``"transformer.h.0.attn.c_attn"``; ``""`` for ``model`` itself) is converted
+    only if ``module_filter_fn(path, module)`` returns True, some ``include`` regex (``re.search``)
+    matches ``path`` and no ``exclude`` regex does: ``exclude="lm_head"`` keeps the head in high precision.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a string, got {prefix!r}")
+    selection = _Selection(module_filter_fn, _patterns("include", include), _patterns("exclude", exclude))
+    report = ConvertReport(model)
+    report.model = _Converter(prefix, selection, report).visit(model, "")
+    _log(report)
+    return report
+
+
+def _patterns(arg: str, value: str | Sequence[str] | None) -> list[re.Pattern[str]] | None:
+    """``value`` compiled: one regex or a non-empty list of them; None selects every path."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
+        raise TypeError(f"{arg} must be a regex string or a list of regex strings, got {value!r}")
+    if not items:
+        raise ValueError(f"{arg} must hold at least one regex, got {value!r}; pass None to select every module")
+    compiled = []
+    for item in items:
+        try:
+            compiled.append(re.compile(item))
+        except re.error as err:
+            raise ValueError(f"{arg}: {item!r} is not a valid regular expression ({err})") from None
+    return compiled
+
+
+class _Selection:
+    """The user's choice of modules to convert: a callable and include / exclude regexes on the path."""
+
+    def __init__(
+        self,
+        fn: ModuleFilter | None,
+        include: list[re.Pattern[str]] | None,
+        exclude: list[re.Pattern[str]] | None,
+    ):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"module_filter_fn must be callable as fn(path, module) -> bool, got {fn!r}")
+        self.fn, self.include, self.exclude = fn, include, exclude
+
+    def keeps(self, path: str, module: torch.nn.Module) -> bool:
+        if self.include is not None and not any(p.search(path) for p in self.include):
+            return False
+        if self.exclude is not None and any(p.search(path) for p in self.exclude):
+            return False
+        if self.fn is None:
+            return True
+        chosen = self.fn(path, module)
+        if not isinstance(chosen, bool):
+            raise TypeError(f"module_filter_fn must return a bool, got {chosen!r} for path {path!r}")
+        return chosen
+
+
+class _Converter:
+    """One walk over a model, converting in place and filling ``report``."""
+
+    def __init__(self, prefix: str, selection: _Selection, report: ConvertReport):
+        self.prefix, self.selection, self.report = prefix, selection, report
+        self.done: dict[int, torch.nn.Module] = {}  # a module registered twice is handled once
+
+    def visit(self, module: torch.nn.Module, path: str) -> torch.nn.Module:
+        """What belongs at ``path``: ``module`` converted, or ``module`` itself with its children visited."""
+        if id(module) not in self.done:
+            self.done[id(module)] = self._convert(module, path)
+        return self.done[id(module)]
+
+    def _convert(self, module: torch.nn.Module, path: str) -> torch.nn.Module:
+        plan = _plan(module)
+        if callable(plan):
+            if self.selection.keeps(path, module):
+                name = ".".join(part for part in (self.prefix, path) if part)
+                self.report.converted.append(name)
+                return plan(name).train(module.training)
+            plan = FILTERED_OUT
+        if plan is not None:
+            self.report.skipped.append(Skipped(path, type(module).__name__, plan))
+        if not isinstance(module, (NamedModule, torch.nn.MultiheadAttention)):
+            for child_name, child in list(module._modules.items()):  # named_children() hides a second registration
+                if child is None:
+                    continue
+                new = self.visit(child, f"{path}.{child_name}" if path else child_name)
+                if new is not child:
+                    setattr(module, child_name, new)
+        return module
+
+
+def _plan(module: torch.nn.Module) -> Callable[[str], NamedModule] | str | None:
+    """How to convert ``module``: a factory taking the layer name, the reason a GEMM-bearing module
+    stays as it is, or None for modules without a GEMM of their own (and lowprec layers)."""
+    if isinstance(module, NamedModule):
+        return None
+    if isinstance(module, torch.nn.Linear):
+        return _blocker(module, torch.nn.Linear.forward) or partial(Linear.from_torch, module)
+    hf_class = _hf_conv1d_class(module)
+    if hf_class is not None:
+        return _blocker(module, hf_class.forward) or partial(Conv1D.from_hf, module)
+    for types, reason in _NOT_CONVERTED:
+        if isinstance(module, types):
+            return reason
+    return None
+
+
+def _hf_conv1d_class(module: torch.nn.Module) -> type | None:
+    """Hugging Face's ``Conv1D`` if ``module`` is one (found without importing ``transformers``)."""
+    for cls in type(module).__mro__:
+        if cls.__name__ == "Conv1D" and cls.__module__.partition(".")[0] == "transformers":
+            return cls
+    return None
+
+
+def _blocker(module: torch.nn.Module, forward: Callable) -> str | None:
+    """Why ``module`` cannot become a layer that computes ``forward`` from its weight and bias alone."""
+    if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+        return "uninitialized lazy layer: run a forward pass before converting"
+    if parametrize.is_parametrized(module):
+        return "parametrized (torch.nn.utils.parametrize): its weight is computed at each forward"
+    if "forward" in vars(module) or type(module).forward is not forward:
+        return f"{type(module).__name__} overrides forward"
+    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
+        return "has hooks registered, which the converted layer would not run"
+    extra = [name for name, _ in module.named_parameters(recurse=False) if name not in ("weight", "bias")]
+    extra += [name for name, _ in module.named_buffers(recurse=False)]
+    extra += [name for name, _ in module.named_children()]
+    if extra:
+        return f"holds more than weight and bias ({', '.join(extra)}), which the converted layer would drop"
+    return None
+
+
+def _log(report: ConvertReport) -> None:
+    converted, skipped = report.converted, report.skipped
+    if converted:
+        logger.info("lowprec.convert: converted %d layers: %s", len(converted), ", ".join(converted))
+    else:
+        logger.warning("lowprec.convert: converted no layer")
+    filtered = [s.path for s in skipped if s.reason == FILTERED_OUT]
+    if filtered:
+        logger.info("lowprec.convert: filtered out (kept in high precision): %s", ", ".join(filtered))
+    blocked = [s for s in skipped if s.reason != FILTERED_OUT]
+    if blocked:
+        logger.warning(
+            "lowprec.convert: left %d modules with GEMMs in high precision: %s",
+            len(blocked),
+            "; ".join(f"{s.path or '<root>'} ({s.type_name}): {s.reason}" for s in blocked),
+        )
