@@ -75,6 +75,18 @@ class Float8Tensor:
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         return (self.data.float() * self.scale_inv).to(dtype or self.dtype)
 
+    TENSOR_COUNT = 4  # what tensors() returns
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(data, scale_inv, other_layout, scale)``: what autograd must save (and checkpointing may
+        recompute) to rebuild this tensor with :meth:`from_tensors`."""
+        return self.data, self.scale_inv, self.other_layout, self.scale
+
+    @classmethod
+    def from_tensors(cls, tensors: tuple[torch.Tensor | None, ...], fmt: FP8Format, dtype: torch.dtype) -> Float8Tensor:
+        data, scale_inv, other_layout, scale = tensors
+        return cls(data, scale_inv, fmt, dtype, other_layout, scale)
+
     def __repr__(self) -> str:
         return f"Float8Tensor({self.format.name}, shape={tuple(self.shape)}, dtype={self.dtype})"
 
@@ -106,8 +118,16 @@ def _has_fp8_conversions(device: torch.device) -> bool:
 
 def uses_fused_kernels(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is cast by the Triton kernels: a 2-D tensor on a CUDA device with FP8
-    support, with Triton installed and ``FUSED_KERNELS`` on."""
-    return FUSED_KERNELS and tensor.is_cuda and tensor.dim() == 2 and _triton_installed() and _has_fp8_conversions(tensor.device)
+    support, with Triton installed and ``FUSED_KERNELS`` on, outside ``torch.compile`` (the compiler
+    fuses the same torch operations itself)."""
+    return (
+        FUSED_KERNELS
+        and not torch.compiler.is_compiling()
+        and tensor.is_cuda
+        and tensor.dim() == 2
+        and _triton_installed()
+        and _has_fp8_conversions(tensor.device)
+    )
 
 
 def quantize_with_scale(
@@ -242,4 +262,24 @@ class DelayedScalingQuantizer:
         self.scale_inv = self.scale.reciprocal()
 
 
-Quantizer = CurrentScalingQuantizer | DelayedScalingQuantizer
+class FixedScaleQuantizer:
+    """Casts with a scale given up front and records nothing: how a recomputed forward (activation
+    checkpointing) repeats the casts of its original forward exactly, whatever the recipe."""
+
+    def __init__(self, fmt: FP8Format, scale: torch.Tensor, scale_inv: torch.Tensor):
+        self.format = fmt
+        self.scale = scale
+        self.scale_inv = scale_inv
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.format.dtype
+
+    def scale_for(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.scale
+
+    def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
+        return quantize_with_scale(tensor.detach(), self.scale, self.format, transpose, self.scale_inv)
+
+
+Quantizer = CurrentScalingQuantizer | DelayedScalingQuantizer | FixedScaleQuantizer

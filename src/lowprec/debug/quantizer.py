@@ -29,8 +29,13 @@ def _iteration() -> int:
 class DebugProcessing:
     """Turns a layer's tensors into GEMM operands under a debug plan (see module docstring)."""
 
-    def __init__(self, layer_name: str, quantizers: dict[str, Quantizer], plan: LayerPlan, tp_group: Any = None):
+    def __init__(
+        self, layer_name: str, quantizers: dict[str, Quantizer], plan: LayerPlan, tp_group: Any = None, inspect: bool = True
+    ):
+        """``inspect=False``: run the plan's casts and modifications only (a recomputed forward, whose
+        tensors the original forward has already shown to the inspection features)."""
         self.layer_name = layer_name
+        self.inspect = inspect
         self.quantizers = quantizers
         self.plan = plan
         self.tp_group = tp_group
@@ -62,10 +67,10 @@ class DebugProcessing:
                 operands[gemm] = quantized
             else:
                 operands[gemm] = tensor
-        if plan.inspect:
+        if plan.inspect and self.inspect:
             self._inspect(tensor_name, tensor, iteration, operands[first], operands[second], quantizer)
         for gemm in (first, second):
-            if plan.inspect_postquantize.get(gemm) and plan.gemms[gemm] is not Precision.HIGH_PRECISION:
+            if self.inspect and plan.inspect_postquantize.get(gemm) and plan.gemms[gemm] is not Precision.HIGH_PRECISION:
                 api.inspect_tensor_postquantize(
                     layer_name=self.layer_name,
                     tensor_name=tensor_name,
@@ -93,7 +98,7 @@ class DebugProcessing:
                 default_quantizer=None,
                 iteration=iteration,
             )
-        if plan.inspect:
+        if plan.inspect and self.inspect:
             self._inspect(tensor_name, tensor.detach(), iteration, None, None, None)
         return tensor
 

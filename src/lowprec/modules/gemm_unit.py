@@ -13,13 +13,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import active_recipe
 from lowprec.debug.layer_state import DebugLayerState
 from lowprec.debug.quantizer import DebugProcessing
 from lowprec.modules.linear_function import LinearFunction, PlainProcessing
+from lowprec.modules.recompute import ForwardHistory, in_backward, replay_quantizers
 from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer
 from lowprec.recipe import DelayedScaling, Recipe
 from lowprec.weight_cache import WeightCache
+
+
+@torch.compiler.disable
+def run_eagerly(function: Any, *args: Any) -> Any:
+    """A graph break under ``torch.compile``: what the compiler cannot trace runs as in eager mode.
+    Debug features (host-side routing, logging) and delayed scaling (its amax history is state that
+    the autograd function would have to update from inside a graph) take this path."""
+    return function(*args)
 
 
 def make_quantizers(recipe: Recipe) -> dict[str, Quantizer]:
@@ -42,6 +52,7 @@ class GemmUnit:
         self._recipe: Recipe | None = None
         self._quantizers: dict[str, Quantizer] = {}
         self.weight_cache = WeightCache()
+        self.forwards = ForwardHistory()
 
     def quantizers(self, recipe: Recipe | None) -> dict[str, Quantizer]:
         if recipe is None:
@@ -52,6 +63,17 @@ class GemmUnit:
         return self._quantizers
 
     def linear(self, layer_name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            if debug_api.DEBUG_MANAGER is not None or isinstance(active_recipe(), DelayedScaling):
+                return run_eagerly(self.linear, layer_name, x, weight, bias)
+            return self._forward(layer_name, x, weight, bias, traced=True)
+        if in_backward():
+            return self._recompute(layer_name, x, weight, bias)
+        return self._forward(layer_name, x, weight, bias, traced=False)
+
+    def _forward(self, layer_name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, traced: bool):
+        """``traced``: torch.compile is tracing this forward into a graph, which can neither consult the
+        weight cache (it keys on storage) nor hold the autograd node for a recomputation."""
         recipe = active_recipe()
         plan = self.debug.plan_for(layer_name, recipe is not None, self.layer_types)
         if recipe is None and plan is None:
@@ -60,5 +82,21 @@ class GemmUnit:
         if plan is not None:
             processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group)
         else:
-            processing = PlainProcessing(quantizers, self.weight_cache)
+            processing = PlainProcessing(quantizers, None if traced else self.weight_cache)
+        out = LinearFunction.apply(x, weight, bias, processing)
+        if not traced and out.grad_fn is not None:
+            self.forwards.remember(out.grad_fn, recipe, plan)
+        return out
+
+    def _recompute(self, layer_name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """This forward runs inside a backward: activation checkpointing recomputing an earlier forward.
+        Repeat it (see ``recompute.py``)."""
+        original = self.forwards.oldest()
+        if original is None:
+            return F.linear(x, weight, bias)
+        quantizers = replay_quantizers(self.quantizers(original.recipe), getattr(original.node, "cast_scales", {}))
+        if original.plan is not None:
+            processing = DebugProcessing(layer_name, quantizers, original.plan, self.tp_group, inspect=False)
+        else:
+            processing = PlainProcessing(quantizers)
         return LinearFunction.apply(x, weight, bias, processing)

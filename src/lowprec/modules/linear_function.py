@@ -11,8 +11,9 @@ from typing import Any, Protocol
 
 import torch
 
+from lowprec.formats import FP8Format
 from lowprec.gemm import Operand, gemm
-from lowprec.quantization import Quantizer
+from lowprec.quantization import Float8Tensor, Quantizer
 from lowprec.weight_cache import WeightCache
 
 
@@ -47,6 +48,51 @@ class PlainProcessing:
         return tensor
 
 
+OperandKind = tuple[FP8Format, torch.dtype] | None
+"""How to rebuild a saved operand: a ``Float8Tensor``'s format and dtype, or None for a plain tensor."""
+
+
+def save_operands(ctx: Any, *operands: Operand) -> list[OperandKind]:
+    """Save the operands' tensors with ``ctx.save_for_backward``, so that activation checkpointing,
+    ``saved_tensors_hooks`` and CPU offload see (and may drop, move or recompute) every one of them."""
+    tensors: list[torch.Tensor | None] = []
+    kinds: list[OperandKind] = []
+    for operand in operands:
+        if isinstance(operand, Float8Tensor):
+            tensors.extend(operand.tensors())
+            kinds.append((operand.format, operand.dtype))
+        else:
+            tensors.append(operand)
+            kinds.append(None)
+    ctx.save_for_backward(*tensors)
+    return kinds
+
+
+def saved_operands(ctx: Any) -> list[Operand]:
+    """The operands ``save_operands`` saved, rebuilt."""
+    tensors = iter(ctx.saved_tensors)
+    operands: list[Operand] = []
+    for kind in ctx.operand_kinds:
+        if kind is None:
+            operands.append(next(tensors))
+        else:
+            components = tuple(next(tensors) for _ in range(Float8Tensor.TENSOR_COUNT))
+            operands.append(Float8Tensor.from_tensors(components, *kind))
+    return operands
+
+
+def cast_scales(*operands: Operand) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The (scale, scale_inv) of the activation and weight casts among a forward's operands (activation
+    fprop and wgrad operands, then weight fprop and dgrad ones): what a recomputation casts with."""
+    scales = {}
+    for name, pair in (("activation", operands[:2]), ("weight", operands[2:])):
+        for operand in pair:
+            if isinstance(operand, Float8Tensor) and operand.scale is not None:
+                scales[name] = (operand.scale, operand.scale_inv)
+                break
+    return scales
+
+
 class LinearFunction(torch.autograd.Function):
     """``y = x W^T + b`` with every operand of the three GEMMs passing through ``processing``."""
 
@@ -63,7 +109,8 @@ class LinearFunction(torch.autograd.Function):
             out = out + bias.to(out.dtype)
         out = processing.output("output", out)
         ctx.processing = processing
-        ctx.saved = (activation_wgrad, weight_dgrad)
+        ctx.cast_scales = cast_scales(activation_fprop, activation_wgrad, weight_fprop, weight_dgrad)
+        ctx.operand_kinds = save_operands(ctx, activation_wgrad, weight_dgrad)
         ctx.x_shape, ctx.weight_dtype, ctx.has_bias = x.shape, weight.dtype, bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -71,8 +118,8 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         processing: Processing = ctx.processing
-        activation_wgrad, weight_dgrad = ctx.saved
-        ctx.saved = None
+        activation_wgrad, weight_dgrad = saved_operands(ctx)
+        ctx.backward_done = True  # tells the layer's forward history (recompute.py) this forward is finished
         dy = grad_out.reshape(-1, grad_out.shape[-1])
         gradient_dgrad, gradient_wgrad = processing.input("gradient", dy, transpose=ctx.needs_input_grad[1])
         dx = dw = db = None
