@@ -2,19 +2,22 @@
 
 1. Debug initialized with features only on *other* layers vs debug not initialized, for an 8-layer
    MLP of ``lowprec.Linear`` in high precision and in FP8 (emulated on the CPU). Target: within 2%.
-2. On a CUDA GPU, eager: one training step (forward and backward) in FP8 (delayed and current
-   scaling, and delayed with plain torch casts instead of the fused Triton kernels) vs bf16
-   ``torch.nn.Linear``, for an 8192x8192 layer and for an 8-layer MLP of width 4096, 8192 tokens.
-   Target: the 8192 layer's FP8 step at least 1.3x faster than bf16.
+2. On a CUDA GPU: one training step (forward and backward) in FP8 (delayed and current scaling, and
+   delayed with plain torch casts instead of the fused Triton kernels) vs bf16 ``torch.nn.Linear``,
+   eager, and compiled with ``torch.compile`` (bf16, lowprec FP8 current scaling, torchao's
+   ``Float8Linear`` when torchao is installed), for an 8192x8192 layer and for an 8-layer MLP of width
+   4096, 8192 tokens. Targets: the 8192 layer's FP8 step at least 1.3x faster than bf16; compiled, at
+   least as fast as torchao's compiled Float8Linear.
 3. On a CUDA GPU: the bandwidth of quantizing a 128 MiB bf16 tensor, next to a plain copy.
 
 Run: ``python benchmarks/engine.py [--steps N] [--repeats R] [--width W] [--depth D] [--tokens T]
-[--gpu-tokens T]``.
+[--gpu-tokens T] [--compile-backend B]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import tempfile
 
 import torch
@@ -82,26 +85,48 @@ def idle_debug_table(args: argparse.Namespace, device: str, dtype: torch.dtype) 
         print_ratio_table(title, fastest, f"no debug, {precision}", {})
 
 
-def gpu_training_table(
-    args: argparse.Namespace, title: str, reference: torch.nn.Module, ours: torch.nn.Module, width: int
-) -> None:
-    """One eager training step (forward, backward) of ``reference`` in bf16 and of ``ours`` in FP8."""
-    x = torch.randn(args.gpu_tokens, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    grad = torch.ones(args.gpu_tokens, width, device="cuda", dtype=torch.bfloat16)
+def torchao_float8(reference: torch.nn.Module) -> tuple[torch.nn.Module | None, str]:
+    """A copy of ``reference`` converted by torchao's ``convert_to_float8_training`` (dynamic scaling),
+    or ``(None, why)`` when torchao is not installed."""
+    try:
+        from torchao.float8 import convert_to_float8_training
+    except ImportError as error:
+        return None, f"torchao not installed ({error})"
+    return convert_to_float8_training(copy.deepcopy(reference)), ""
+
+
+def training_table(
+    args: argparse.Namespace, title: str, reference: torch.nn.Module, ours: torch.nn.Module, width: int, device: str
+) -> dict[str, float]:
+    """One training step (forward, backward) of ``reference`` in bf16 and of ``ours`` in FP8, eager and
+    compiled (``torch.compile``, ``args.compile_backend``), next to torchao's compiled Float8Linear."""
+    x = torch.randn(args.gpu_tokens, width, device=device, dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.ones(args.gpu_tokens, width, device=device, dtype=torch.bfloat16)
     recipes = {"delayed": lowprec.DelayedScaling(), "current": lowprec.Float8CurrentScaling()}
+    torchao_layer, torchao_missing = torchao_float8(reference)
+    layers = {"bf16": reference, "torchao": torchao_layer}
+    compiled: dict[str, torch.nn.Module] = {}
+
+    def layer_for(name: str, compile_it: bool) -> torch.nn.Module:
+        layer = layers.get(name, ours)
+        if not compile_it:
+            return layer
+        if name not in compiled:
+            compiled[name] = torch.compile(layer, backend=args.compile_backend, fullgraph=name != "delayed")
+        return compiled[name]
 
     def run(variant: str) -> float:
-        recipe_name, _, unfused = variant.partition("-")
-        recipe = recipes.get(recipe_name)
-        layer = reference if recipe is None else ours
-        quantization.FUSED_KERNELS = not unfused
+        name, *flags = variant.split("-")
+        recipe = recipes.get(name)
+        layer = layer_for(name, "compiled" in flags)
+        quantization.FUSED_KERNELS = "unfused" not in flags
 
         def one_step():
             with lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
                 layer(x).backward(grad)
 
         try:
-            return mean_seconds(one_step, args.steps, "cuda")
+            return mean_seconds(one_step, args.steps, device)
         finally:
             quantization.FUSED_KERNELS = True
 
@@ -111,18 +136,27 @@ def gpu_training_table(
         ("lowprec FP8 delayed", worker, "delayed"),
         ("lowprec FP8 current", worker, "current"),
         ("delayed, torch casts", worker, "delayed-unfused"),
+        ("torch.nn.Linear bf16 compiled", worker, "bf16-compiled"),
+        ("lowprec FP8 current compiled", worker, "current-compiled"),
     ]
+    missing = {}
+    if torchao_layer is not None:
+        plan.append(("torchao Float8Linear compiled", worker, "torchao-compiled"))
+    else:
+        missing["torchao Float8Linear compiled"] = torchao_missing
     fastest = interleave(plan, args.repeats)
-    print_ratio_table(
-        f"\n{title}, {args.gpu_tokens} tokens, one training step, eager, {torch.cuda.get_device_name()}",
-        fastest,
-        "torch.nn.Linear bf16",
-        {},
-    )
+    device_name = torch.cuda.get_device_name() if device == "cuda" else device
+    heading = f"\n{title}, {args.gpu_tokens} tokens, one training step, {device_name}"
+    print_ratio_table(heading, fastest, "torch.nn.Linear bf16", missing)
+    bf16 = fastest["torch.nn.Linear bf16"]
     print(
-        f"bf16 step / FP8 step: delayed {fastest['torch.nn.Linear bf16'] / fastest['lowprec FP8 delayed']:.2f}x, "
-        f"current {fastest['torch.nn.Linear bf16'] / fastest['lowprec FP8 current']:.2f}x faster"
+        f"bf16 step / FP8 step: delayed {bf16 / fastest['lowprec FP8 delayed']:.2f}x, "
+        f"current {bf16 / fastest['lowprec FP8 current']:.2f}x faster; compiled: bf16 "
+        f"{fastest['torch.nn.Linear bf16 compiled'] * 1e3:.2f} ms, lowprec FP8 current "
+        f"{fastest['lowprec FP8 current compiled'] * 1e3:.2f} ms"
+        + (f", torchao {fastest['torchao Float8Linear compiled'] * 1e3:.2f} ms" if torchao_layer is not None else "")
     )
+    return fastest
 
 
 def gpu_linear_tables(args: argparse.Namespace) -> None:
@@ -133,12 +167,12 @@ def gpu_linear_tables(args: argparse.Namespace) -> None:
     size = 8192
     reference = torch.nn.Linear(size, size, device="cuda", dtype=torch.bfloat16)
     ours = lowprec.Linear(size, size, name="big", device="cuda", params_dtype=torch.bfloat16)
-    gpu_training_table(args, f"Linear {size}x{size}", reference, ours, size)
+    training_table(args, f"Linear {size}x{size}", reference, ours, size, "cuda")
     del reference, ours
     width, depth = 4096, 8
     reference = torch.nn.Sequential(*[torch.nn.Linear(width, width, device="cuda", dtype=torch.bfloat16) for _ in range(depth)])
     ours = mlp(width, depth, "cuda", torch.bfloat16)
-    gpu_training_table(args, f"MLP {depth} x Linear({width})", reference, ours, width)
+    training_table(args, f"MLP {depth} x Linear({width})", reference, ours, width, "cuda")
     del reference, ours
     cast_bandwidth_table(args)
 
@@ -177,6 +211,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--gpu-tokens", type=int, default=8192, help="tokens per step of the GPU tables")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled variants")
     args = parser.parse_args()
     idle_debug_table(args, "cpu", torch.float32)
     if torch.cuda.is_available():

@@ -51,3 +51,16 @@ def test_read_stats_snippet_runs_on_a_demo_run(tmp_path, monkeypatch):
     worst = namespace["worst"]
     assert len(worst) == 5 and list(worst.index.names) == ["layer", "tensor"]
     assert (worst.values >= 0).all() and worst.is_monotonic_decreasing
+
+
+def test_convert_snippet_runs_as_written(tmp_path):
+    section = README.read_text().split("### Converting an existing model", 1)[1]
+    config = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "convert_config.yaml").write_text(config)
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "8 layers converted" in result.stdout and "skipped lm_head (Linear): filtered out" in result.stdout
+    stats = read_stats(tmp_path / "convert_logs")
+    names = {f"model.transformer.h.{i}.attn.c_attn_activation_{stat}" for i in (0, 1) for stat in ("max", "l2_norm")}
+    assert set(stats) == {(name, iteration) for name in names for iteration in range(3)}

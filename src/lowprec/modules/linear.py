@@ -40,21 +40,34 @@ class Linear(NamedModule):
         super().__init__(name)
         self.in_features, self.out_features = in_features, out_features
         factory = {"device": device, "dtype": params_dtype}
-        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **factory))
+        self.weight = torch.nn.Parameter(torch.empty(self.weight_shape(in_features, out_features), **factory))
         self.bias = torch.nn.Parameter(torch.empty(out_features, **factory)) if bias else None
-        init_linear_parameters(self.weight, self.bias)
+        init_linear_parameters(self.gemm_weight(), self.bias)
         self.gemm_unit = GemmUnit(self.layer_types)
+
+    @staticmethod
+    def weight_shape(in_features: int, out_features: int) -> tuple[int, int]:
+        return out_features, in_features
+
+    def gemm_weight(self) -> torch.Tensor:
+        """The weight as the GEMMs take it: ``(out_features, in_features)``."""
+        return self.weight
 
     @classmethod
     def from_torch(cls, module: torch.nn.Linear, name: str) -> Linear:
         """A ``lowprec.Linear`` sharing ``module``'s parameters (the optimizer keeps working on them)."""
-        layer = cls(module.in_features, module.out_features, bias=module.bias is not None, name=name, device="meta")
-        layer.weight = module.weight
-        layer.bias = module.bias
+        return cls.sharing(module.in_features, module.out_features, module.weight, module.bias, name)
+
+    @classmethod
+    def sharing(cls, in_features: int, out_features: int, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> Linear:
+        """A layer of this class whose Parameters are ``weight`` and ``bias`` themselves."""
+        layer = cls(in_features, out_features, bias=bias is not None, name=name, device="meta")
+        layer.weight = weight
+        layer.bias = bias
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gemm_unit.linear(self.name, x, self.weight, self.bias)
+        return self.gemm_unit.linear(self.name, x, self.gemm_weight(), self.bias)
 
     def extra_repr(self) -> str:
         return (
