@@ -24,7 +24,7 @@ from lowprec.recipe import DelayedScaling, Recipe
 from lowprec.weight_cache import WeightCache
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # torch.compiler.disable, but importing torch._dynamo (1.3 s) only when first called
 def run_eagerly(function: Any, *args: Any) -> Any:
     """A graph break under ``torch.compile``: what the compiler cannot trace runs as in eager mode.
     Debug features (host-side routing, logging) and delayed scaling (its amax history is state that
