@@ -6,6 +6,7 @@ and, for APIs of the base namespace, ``debug_api.<api>(layer_name, ...)``.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 from collections.abc import Hashable
@@ -16,9 +17,10 @@ import torch
 from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.debug_manager import DebugManager
 from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError
-from nvdlfw_inspect.logging import MetricLogger, close_logger, get_logger, initialize_logger, print_rank_0
+from nvdlfw_inspect.logging import MetricLogger, close_logger, get_logger, initialize_logger, print_rank_0, print_warning
 from nvdlfw_inspect.registry import Registry
-from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger
+from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
+from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger, get_distributed_world_size
 
 DEBUG_MANAGER: DebugManager | None = None
 
@@ -27,7 +29,7 @@ _EXPLAIN_HELP = (
     "Can pass a list of features or feature string to this method. use list_features() method to get the "
     'feature names or pass "all" string to this method for all features'
 )
-_ACCEPTED_KWARGS = ("tb_writer", "default_logging_enabled", "extensions")
+_ACCEPTED_KWARGS = ("tb_writer", "default_logging_enabled", "extensions", "strict_logging", "collective_timeout")
 
 
 def initialize(
@@ -41,7 +43,10 @@ def initialize(
     """Load features and config and open the logs; call once per rank before building debuggable layers.
 
     Keyword arguments: ``tb_writer`` (a TensorBoard SummaryWriter for statistics) and
-    ``default_logging_enabled`` (also write statistics to the file log when another logger is given).
+    ``default_logging_enabled`` (also write statistics to the file log when another logger is given),
+    ``strict_logging`` (a log write error such as a full disk raises ``OSError`` instead of being counted),
+    ``collective_timeout`` (seconds each collective of ``step()`` waits for the other ranks before raising
+    ``DistributedDesyncError`` naming those that did not answer; default None, the process group's own timeout).
     A failure leaves the process as if ``initialize`` had never been called.
     """
     global DEBUG_MANAGER
@@ -51,7 +56,7 @@ def initialize(
     if unknown:
         raise TypeError(f"initialize() got unexpected keyword arguments {unknown}; accepted: {list(_ACCEPTED_KWARGS)}")
     try:
-        initialize_logger(log_dir)
+        initialize_logger(log_dir, strict=kwargs.get("strict_logging", False))
         if "extensions" in kwargs:
             get_logger().log_message(
                 "initialize(extensions=...) is accepted for compatibility and has no effect.", logging.WARNING
@@ -64,6 +69,7 @@ def initialize(
             init_training_step=init_training_step,
             tb_writer=kwargs.get("tb_writer"),
             default_logging_enabled=bool(kwargs.get("default_logging_enabled", False)),
+            collective_timeout=kwargs.get("collective_timeout"),
         )
         manager.load_config()
     except BaseException as error:
@@ -72,12 +78,13 @@ def initialize(
         _reset_process_state()
         raise
     DEBUG_MANAGER = manager
+    atexit.register(_end_debug_at_exit)
 
 
 def _log_failure(error: BaseException) -> None:
     try:
         get_logger().log_message(f"initialize failed: {type(error).__name__}: {error}", logging.ERROR)
-    except RuntimeError:
+    except (RuntimeError, OSError):  # no log, or it cannot be written (strict_logging): the error is raised anyway
         pass
 
 
@@ -91,7 +98,9 @@ def _reset_process_state() -> None:
 
 
 def step() -> None:
-    """Advance the iteration counter by one and let every namespace flush its per-step work."""
+    """Advance the iteration counter by one, log the finished iteration's statistics (reduced over ranks)
+    and let every namespace flush its per-step work. Raises ``DistributedDesyncError`` when the ranks of a
+    reduction group are at different iterations or do not answer within ``collective_timeout``."""
     if DEBUG_MANAGER is not None:
         DEBUG_MANAGER.step()
 
@@ -101,7 +110,7 @@ def initialize_training_step(train_step: int) -> None:
     if DEBUG_MANAGER is not None:
         if isinstance(train_step, bool) or not isinstance(train_step, int) or train_step < 0:
             raise ValueError(f"train_step must be a non-negative integer, got {train_step!r}")
-        DEBUG_MANAGER._trainer_iteration_count = train_step
+        DEBUG_MANAGER.set_iteration(train_step)
 
 
 def end_debug() -> None:
@@ -113,7 +122,25 @@ def end_debug() -> None:
         DEBUG_MANAGER.close()
     finally:
         DEBUG_MANAGER = None
+        atexit.unregister(_end_debug_at_exit)
         _reset_process_state()
+
+
+def _end_debug_at_exit() -> None:
+    """``end_debug`` for a program that exits without it (``sys.exit``, an uncaught exception), so the unfinished
+    step reaches the log. A multi-rank run drops that step: logging it reduces over the ranks, and a rank that
+    failed alone would wait at exit for ranks that never join instead of exiting. Never raises at exit."""
+    try:
+        if DEBUG_MANAGER is not None and get_distributed_world_size() > 1:
+            STATS_BUFFERS.reset()
+            get_logger().log_message(
+                "Exit without end_debug(): the unfinished step is not logged in a multi-rank run (call end_debug() on "
+                "every rank to log it).",
+                logging.WARNING,
+            )
+        end_debug()
+    except Exception as error:
+        print_warning(f"could not close the debug run at exit: {type(error).__name__}: {error}")
 
 
 def _require_manager() -> DebugManager:

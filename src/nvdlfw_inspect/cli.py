@@ -11,12 +11,14 @@ import importlib
 import io
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.config_manager import config_line, find_config_errors
 from nvdlfw_inspect.errors import NvdlfwInspectError
+from nvdlfw_inspect.reading import TornLineWarning
 from nvdlfw_inspect.registry import Registry
 
 
@@ -82,12 +84,17 @@ def _feature_names() -> list[str]:
 
 
 def report(args: argparse.Namespace) -> int:
+    """Write the report; warnings of the reading (a torn last line skipped) are printed as the command's own."""
     from nvdlfw_inspect.report import write_report
 
-    try:
-        path = write_report(args.log_dir, args.output)
-    except (FileNotFoundError, ValueError) as error:
-        raise UserError(str(error)) from None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TornLineWarning)
+        try:
+            path = write_report(args.log_dir, args.output)
+        except (FileNotFoundError, ValueError) as error:
+            raise UserError(str(error)) from None
+    for warning in caught:
+        print(f"nvdlfw-inspect report: warning: {warning.message}", file=sys.stderr)
     print(f"report: {path}")
     return 0
 

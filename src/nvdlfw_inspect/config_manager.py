@@ -185,11 +185,70 @@ class ConfigSpec:
     extension_config: dict[str, dict[str, dict]]
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """Safe YAML loading that rejects a key repeated in one mapping (YAML would keep only the last)."""
+# Nodes a document may reach once its aliases are expanded: configs reuse small blocks with
+# anchors; a billion-laughs document of a few hundred bytes expands to billions.
+MAX_EXPANDED_NODES = 100_000
 
 
-def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+class _ExpansionError(yaml.YAMLError):
+    """The document's aliases expand it beyond ``MAX_EXPANDED_NODES`` nodes, or refer to themselves."""
+
+
+def _expanded_size(root: yaml.Node) -> int | None:
+    """Nodes in the document with every alias replaced by a copy of its anchor, counted without
+    expanding (a shared node is counted once per use); None when an alias refers to its own anchor."""
+    sizes: dict[int, int] = {}
+    ancestors: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        children = _children(node)
+        if children_done:
+            ancestors.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+        elif id(node) in ancestors:
+            return None
+        elif id(node) not in sizes:
+            ancestors.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in children)
+    return sizes[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """Safe YAML loading that rejects a key repeated in one mapping (YAML would keep only the last)
+    and a document whose aliases expand it beyond ``MAX_EXPANDED_NODES`` nodes."""
+
+    uses_aliases = False
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            self.uses_aliases = True
+        return super().compose_node(parent, index)
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        if self.uses_aliases:
+            size = _expanded_size(node)
+            if size is None:
+                raise _ExpansionError("an alias (*name) refers to its own anchor (&name): the config would be infinite")
+            if size > MAX_EXPANDED_NODES:
+                raise _ExpansionError(
+                    f"its aliases (*name) expand it to {size} values; at most {MAX_EXPANDED_NODES} are allowed "
+                    "(anchors are meant for reusing small blocks)"
+                )
+        return node
+
+
+def _construct_unique_mapping(loader: _ConfigLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     first_line: dict[Any, int] = {}
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
@@ -210,26 +269,40 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, 
     return loader.construct_mapping(node, deep=deep)
 
 
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+_ConfigLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
 def _read_config(config: Any) -> tuple[str, Any]:
     """Return ``(source description, parsed content)`` for a file path or a dict."""
     if isinstance(config, dict):
-        # A private copy: later changes to the caller's dict cannot bypass validation.
-        return "config dict", copy.deepcopy(config)
+        try:
+            # A private copy: later changes to the caller's dict cannot bypass validation.
+            return "config dict", copy.deepcopy(config)
+        except RecursionError:
+            raise ConfigError("config dict: nested too deeply") from None
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
+        source = f"config file {str(path)!r}"
+        if path.is_dir():
+            raise FileNotFoundError(f"{source} is a directory; give the path of a YAML file")
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {str(path)!r} (current directory: {os.getcwd()})")
-        try:
-            with open(path, encoding="utf-8") as handle:
-                return f"config file {str(path)!r}", yaml.load(handle, Loader=_UniqueKeyLoader)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"config file {str(path)!r}: not valid YAML: {err}") from None
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"config file {str(path)!r}: not UTF-8 text: {err}") from None
+        return source, _load_yaml(path, source)
     raise TypeError(f"config must be a file path (str or pathlib.Path) or a dict, got {type(config).__name__}")
+
+
+def _load_yaml(path: Path, source: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.load(handle, Loader=_ConfigLoader)
+    except _ExpansionError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: not valid YAML: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{source}: not UTF-8 text: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
 
 
 def _read_sections(config: Any) -> tuple[str, dict, ConfigLocation]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import threading
 from functools import partial
 from typing import Any
 
@@ -32,12 +34,15 @@ class DebugManager:
         init_training_step: int = 0,
         tb_writer: Any = None,
         default_logging_enabled: bool = False,
+        collective_timeout: float | None = None,
     ):
         if isinstance(init_training_step, bool) or not isinstance(init_training_step, int) or init_training_step < 0:
             raise ValueError(f"init_training_step must be a non-negative integer, got {init_training_step!r}")
+        self.collective_timeout = _checked_timeout(collective_timeout)
         self.log_dir = str(log_dir)
         self.config_file = config_file
         self._trainer_iteration_count = init_training_step
+        self._step_lock = threading.Lock()  # step, close and set_iteration: the counter and the flush in one piece
         self._tensor_reduction_group: Any = None
         self._initialize_loggers(statistics_logger, tb_writer, default_logging_enabled)
         self._load_namespace_apis_and_features(normalize_feature_dirs(feature_dirs))
@@ -111,16 +116,41 @@ class DebugManager:
         )
 
     def step(self) -> None:
-        self._trainer_iteration_count += 1
-        STATS_BUFFERS.flush()
-        for api in self._namespace_apis.values():
-            api.step()
+        """Advance the counter, then log the finished iteration's statistics and step the namespaces.
+        Counting first makes a call of another thread that starts meanwhile part of the next iteration.
+        A ``DistributedDesyncError`` comes after all of it, so a caller that catches it can go on."""
+        with self._step_lock:
+            finished = self._trainer_iteration_count
+            self._trainer_iteration_count += 1
+            try:
+                STATS_BUFFERS.flush(step=finished, timeout=self.collective_timeout)
+            finally:
+                for api in self._namespace_apis.values():
+                    api.step()
+
+    def set_iteration(self, iteration: int) -> None:
+        """Set the counter (``initialize_training_step``), never in the middle of a ``step``."""
+        with self._step_lock:
+            self._trainer_iteration_count = iteration
 
     def close(self) -> None:
         """Log the statistics of the unfinished step, run every namespace's ``end_debug`` hook, drop the buffers."""
-        try:
-            STATS_BUFFERS.flush()
-        finally:
-            STATS_BUFFERS.reset()
-            for api in self._namespace_apis.values():
-                api.end_debug()
+        with self._step_lock:
+            try:
+                STATS_BUFFERS.flush(step=self._trainer_iteration_count, timeout=self.collective_timeout)
+            finally:
+                STATS_BUFFERS.reset()
+                for api in self._namespace_apis.values():
+                    api.end_debug()
+
+
+def _checked_timeout(seconds: object) -> float | None:
+    """``collective_timeout``: None (the process group's own timeout) or a positive, finite number of seconds."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(
+            f"collective_timeout must be a positive number of seconds (or None for the process group's own timeout), "
+            f"got {seconds!r}"
+        )
+    return float(seconds)

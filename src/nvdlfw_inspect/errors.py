@@ -3,14 +3,62 @@
 from __future__ import annotations
 
 import difflib
+import itertools
+import reprlib
 from collections.abc import Iterable
 from typing import Any
 
 _NO_VALUE = object()
+MAX_MESSAGE_CHARS = 2000
+MAX_VALUE_CHARS = 400
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut in the middle to at most about ``limit`` characters: its start names the source and
+    key path, its end what is allowed, and a hostile input must not make a message of megabytes."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 3 // 4, limit // 4
+    return f"{text[:head]} ...[{len(text) - head - tail} characters cut]... {text[len(text) - tail :]}"
+
+
+class _ShortRepr(reprlib.Repr):
+    """A repr bounded in depth and width (a value built from YAML aliases may be huge) that, unlike
+    ``reprlib``, keeps a dict's own key order, the order of the config file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 4
+        self.maxtuple = self.maxlist = self.maxarray = self.maxdict = self.maxset = self.maxfrozenset = self.maxdeque = 12
+        self.maxstring = self.maxother = 160
+        self.maxlong = 40
+
+    def repr_dict(self, x: dict, level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in itertools.islice(x.items(), self.maxdict)]
+        if len(x) > self.maxdict:
+            items.append("...")
+        return "{" + ", ".join(items) + "}"
+
+
+_SHORT_REPR = _ShortRepr()
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` for error messages, at most about ``MAX_VALUE_CHARS`` characters."""
+    return shorten(_SHORT_REPR.repr(value), MAX_VALUE_CHARS)
 
 
 class NvdlfwInspectError(Exception):
-    """Base class of every error this framework raises on purpose."""
+    """Base class of every error this framework raises on purpose; its message is at most about
+    ``MAX_MESSAGE_CHARS`` characters, whatever the input."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # kwargs: the builtin bases' own (ImportError's name and path, AttributeError's name and obj)
+        super().__init__(*(shorten(a, MAX_MESSAGE_CHARS) if isinstance(a, str) else a for a in args), **kwargs)
 
 
 class ConfigError(NvdlfwInspectError, ValueError):
@@ -67,13 +115,13 @@ class ConfigLocation:
         """Build (not raise) a ConfigError for this location."""
         parts = [f"{self.source}: key '{self.key_path}': {problem}"]
         if value is not _NO_VALUE:
-            parts.append(f"got {value!r}")
+            parts.append(f"got {short_repr(value)}")
         if allowed is not None:
             if isinstance(allowed, str):
                 parts.append(f"allowed: {allowed}")
             else:
                 allowed = list(allowed)
-                parts.append("allowed: " + ", ".join(repr(a) for a in allowed))
+                parts.append("allowed: " + ", ".join(short_repr(a) for a in allowed))
                 if value is not _NO_VALUE and isinstance(value, str):
                     hint = closest(value, [a for a in allowed if isinstance(a, str)])
                     if hint is not None:
@@ -85,3 +133,8 @@ class ConfigLocation:
 
 class AlreadyInitializedError(NvdlfwInspectError, RuntimeError, ValueError):
     """``initialize`` was called twice without ``end_debug`` in between."""
+
+
+class DistributedDesyncError(NvdlfwInspectError, RuntimeError):
+    """The ranks of a statistics reduction group are not in the same ``debug_api.step()``: one skipped
+    or repeated it, or did not answer within ``collective_timeout``. Names the ranks and iterations."""

@@ -6,10 +6,12 @@ Directory names, file names and line formats match the reference framework, sinc
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -28,6 +30,8 @@ ENV_OVERWRITE = "NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE"
 ENV_TIMESTAMP = "NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP"
 ENV_TIMESTAMP_VALUE = "NVDLFW_INSPECT_LOG_TIMESTAMP"
 _LEVEL_NAMES = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
+_SAFE_STAMP = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
 
 
 class BaseLogger(ABC):
@@ -145,25 +149,190 @@ def log_file_name() -> str:
     """``nvdlfw_inspect[_YYYYmmdd_HHMMSS]_globalrank-{R}.log``; the timestamp is fixed once per process."""
     base = "nvdlfw_inspect"
     if _env_int_flag(ENV_TIMESTAMP):
-        stamp = os.environ.get(ENV_TIMESTAMP_VALUE)
-        if not stamp:
-            stamp = time.strftime("%Y%m%d_%H%M%S")
-            os.environ[ENV_TIMESTAMP_VALUE] = stamp
-        base += f"_{stamp}"
+        base += f"_{_timestamp()}"
     return f"{base}_globalrank-{_global_rank()}.log"
 
 
-def _file_mode() -> str:
+def _timestamp() -> str:
+    """The preset stamp, or now's (kept in the environment for the ranks this process starts). A preset one becomes
+    part of a file name, so it may not name a directory (``x/../../p`` would write outside ``log_dir``)."""
+    stamp = os.environ.get(ENV_TIMESTAMP_VALUE)
+    if not stamp:
+        stamp = os.environ[ENV_TIMESTAMP_VALUE] = time.strftime("%Y%m%d_%H%M%S")
+    if not _SAFE_STAMP.fullmatch(stamp) or ".." in stamp:
+        raise ValueError(
+            f"environment variable {ENV_TIMESTAMP_VALUE}={stamp!r} cannot be part of a log file name: "
+            "use 1 to 64 of the characters A-Z a-z 0-9 . _ - and no '..'"
+        )
+    return stamp
+
+
+def _overwrite() -> bool:
     overwrite = _env_int_flag(ENV_OVERWRITE)
-    return "w" if overwrite is None or overwrite else "a"
+    return overwrite is None or bool(overwrite)
 
 
-def _attach_file_handler(logger: logging.Logger, path: str) -> logging.FileHandler:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    handler = logging.FileHandler(path, mode=_file_mode())
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    logger.addHandler(handler)
-    return handler
+def _log_dir_path(log_dir: Any) -> str:
+    """``log_dir`` as a path. None is an error, as in the reference framework (where ``os.path.join`` fails): neither a
+    directory named "None" nor a silent fallback to the current directory, which would hide an unset setting."""
+    path = os.fspath(log_dir) if isinstance(log_dir, str | os.PathLike) else None
+    if not isinstance(path, str):
+        raise TypeError(f"log_dir must be a directory path (str or os.PathLike), got {log_dir!r}; the default is '.'")
+    return path
+
+
+def print_warning(message: str) -> None:
+    """A warning on stderr, formatted as the debug log's stderr lines, that never raises: it reports failures of the
+    logs themselves, and training must go on (a ``warnings.warn`` could be turned into an exception by ``-W error``)."""
+    record = logging.makeLogRecord({"msg": message, "levelno": logging.WARNING, "levelname": "WARNING"})
+    with contextlib.suppress(Exception):
+        sys.stderr.write(logging.Formatter(STDERR_FORMAT).format(record) + "\n")
+        sys.stderr.flush()
+
+
+class WriteFaults:
+    """The write errors of one run's log files. Training goes on without the lines that could not be written: the
+    first error is warned about once, the lost lines are counted and summed up at ``end_debug``; ``strict`` raises."""
+
+    def __init__(self, strict: bool = False):
+        self.strict = strict
+        self.first: OSError | None = None
+        self.lost: dict[str, int] = {}
+
+    def failed(self, path: str, lines: int, error: OSError) -> None:
+        if self.strict:
+            raise error
+        if lines:
+            self.lost[path] = self.lost.get(path, 0) + lines
+        if self.first is None:
+            self.first = error
+            print_warning(
+                f"cannot write {path}: {error}. Training goes on; log lines that cannot be written are dropped and "
+                "counted, and every later write tries again (initialize(..., strict_logging=True) raises instead)."
+            )
+
+    def summary(self) -> str | None:
+        """How many lines were lost where, or None when every line was written."""
+        if not self.lost:
+            return None
+        where = ", ".join(f"{count} in {path}" for path, count in self.lost.items())
+        return f"{sum(self.lost.values())} log lines were lost to write errors (the first: {self.first}): {where}"
+
+
+def _drop_torn_tail(path: str) -> None:
+    """Cut off a torn last line that an earlier run left (killed while writing) before appending to its file: the
+    first new line would run into it, and a torn line in the middle of a file is corruption to the readers."""
+    if not os.path.exists(path):
+        return
+    with open(path, "r+b") as file:
+        size = end = file.seek(0, os.SEEK_END)
+        while end > 0:
+            start = max(0, end - 65536)
+            file.seek(start)
+            newline = file.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        if end < size:
+            file.truncate(end)
+
+
+class LogFile:
+    """An append-only log file written whole lines at a time: ``add`` queues lines, ``commit`` writes them in one
+    ``write`` on an unbuffered descriptor, so a process killed between commits leaves complete lines only (the
+    kernel keeps what was written; nothing waits in a user-space buffer to be written in pieces). A failed commit (a
+    full disk) is cut back to the previous one and its lines are counted in ``faults``; every later commit tries
+    again, also creating the file if a full disk kept it from being created."""
+
+    def __init__(self, path: str, overwrite: bool, faults: WriteFaults):
+        self.path = path
+        self._faults = faults
+        self._flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if overwrite else 0)
+        self._pending: list[str] = []
+        self._fd: int | None = None
+        self._size = 0
+        self._closed = False
+        try:
+            self._open()
+        except OSError as error:
+            if error.errno not in _SPACE_ERRORS:
+                raise  # a wrong path or permission: a mistake to report at initialize
+            faults.failed(path, 0, error)
+
+    def _open(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        if not self._flags & os.O_TRUNC:
+            _drop_torn_tail(self.path)
+        self._fd = os.open(self.path, self._flags, 0o666)
+        self._size = os.fstat(self._fd).st_size
+
+    def add(self, line: str) -> None:
+        """Queue one line (ending in a newline) for the next ``commit``."""
+        self._pending.append(line)
+
+    def commit(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path} is closed")
+        if not self._pending:
+            return
+        lines, self._pending = self._pending, []
+        try:
+            if self._fd is None:
+                self._open()
+            self._write("".join(lines).encode("utf-8"))
+        except OSError as error:
+            self._cut_back()
+            self._faults.failed(self.path, len(lines), error)
+
+    def _write(self, data: bytes) -> None:
+        """One ``write`` unless the kernel takes less (then the rest, which on a full disk fails)."""
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        self._size += len(data)
+
+    def _cut_back(self) -> None:
+        """Truncate a partly written commit, so the file ends with the last complete one."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.commit()
+        finally:
+            self._closed = True
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+class LogFileHandler(logging.Handler):
+    """Python logging into a ``LogFile``, one write per message. A failed write is the file's to count and report
+    once, not logging's "--- Logging error ---" and traceback for every message."""
+
+    def __init__(self, file: LogFile):
+        super().__init__()
+        self.file = file
+        self.setFormatter(logging.Formatter(LOG_FORMAT))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)  # a message that does not format: logging's usual report
+            return
+        self.file.add(line + "\n")
+        self.file.commit()
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        finally:
+            super().close()
 
 
 def _json_number(value: float) -> str:
@@ -176,12 +345,12 @@ class StatisticsFile:
     """The statistics log: text lines in the format of Python's logging (``LOG_FORMAT``), and next to
     them (``.jsonl``) one JSON record per statistic with its layer, tensor, stat, iteration, value and
     rank. Written directly (``step()`` writes hundreds of lines and a ``LogRecord`` each costs tens of
-    microseconds) and flushed line by line, or once per batch while ``autoflush`` is off."""
+    microseconds), line by line, or while ``autoflush`` is off one write per file per batch (a step), so a
+    crash leaves whole steps (see ``LogFile``)."""
 
-    def __init__(self, path: str):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._file = open(path, _file_mode(), encoding="utf-8")  # closed by close()
-        self._records = open(os.path.splitext(path)[0] + ".jsonl", _file_mode(), encoding="utf-8")
+    def __init__(self, path: str, overwrite: bool, faults: WriteFaults):
+        self._file = LogFile(path, overwrite, faults)
+        self._records = LogFile(os.path.splitext(path)[0] + ".jsonl", overwrite, faults)
         self._rank = _global_rank()
         self._second = -1
         self._stamp = ""
@@ -197,9 +366,9 @@ class StatisticsFile:
         return f"{self._stamp},{int((now - second) * 1000):03d}"
 
     def write(self, message: str, level: int = logging.INFO) -> None:
-        self._file.write(f"{self._asctime()} - {logging.getLevelName(level)} - {message}\n")
+        self._file.add(f"{self._asctime()} - {logging.getLevelName(level)} - {message}\n")
         if self.autoflush:
-            self._file.flush()
+            self._file.commit()
 
     def write_record(self, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
         """``{"layer": ..., "tensor": ..., "stat": ..., "iteration": ..., "value": ..., "rank": ...}``
@@ -210,35 +379,42 @@ class StatisticsFile:
                 f'"{key}": {json.dumps(name)}' for key, name in (("layer", layer), ("tensor", tensor), ("stat", stat))
             )
             head = self._record_heads[(layer, tensor, stat)] = "{" + names
-        self._records.write(f'{head}, "iteration": {iteration}, "value": {_json_number(value)}, "rank": {self._rank}}}\n')
+        self._records.add(f'{head}, "iteration": {iteration}, "value": {_json_number(value)}, "rank": {self._rank}}}\n')
         if self.autoflush:
-            self._records.flush()
+            self._records.commit()
 
     def flush(self) -> None:
-        self._file.flush()
-        self._records.flush()
         self.autoflush = True
+        try:
+            self._file.commit()
+        finally:
+            self._records.commit()
 
     def close(self) -> None:
-        self._file.close()
-        self._records.close()
+        try:
+            self._file.close()
+        finally:
+            self._records.close()
 
 
 class FileLogger(BaseLogger):
     """The main debug log, and (once enabled) the default statistics log file.
 
-    Both files are flushed after every line, or after every batch of statistics (``step()``), so
-    nothing logged is lost if the process dies.
+    Both files are written after every line, or after every batch of statistics (``step()``), so
+    nothing logged is lost if the process dies. Write errors (a full disk) never stop training
+    unless ``strict``: see ``WriteFaults``.
     """
 
-    def __init__(self, name: str, log_dir: str):
-        self.log_dir = str(log_dir)
+    def __init__(self, name: str, log_dir: Any, strict: bool = False):
+        self.log_dir = _log_dir_path(log_dir)
+        self.faults = WriteFaults(strict)
         self.logger = logging.getLogger(name)
         self.logger.setLevel(_log_level_from_env())
         self.logger.propagate = False
         self._handlers: list[tuple[logging.Logger, logging.Handler]] = []
         self.main_log_path = os.path.join(self.log_dir, MAIN_LOG_DIR, log_file_name())
-        self._add(self.logger, _attach_file_handler(self.logger, self.main_log_path))
+        self._main_log = LogFileHandler(LogFile(self.main_log_path, _overwrite(), self.faults))
+        self._add(self.logger, self._main_log)
         stderr = logging.StreamHandler(sys.stderr)
         stderr.setLevel(logging.WARNING)
         stderr.setFormatter(logging.Formatter(STDERR_FORMAT))
@@ -255,7 +431,7 @@ class FileLogger(BaseLogger):
     def _initialize_stats_logger(self, dir_name: str = STATISTICS_LOG_DIR) -> FileLogger:
         if self.stats_file is None:
             self.stats_log_path = os.path.join(self.log_dir, dir_name, log_file_name())
-            self.stats_file = StatisticsFile(self.stats_log_path)
+            self.stats_file = StatisticsFile(self.stats_log_path, _overwrite(), self.faults)
         return self
 
     def log_message(self, message: str, level: int = logging.INFO) -> None:
@@ -273,7 +449,7 @@ class FileLogger(BaseLogger):
         self.stats_file.write(line, kwargs.get("level", logging.INFO))
 
     def hold_flushes(self) -> None:
-        """Until ``flush()``, statistics lines are written but not flushed (see ``MetricLogger.batch``)."""
+        """Until ``flush()``, statistics lines are queued, then written at once (see ``MetricLogger.batch``)."""
         if self.stats_file is not None:
             self.stats_file.autoflush = False
 
@@ -281,24 +457,39 @@ class FileLogger(BaseLogger):
         if self.stats_file is not None:
             self.stats_file.flush()
 
+    def _report_lost_lines(self) -> None:
+        """Whatever the log level: on stderr, and in the debug log (if it can be written now)."""
+        lost = self.faults.summary()
+        if lost is not None:
+            print_warning(lost)
+            self._main_log.handle(logging.makeLogRecord({"msg": lost, "levelno": logging.WARNING, "levelname": "WARNING"}))
+
     def close(self) -> None:
-        """Detach and close every handler this logger added, so a later initialize starts clean."""
-        for logger, handler in self._handlers:
-            logger.removeHandler(handler)
-            handler.close()
-        self._handlers.clear()
-        if self.stats_file is not None:
-            self.stats_file.close()
-            self.stats_file = None
+        """Write what is queued and say how many lines write errors cost (on stderr and, space permitting, in the
+        debug log); then detach and close every handler this logger added, so a later initialize starts clean."""
+        try:
+            self.flush()
+            self._report_lost_lines()
+        finally:
+            for logger, handler in self._handlers:
+                logger.removeHandler(handler)
+                handler.close()
+            self._handlers.clear()
+            if self.stats_file is not None:
+                stats_file, self.stats_file = self.stats_file, None
+                stats_file.close()
 
 
 LOGGER: FileLogger | None = None
 
 
-def initialize_logger(log_dir: str) -> FileLogger:
+def initialize_logger(log_dir: Any, strict: bool = False) -> FileLogger:
+    """Open the logs in ``log_dir``; ``strict`` (``initialize(strict_logging=...)``) makes write errors raise."""
     global LOGGER
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict_logging must be True or False, got {strict!r}")
     close_logger()
-    LOGGER = FileLogger("nvdlfw_inspect", log_dir)
+    LOGGER = FileLogger("nvdlfw_inspect", log_dir, strict)
     return LOGGER
 
 

@@ -1,10 +1,15 @@
 """Reading a run's statistics back: every rank's structured records (``.jsonl``), or, for runs that
-only have text logs (the reference framework's), the text lines with names split as well as they can be."""
+only have text logs (the reference framework's), the text lines with names split as well as they can be.
+
+A file whose last line is torn (its writer was killed, or ran out of space, while writing it) is read
+without that line, with a ``TornLineWarning``; any other line that does not parse is an error.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -26,6 +31,10 @@ class Statistic(NamedTuple):
     stat: str
     iteration: int
     value: float
+
+
+class TornLineWarning(UserWarning):
+    """A statistics file ends in an incomplete line, which was skipped."""
 
 
 def statistics_files(log_dir: str | Path) -> list[Path]:
@@ -63,11 +72,11 @@ def _from_records(path: Path) -> Iterator[Statistic]:
     """Parsed ``RECORDS_PER_PARSE`` lines at a time as one JSON array (several times faster than a
     parse per line); a chunk that fails is parsed again line by line to name the bad line."""
     rank = _rank_of(path)
-    with path.open(encoding="utf-8") as file:
+    with path.open("rb") as file:
         first_line = 1
         while lines := list(islice(file, RECORDS_PER_PARSE)):
             try:
-                chunk = json.loads("[" + ",".join(line for line in lines if line.strip()) + "]")
+                chunk = json.loads(b"[" + b",".join(line for line in lines if line.strip()) + b"]")
                 statistics = [_statistic(record, rank) for record in chunk]
             except (ValueError, KeyError, TypeError, AttributeError):
                 statistics = list(_line_by_line(path, lines, first_line, rank))
@@ -75,23 +84,51 @@ def _from_records(path: Path) -> Iterator[Statistic]:
             first_line += len(lines)
 
 
-def _line_by_line(path: Path, lines: list[str], first_line: int, rank: int) -> Iterator[Statistic]:
+def _line_by_line(path: Path, lines: list[bytes], first_line: int, rank: int) -> Iterator[Statistic]:
+    """A record that does not parse is an error, unless it is the file's last line and lacks its newline:
+    then it is torn (a complete record shows its end, the closing brace, even without a newline)."""
     for number, line in enumerate(lines, first_line):
         if not line.strip():
             continue
         try:
-            yield _statistic(json.loads(line), rank)
+            statistic = _statistic(json.loads(line), rank)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise ValueError(f"{path}:{number}: not a statistics record ({error}): {line[:200]!r}") from None
+            if not line.endswith(b"\n"):  # only the last line of a file can lack it
+                _warn_torn(path, number, line)
+                return
+            raise ValueError(f"{path}:{number}: not a statistics record ({error}): {_shown(line)}") from None
+        yield statistic
 
 
 def _from_text(path: Path) -> Iterator[Statistic]:
+    """Text lines; the last one without its newline is torn even when it parses (its value may be cut short)."""
     rank = _rank_of(path)
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        match = _TEXT_LINE.match(line)
-        if match is None:
-            raise ValueError(f"{path}:{number}: not a statistics line: {line[:200]!r}")
-        yield Statistic(rank, *split_name(match.group(1)), int(match.group(2)), float(match.group(3)))
+    with path.open("rb") as file:
+        for number, raw in enumerate(file, 1):
+            if not raw.endswith(b"\n"):
+                _warn_torn(path, number, raw)
+                return
+            try:
+                match = _TEXT_LINE.match(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError:
+                match = None
+            if match is None:
+                raise ValueError(f"{path}:{number}: not a statistics line: {_shown(raw)}")
+            yield Statistic(rank, *split_name(match.group(1)), int(match.group(2)), float(match.group(3)))
+
+
+def _warn_torn(path: Path, number: int, line: bytes) -> None:
+    warnings.warn(
+        f"{path}:{number}: skipped the torn last line (the run stopped while writing it; the last step in this file "
+        f"may lack some statistics): {_shown(line)}",
+        TornLineWarning,
+        stacklevel=2,
+    )
+
+
+def _shown(line: bytes) -> str:
+    """A line for an error message: its start, decoded as far as it goes."""
+    return repr(line[:200].decode("utf-8", errors="replace").rstrip("\n"))
 
 
 def iter_statistics(log_dir: str | Path) -> Iterator[Statistic]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -49,20 +50,21 @@ def gather_tensor_on_last_rank(tensor: torch.Tensor) -> torch.Tensor | None:
 
 
 class APICacheIdentifier:
-    """Remembers the user line that last touched the debug API, so routing results can be cached per call site."""
+    """Remembers the user line that last touched the debug API, so routing results can be cached per call site.
+    Per thread: a call of another thread in between must not lend its line to this thread's routing."""
 
-    _call_details: str | None = None
+    _local = threading.local()
 
     @classmethod
     def save_call_details(cls, depth: int = 2) -> None:
         """Record ``file.line`` of the frame ``depth`` levels above this method (default: the caller's caller)."""
         frame = sys._getframe(depth)
-        cls._call_details = f"{frame.f_code.co_filename}.{frame.f_lineno}"
+        cls._local.call_details = f"{frame.f_code.co_filename}.{frame.f_lineno}"
         del frame
 
     @classmethod
     def get_call_details(cls) -> str | None:
-        return cls._call_details
+        return getattr(cls._local, "call_details", None)
 
     @classmethod
     def get_unique_identifier(
@@ -76,14 +78,14 @@ class APICacheIdentifier:
         keys = cacheable_apis.get(api_name)
         if keys is None:
             return None
-        uid = f"{cls._call_details}.{layer_name}.{api_name}"
+        uid = f"{cls.get_call_details()}.{layer_name}.{api_name}"
         for key in keys:
             uid += f".{kwargs.get(key, 0)}"
         return uid
 
     @classmethod
     def reset(cls) -> None:
-        cls._call_details = None
+        cls._local = threading.local()
 
 
 class SingleMessageLogger:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -128,6 +129,71 @@ def packed_gather(rank: int, world: int, log_dir: Path) -> None:
         debug_api.step()
         per_step.append(list(calls))
     torch.save({"calls": per_step, "logged": logged}, log_dir / f"packed{rank}.pt")
+
+
+MEAN_CONFIG = {
+    "all": {
+        "enabled": True,
+        "layers": {"layer_name_regex_pattern": ".*"},
+        "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["mean"]},
+    }
+}
+
+
+def _step_outcome(step: int) -> tuple[int, str | None]:
+    """``debug_api.step()``: (``step``, None), or (``step``, the message of the DistributedDesyncError it raised)."""
+    import nvdlfw_inspect.api as debug_api
+    from nvdlfw_inspect.errors import DistributedDesyncError
+
+    try:
+        debug_api.step()
+    except DistributedDesyncError as error:
+        return step, str(error)
+    return step, None
+
+
+def out_of_step(rank: int, world: int, log_dir: Path) -> None:
+    """Both ranks log their loop's iteration (layer "local" per rank); rank 1 skips ``step()`` at iteration 1,
+    and after the error rank 1 sets another iteration counter. Saves every step's outcome."""
+    import nvdlfw_inspect.api as debug_api
+
+    debug_api.initialize(config_file=MEAN_CONFIG, log_dir=str(log_dir), collective_timeout=60)
+    debug_api.set_tensor_reduction_group(dist.group.WORLD)
+    outcomes = []
+    for iteration in range(3):
+        debug_api.log_tensor_stats(layer_name="a", tensor=rank_tensor(rank), tensor_name="activation", iteration=iteration)
+        debug_api.log_tensor_stats(
+            layer_name="local", tensor=rank_tensor(rank), tensor_name="activation", iteration=iteration, skip_reduction=True
+        )
+        if rank == 1 and iteration == 1:
+            continue  # the skipped step()
+        outcomes.append(_step_outcome(iteration))
+        if outcomes[-1][1] is not None:
+            break
+    if rank == 1:
+        debug_api.initialize_training_step(7)
+    debug_api.log_tensor_stats(layer_name="a", tensor=rank_tensor(rank), tensor_name="activation")
+    outcomes.append(_step_outcome(-1))
+    torch.save(outcomes, log_dir / f"outcomes{rank}.pt")
+
+
+def silent_rank(rank: int, world: int, log_dir: Path) -> None:
+    """Rank 0 logs and steps with a 3 s collective timeout; rank 1 stays alive and never steps (it waits
+    for rank 0's result, at most a minute). Rank 0 saves the error and how long step() took."""
+    import nvdlfw_inspect.api as debug_api
+
+    debug_api.initialize(config_file=MEAN_CONFIG, log_dir=str(log_dir), collective_timeout=3)
+    done = log_dir / "silent0.pt"
+    if rank == 1:
+        deadline = time.monotonic() + 60
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return
+    debug_api.log_tensor_stats(layer_name="a", tensor=rank_tensor(rank), tensor_name="activation")
+    start = time.monotonic()
+    outcome = _step_outcome(0)
+    torch.save({"error": outcome[1], "seconds": time.monotonic() - start}, log_dir / "silent0.tmp")
+    (log_dir / "silent0.tmp").rename(done)
 
 
 if __name__ == "__main__":  # pragma: no cover - manual runs

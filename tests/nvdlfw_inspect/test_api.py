@@ -11,7 +11,7 @@ from logreader import read_messages, read_stats
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError, UnknownAPIError
-from nvdlfw_inspect.logging import MetricLogger
+from nvdlfw_inspect.logging import LogFileHandler, MetricLogger
 from nvdlfw_inspect.registry import Registry
 
 STATS_CONFIG = {
@@ -25,7 +25,8 @@ STATS_CONFIG = {
 
 def own_handlers(name: str) -> list[logging.Handler]:
     """Handlers the framework attached (pytest adds its own capture handlers)."""
-    return [h for h in logging.getLogger(name).handlers if type(h) in (logging.FileHandler, logging.StreamHandler)]
+    ours = (logging.FileHandler, logging.StreamHandler, LogFileHandler)
+    return [h for h in logging.getLogger(name).handlers if type(h) in ours]
 
 
 def messages(log_dir) -> list[str]:

@@ -15,6 +15,7 @@ from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.derive import derive_tensors
+from nvdlfw_inspect.stats.kernels import unreadable_reason
 from nvdlfw_inspect.stats.partials import empty_partials
 from nvdlfw_inspect.utils import append_parent_docstring, get_distributed_world_size
 
@@ -36,6 +37,11 @@ def validate_window(config: dict, location: ConfigLocation, closed: bool = False
         end = config["end_step"]
         if isinstance(end, bool) or not isinstance(end, int) or end < -1:
             raise location.child("end_step").error("must be an integer >= 0, or -1 for no end", end)
+        start = config.get("start_step", 0)
+        if end != -1 and end < start:
+            raise location.child("end_step").error(
+                f"is before start_step {start}, so nothing would be logged", end, f"-1 (no end) or an integer >= {start}"
+            )
     if "start_end_list" in config:
         _validate_start_end_list(config["start_end_list"], location.child("start_end_list"), closed)
 
@@ -188,16 +194,17 @@ class LogTensorStats(GenericConfigAPIMapper):
             return {}
         stats = [s.lower() for s in config["stats"]]
         tensor = kwargs["tensor"]
-        partials = empty_partials(tensor.device)
-        STATS_BUFFERS.feed(
+        readable = unreadable_reason(tensor) is None  # feed warns once about the others and skips them
+        partials = empty_partials(tensor.device) if readable else None
+        taken = STATS_BUFFERS.feed(
             (layer_name, tensor_name, "base", tuple(stats), window_key(config)),
             layer_name=layer_name,
             tensor_name=tensor_name,
             stats=stats,
             iteration=self._get_current_iteration(**kwargs),
-            tensor=tensor.detach(),
+            tensor=tensor.detach() if readable else tensor,
             call_out=partials,
             accumulate=tensor_name != "weight",
             **self._reduction(layer_name, **kwargs),
         )
-        return DerivedStats(partials, stats)
+        return DerivedStats(partials, stats) if taken else {}

@@ -8,6 +8,7 @@ most at risk, and per layer each statistic over the iterations, forward tensors 
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -23,6 +24,7 @@ FORWARD = ("activation", "weight", "output")
 BACKWARD = ("gradient", "dgrad", "wgrad")
 HEATMAP_STATS = ("underflows%", "overflows%", "dynamic_range")
 TOP_RISKS = 25
+_SLOT = re.compile(r"\{\{(STYLE|SCRIPT|TITLE|DATA)\}\}")
 
 
 def _json_value(value: float) -> float | str | None:
@@ -109,16 +111,25 @@ def _asset(name: str) -> str:
 
 
 def render(data: dict[str, Any]) -> str:
-    """The HTML page: template, style, script and the data as JSON (``</`` escaped for the script tag)."""
-    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    page = _asset("template.html")
-    for key, value in (("STYLE", _asset("report.css")), ("SCRIPT", _asset("report.js")), ("DATA", payload)):
-        page = page.replace(f"/*{key}*/", value)
-    return page.replace("{{TITLE}}", _escape(data["title"]))
+    """The HTML page: the template with style, script, title and data put in its slots.
+
+    The template alone is split at its ``{{SLOT}}`` markers, so text that the data brings (a layer named
+    ``{{TITLE}}``, a backslash in the log directory) is never taken for a marker."""
+    values = {
+        "STYLE": _asset("report.css"),
+        "SCRIPT": _asset("report.js"),
+        "TITLE": html.escape(data["title"]),
+        "DATA": _script_json(data),
+    }
+    parts = _SLOT.split(_asset("template.html"))
+    return "".join(values[part] if i % 2 else part for i, part in enumerate(parts))
 
 
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+def _script_json(data: Any) -> str:
+    """``data`` as JSON that an HTML ``<script>`` element holds as is: ``<``, ``>`` and ``&`` written as
+    ``\\u`` escapes, so no ``</script>`` or ``<!--`` in a name can end or bend the element."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def write_report(log_dir: str | Path, output: str | Path | None = None) -> Path:

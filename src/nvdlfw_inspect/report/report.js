@@ -248,18 +248,18 @@
   function fillLayer(section, index) {
     const groups = new Map();
     byLayer[index].forEach((s) => {
-      const key = `${s.direction}|${s.tensor}|${s.stat}`;
+      const key = JSON.stringify([s.direction, s.tensor, s.stat]);  // names may hold any character
       if (!groups.has(key)) groups.set(key, []);
       groups.get(key).push(s);
     });
     const columns = element("div", { class: "directions" });
     ["forward", "backward", "other"].forEach((direction) => {
-      const keys = [...groups.keys()].filter((k) => k.startsWith(direction + "|")).sort();
+      const keys = [...groups.keys()].filter((k) => JSON.parse(k)[0] === direction).sort();
       if (!keys.length) return;
       const column = element("div", { class: "direction" });
       column.appendChild(element("h4", {}, direction));
       keys.forEach((key) => {
-        const [, tensor, stat] = key.split("|");
+        const [, tensor, stat] = JSON.parse(key);
         column.appendChild(lineChart(`${tensor} ${stat}`, groups.get(key)));
       });
       columns.appendChild(column);

@@ -9,22 +9,34 @@ the tensor's partials straight into the rows of every request it serves, in one 
 packed in an order all ranks agreed on once; an object gather runs only when some rank's set of
 requests changed), copies every result to the host at once, derives every statistic as a column at
 once, hands them to the statistics loggers as ``{layer}_{tensor}_{stat}``, and resets the tables.
+
+Threads: feeds and flushes may come from several threads. One lock guards the requests and tables; a
+flush holds it only to take the tables (fresh ones take the feeds that follow), so a call lands whole
+in the flush under way or in the next, and never waits for a collective. Flushes run one at a time.
+
+Ranks: the packed gather's stamp row carries each rank's step counter and the newest iteration it
+fed; ranks that disagree, or that do not answer within the timeout, raise ``DistributedDesyncError``
+naming them (after the other groups are reduced and logged, so that no peer waits for this rank).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
-from collections.abc import Hashable, Iterable, Iterator
+import threading
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from nvdlfw_inspect.errors import DistributedDesyncError
 from nvdlfw_inspect.logging import MetricLogger
 from nvdlfw_inspect.stats.derive import derive_tensors, fields_for
-from nvdlfw_inspect.stats.kernels import Grid, tensor_stats
+from nvdlfw_inspect.stats.desync import NO_ITERATION, check_stamps, group_ranks, wait_or_raise
+from nvdlfw_inspect.stats.kernels import Grid, tensor_stats, unreadable_partials_reason, unreadable_reason, warn_skipped
 from nvdlfw_inspect.stats.partials import FIELDS, identity_partials, merge_partials
 from nvdlfw_inspect.utils import get_distributed_rank, get_distributed_world_size
 
@@ -72,8 +84,10 @@ class _Table:
         self.used += 1
         return self.used - 1
 
-    def reset(self) -> None:
-        self.rows.copy_(identity_partials(self.device).expand_as(self.rows))
+    def take(self) -> torch.Tensor:
+        """The rows as fed so far; empty ones take their place for the feeds that follow."""
+        rows, self.rows = self.rows, identity_partials(self.device).expand_as(self.rows).clone()
+        return rows
 
 
 @dataclass
@@ -118,7 +132,7 @@ class _Layout:
     """The agreed order of one group's rows: the union of every rank's requests, and each rank's
     signature of its own requests when the order was agreed."""
 
-    mine: tuple
+    mine: tuple | None  # None: no order agreed yet
     union: list[Hashable]
     signatures: list[float]
     index: torch.Tensor
@@ -129,6 +143,29 @@ def _signature(keys: tuple) -> float:
     return float(int.from_bytes(hashlib.sha256(repr(keys).encode()).digest()[:6], "big"))
 
 
+@dataclass
+class _Snapshot:
+    """What one flush reduces and logs, taken under the lock so that feeds go on into fresh tables."""
+
+    buffers: dict[Hashable, StatsBuffer]
+    rows: dict[torch.device, torch.Tensor]
+    fed: dict[Hashable, int]  # every request fed since the last flush -> the iteration it was fed at
+    groups: dict[tuple[Any, torch.device], list[Hashable]]
+    step: int | None
+    timeout: float | None
+
+
+def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` run holding the buffers' lock (reentrant: ``one_launch`` holds it around its feeds)."""
+
+    @functools.wraps(method)
+    def locked(self: StatsBuffers, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class StatsBuffers:
     """All requests of a run, keyed by whatever identifies one (layer, tensor, feature options)."""
 
@@ -137,6 +174,9 @@ class StatsBuffers:
         self._tables: dict[torch.device, _Table] = {}
         self._layouts: dict[tuple[Any, torch.device], _Layout] = {}
         self._launch: _Launch | None = None
+        self._lock = threading.RLock()  # the requests, tables and launch: every feed, and a flush's snapshot
+        self._flush_lock = threading.Lock()  # one flush at a time, so that steps reach the loggers in order
+        self._timed: dict[str, int] = {}  # timed collectives per group name, kept over runs: markers stay unique
 
     def _table(self, device: torch.device) -> _Table:
         if device not in self._tables:
@@ -160,15 +200,18 @@ class StatsBuffers:
 
     @contextlib.contextmanager
     def one_launch(self, tensor: torch.Tensor) -> Iterator[None]:
-        """Every ``feed`` of ``tensor`` inside joins one operator call, run at the end."""
-        outer, self._launch = self._launch, _Launch(tensor)
-        try:
-            yield
-            launch = self._launch
-        finally:
-            self._launch = outer
-        launch.run(self._table(tensor.device).rows)
+        """Every ``feed`` of ``tensor`` inside joins one operator call, run at the end. Holds the lock
+        throughout, so that a flush finds the call's requests and their data together."""
+        with self._lock:
+            outer, self._launch = self._launch, _Launch(tensor)
+            try:
+                yield
+                launch = self._launch
+            finally:
+                self._launch = outer
+            launch.run(self._table(tensor.device).rows)
 
+    @_locked
     def feed(
         self,
         key: Hashable,
@@ -199,6 +242,10 @@ class StatsBuffers:
         source = tensor if tensor is not None else partials
         if source is None:
             return False
+        reason = unreadable_reason(tensor) if tensor is not None else unreadable_partials_reason(partials)
+        if reason is not None:  # skipped before it gets a row: a tensor that cannot be read must not poison the step
+            warn_skipped(layer_name, tensor_name, reason)
+            return False
         request = dict(layer_name=layer_name, tensor_name=tensor_name, stats=as_stats(stats))
         request |= dict(reduction_group=reduction_group, skip_reduction=skip_reduction, accumulate=accumulate)
         buffer = self._buffer(key, iteration, source.device, **request, last_rank_only=last_rank_only)
@@ -219,48 +266,78 @@ class StatsBuffers:
                 launch.add(buffer, quantization, amax_out)
         return buffer is not None
 
-    def flush(self) -> dict[tuple[str, str, str, int], float]:
-        """Log every request fed since the last flush; returns ``{(layer, tensor, stat, iteration): value}``."""
-        fed = [key for key, buffer in self.buffers.items() if buffer.iteration is not None]
+    def flush(self, step: int | None = None, timeout: float | None = None) -> dict[tuple[str, str, str, int], float]:
+        """Log every request fed since the last flush; returns ``{(layer, tensor, stat, iteration): value}``.
+
+        ``step`` is the caller's step counter, the same on every rank of a reduction group; ``timeout``
+        bounds each of the group's collectives in seconds (None: the group's own timeout). A group whose
+        ranks are out of step or do not answer raises ``DistributedDesyncError`` once the other groups
+        are reduced (their peers must not wait for this rank) and logged; its statistics are dropped.
+        """
+        with self._flush_lock:
+            with self._lock:
+                snapshot = self._take(step, timeout)
+            if snapshot is None:
+                return {}
+            host, where, errors = self._collect(snapshot)
+            logged = self._derive(host, where, snapshot)
+            if logged:
+                with MetricLogger.batch():
+                    for (layer, tensor, stat, iteration), value in logged.items():
+                        MetricLogger.log_statistic(layer, tensor, stat, value, iteration)
+            if errors:
+                raise errors[0]
+            return logged
+
+    def _take(self, step: int | None, timeout: float | None) -> _Snapshot | None:
+        """Every request fed since the last flush and its rows, leaving empty tables; None if none was fed."""
+        fed = {key: buffer.iteration for key, buffer in self.buffers.items() if buffer.iteration is not None}
         if not fed:
-            return {}
+            return None
+        for key in fed:
+            self.buffers[key].iteration = None
+        rows = {device: table.take() for device, table in self._tables.items()}
+        return _Snapshot(dict(self.buffers), rows, fed, self._groups(), step, timeout)
+
+    def _collect(self, snapshot: _Snapshot) -> tuple[dict[torch.device, torch.Tensor], dict[Hashable, tuple], list]:
+        """Every group's rows reduced and copied to the host (one copy per device), where each request's
+        row is, and the desync errors of the groups that could not be reduced."""
         pieces: dict[torch.device, list[torch.Tensor]] = {}
         where: dict[Hashable, tuple[torch.device, int]] = {}
-        for (group, device), keys in self._groups().items():
-            rows = self._tables[device].rows if group == "local" else self._reduce(group, device, keys)
+        errors: list[DistributedDesyncError] = []
+        for (group, device), keys in snapshot.groups.items():
+            local = group == "local"
+            try:
+                rows = snapshot.rows[device] if local else self._reduce(group, device, keys, snapshot)
+            except DistributedDesyncError as error:
+                errors.append(error)
+                continue
             offset = sum(piece.shape[0] for piece in pieces.get(device, []))
             for i, key in enumerate(keys):
-                where[key] = (device, offset + (self.buffers[key].row if group == "local" else i))
+                where[key] = (device, offset + (snapshot.buffers[key].row if local else i))
             pieces.setdefault(device, []).append(rows)
-        host = {device: torch.cat(rows).cpu() for device, rows in pieces.items()}  # one copy per device
-        for table in self._tables.values():
-            table.reset()
-        logged = self._derive(host, where, fed)
-        if logged:
-            with MetricLogger.batch():
-                for (layer, tensor, stat, iteration), value in logged.items():
-                    MetricLogger.log_statistic(layer, tensor, stat, value, iteration)
-        return logged
+        return {device: torch.cat(rows).cpu() for device, rows in pieces.items()}, where, errors
 
-    def _derive(self, host: dict[torch.device, torch.Tensor], where: dict[Hashable, tuple], fed: list[Hashable]) -> dict:
+    def _derive(self, host: dict[torch.device, torch.Tensor], where: dict[Hashable, tuple], snapshot: _Snapshot) -> dict:
         """Every fed request's statistics from the host rows, ordered by iteration then feeding order."""
         last_rank = get_distributed_rank() == get_distributed_world_size() - 1
-        fed = sorted(fed, key=lambda key: self.buffers[key].iteration)
+        fed = sorted((key for key in snapshot.fed if key in where), key=snapshot.fed.__getitem__)
+        if not fed:
+            return {}
         devices = {where[key][0] for key in fed}
         if len(devices) == 1:
             rows = host[devices.pop()][[where[key][1] for key in fed]]
         else:
             rows = torch.stack([host[where[key][0]][where[key][1]] for key in fed])
-        derivations = {d for key in fed for _, d in self.buffers[key].stats}
+        derivations = {d for key in fed for _, d in snapshot.buffers[key].stats}
         columns = {d: column.tolist() for d, column in derive_tensors(rows, derivations).items()}
         logged: dict[tuple[str, str, str, int], float] = {}
         for i, key in enumerate(fed):
-            buffer = self.buffers[key]
-            iteration, buffer.iteration = buffer.iteration, None
+            buffer = snapshot.buffers[key]
             if buffer.last_rank_only and not last_rank:
                 continue
             for name, derivation in buffer.stats:
-                logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = float(columns[derivation][i])
+                logged[(buffer.layer_name, buffer.tensor_name, name, snapshot.fed[key])] = float(columns[derivation][i])
         return logged
 
     def _groups(self) -> dict[tuple[Any, torch.device], list[Hashable]]:
@@ -271,55 +348,67 @@ class StatsBuffers:
             groups.setdefault(("local" if local else buffer.reduction_group, buffer.device), []).append(key)
         return groups
 
-    def _reduce(self, group: Any, device: torch.device, keys: list[Hashable]) -> torch.Tensor:
-        """The rows of ``keys`` merged over ``group``, in ``keys`` order: one tensor gather, plus an
-        object gather when the agreed order is missing or some rank's requests changed."""
-        table = self._tables[device]
-        layout = self._layouts.get((group, device))
+    def _reduce(self, group: Any, device: torch.device, keys: list[Hashable], snapshot: _Snapshot) -> torch.Tensor:
+        """The rows of ``keys`` merged over ``group``, in ``keys`` order: one tensor gather, plus an object
+        gather and a second tensor gather when the order is not agreed yet or some rank's requests changed
+        (the first gather tells, and checks that every rank is there and in step)."""
         mine = tuple(keys)
-        if layout is not None:
-            merged = self._gather(group, table, layout, mine)
-            if merged is not None:
-                return merged
-        world = get_distributed_world_size(group)
-        every_rank: list[tuple] = [() for _ in range(world)]
+        layout = self._layouts.get((group, device)) or _Layout(None, [], [], torch.empty(0))
+        merged = self._gather(group, device, layout, mine, snapshot)
+        if merged is not None:
+            return merged
+        every_rank: list[tuple] = [() for _ in range(get_distributed_world_size(group))]
         dist.all_gather_object(every_rank, mine, group=group)
         union = list(dict.fromkeys(key for keys_of_rank in every_rank for key in keys_of_rank))
         layout = _Layout(mine, union, [_signature(k) for k in every_rank], torch.empty(0))
         self._layouts[(group, device)] = layout
-        merged = self._gather(group, table, layout, mine)
-        return merged
+        return self._gather(group, device, layout, mine, snapshot)
 
-    def _gather(self, group: Any, table: _Table, layout: _Layout, mine: tuple) -> torch.Tensor | None:
-        """One all_gather of this rank's rows in the agreed order with its signature in a last row;
-        None when some rank's signature shows its requests changed since the order was agreed."""
+    def _gather(self, group: Any, device: torch.device, layout: _Layout, mine: tuple, snapshot: _Snapshot) -> torch.Tensor | None:
+        """One all_gather of this rank's rows in the agreed order with a stamp in a last row: its
+        signature, step and newest iteration fed. None when some rank's signature shows its requests
+        changed since the order was agreed; ``DistributedDesyncError`` when the ranks are not in step."""
         if layout.mine != mine:  # this rank's requests changed: send no data, only the news
-            rows = identity_partials(table.device).expand(len(layout.union), -1)
+            rows = identity_partials(device).expand(len(layout.union), -1)
             signature = -1.0
         else:
-            if layout.index.device != table.device or layout.index.numel() != len(layout.union):
-                position = {key: self.buffers[key].row for key in mine}
-                layout.index = torch.tensor([position.get(key, 0) for key in layout.union], device=table.device)
-            rows = table.rows.index_select(0, layout.index)
+            if layout.index.device != device or layout.index.numel() != len(layout.union):
+                position = {key: snapshot.buffers[key].row for key in mine}
+                layout.index = torch.tensor([position.get(key, 0) for key in layout.union], device=device)
+            rows = snapshot.rows[device].index_select(0, layout.index)
             signature = _signature(mine)
+        step = NO_ITERATION if snapshot.step is None else snapshot.step
+        newest = max((snapshot.fed[key] for key in mine if key in snapshot.fed), default=NO_ITERATION)
+        stamp = torch.zeros(1, len(FIELDS), dtype=torch.float64, device=device)
+        stamp[0, :3] = torch.tensor([signature, step, newest], dtype=torch.float64)
         backend_device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-        stamp = torch.zeros(1, len(FIELDS), dtype=torch.float64, device=table.device)
-        stamp[:, :1].fill_(signature)
-        packed = torch.cat([rows, stamp]).to(backend_device)
-        gathered = [torch.empty_like(packed) for _ in range(get_distributed_world_size(group))]
-        dist.all_gather(gathered, packed, group=group)
-        stacked = torch.stack(gathered, dim=1)  # [row, rank, field]
-        if stacked[-1, :, 0].tolist() != layout.signatures:
+        stacked = self._all_gather(torch.cat([rows, stamp]).to(backend_device), group, snapshot)  # [row, rank, field]
+        signatures, steps, newest_fed = stacked[-1, :, :3].T.tolist()
+        check_stamps(steps, newest_fed, group_ranks(group))
+        if signatures != layout.signatures:
             return None
-        merged = merge_partials(stacked[:-1]).to(table.device)
+        merged = merge_partials(stacked[:-1]).to(device)
         order = {key: i for i, key in enumerate(layout.union)}
         return merged[[order[key] for key in mine]] if mine else merged[:0]
 
+    def _all_gather(self, packed: torch.Tensor, group: Any, snapshot: _Snapshot) -> torch.Tensor:
+        """``packed`` of every rank of ``group`` stacked along dim 1, waiting at most ``snapshot.timeout``."""
+        gathered = [torch.empty_like(packed) for _ in range(get_distributed_world_size(group))]
+        if snapshot.timeout is None:
+            dist.all_gather(gathered, packed, group=group)
+        else:
+            named = group if group is not None else dist.group.WORLD
+            count = self._timed[named.group_name] = self._timed.get(named.group_name, 0) + 1
+            work = dist.all_gather(gathered, packed, group=group, async_op=True)
+            wait_or_raise(work, named, snapshot.timeout, count, snapshot.step)
+        return torch.stack(gathered, dim=1)
+
     def reset(self) -> None:
-        self.buffers.clear()
-        self._tables.clear()
-        self._layouts.clear()
-        self._launch = None
+        with self._flush_lock, self._lock:
+            self.buffers.clear()
+            self._tables.clear()
+            self._layouts.clear()
+            self._launch = None
 
 
 STATS_BUFFERS = StatsBuffers()

@@ -2,16 +2,20 @@
    the CPU counterpart of triton_partials.py.
 
    The tensor is walked in chunks small enough to stay in the L1 cache. Each chunk is read from the
-   cache a few times (its mean first, then the squared deviations from that mean, so M2 is well
-   conditioned, then once per quantization grid) in float32, and merged into the running result with
-   Chan's formula in double precision, so rounding never accumulates beyond one chunk.
+   cache once for the tensor fields and once per quantization grid. The tensor fields are accumulated
+   in double precision around a centre taken from the chunk itself (its first finite value), so no
+   square of a float32, bfloat16 or float16 value overflows or underflows (3e38 and subnormals alike),
+   and M2 = sum (x - c)^2 - (sum (x - c))^2 / n loses at most a factor n + 1 to cancellation however
+   large the mean is against the spread. Chunks merge into the running result with Chan's formula in
+   double precision, so rounding never accumulates beyond one chunk.
 
    A call's row holds the fields of partials.FIELDS: count, mean, m2, min, max, sum |x|, smallest
    non-zero |x|, then per quantization grid ("variant": a scale and an FP8-like grid) the values that
    become zero (underflows), lie beyond the grid's range after scaling (overflows), the squared error
-   of the dequantized value, and the grid's scale_inv as its min and max. A NaN anywhere makes every
-   field but the count NaN, as torch's reductions do. Each requested table row takes the tensor
-   fields and the fields of its variant, merged with what the row already holds. */
+   of the dequantized value (squared in double: an FP8 error of a large value overflows float32), and
+   the grid's scale_inv as its min and max. A NaN anywhere makes every field but the count NaN, as
+   torch's reductions do. Each requested table row takes the tensor fields and the fields of its
+   variant, merged with what the row already holds. */
 
 #include <math.h>
 #include <stdint.h>
@@ -43,17 +47,16 @@ static inline float from_bits(uint32_t bits) {
     return value;
 }
 
-/* The chunk [start, start + n) as float32 in buffer. */
-static void load_chunk(const void *data, int dtype, int64_t start, int64_t n, float *buffer) {
-    if (dtype == FLOAT32) {
-        memcpy(buffer, (const float *)data + start, (size_t)n * sizeof(float));
-    } else if (dtype == BFLOAT16) {
-        const uint16_t *x = (const uint16_t *)data + start;
+/* The chunk [start, start + n) as float32: float32 data in place, other types converted into buffer. */
+static const float *load_chunk(const void *data, int dtype, int64_t start, int64_t n, float *buffer) {
+    if (dtype == FLOAT32) return (const float *)data + start;
+    const uint16_t *x = (const uint16_t *)data + start;
+    if (dtype == BFLOAT16) {
         for (int64_t i = 0; i < n; i++) buffer[i] = bfloat16_value(x[i]);
     } else {
-        const uint16_t *x = (const uint16_t *)data + start;
         for (int64_t i = 0; i < n; i++) buffer[i] = float16_value(x[i]);
     }
+    return buffer;
 }
 
 /* One quantization grid: x * scale saturates at +-max and rounds to nearest even on a grid with
@@ -80,6 +83,13 @@ static inline float round_to_grid(float v, const Grid *grid) {
 static inline double min_nan(double a, double b) { return (a != a || b != b) ? NAN : (a < b ? a : b); }
 static inline double max_nan(double a, double b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
 
+/* The mean of count_a values of mean a and count_b of mean b (Chan's update; with an infinite or NaN
+   mean, their sum: inf and a finite mean give inf, inf and -inf NaN, where the update would give NaN). */
+static inline double merged_mean(double a, double count_a, double b, double count_b) {
+    double delta = b - a;
+    return isfinite(delta) ? a + delta * (count_b / (count_a + count_b)) : a + b;
+}
+
 /* Merge the row `add` into `into` (both FIELDS long), each field by its rule. */
 static void merge_row(double *into, const double *add) {
     double n = into[COUNT] + add[COUNT];
@@ -89,7 +99,7 @@ static void merge_row(double *into, const double *add) {
     } else if (add[COUNT] > 0.0) {
         double delta = add[MEAN] - into[MEAN];
         into[M2] += add[M2] + delta * delta * (into[COUNT] * add[COUNT] / n);
-        into[MEAN] += delta * (add[COUNT] / n);
+        into[MEAN] = merged_mean(into[MEAN], into[COUNT], add[MEAN], add[COUNT]);
     }
     into[COUNT] = n;
     into[LOW] = min_nan(into[LOW], add[LOW]);
@@ -111,56 +121,62 @@ typedef struct {
     double underflows[MAX_VARIANTS], overflows[MAX_VARIANTS], sq_err[MAX_VARIANTS];
 } Running;
 
+/* Merge the chunk's count n, mean and m2 into the running ones (Chan's formula). */
+static void merge_moments(Running *total, double n, double mean, double m2) {
+    double merged = total->count + n, delta = mean - total->mean;
+    total->m2 += m2 + delta * delta * (total->count * n / merged);
+    total->mean = total->count == 0.0 ? mean : merged_mean(total->mean, total->count, mean, n);
+    total->count = merged;
+}
+
 static void add_chunk(Running *total, const float *buffer, int64_t n, int want_abs_min) {
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; i++) sum += buffer[i];
-    float mean = sum / (float)n, m2 = 0.0f, abs_sum = 0.0f;
+    double center = isfinite(buffer[0]) ? (double)buffer[0] : 0.0; /* an infinite centre would turn +inf into NaN */
+    double shifted = 0.0, squares = 0.0, abs_sum = 0.0;
     float low = INFINITY, high = -INFINITY, abs_min = INFINITY;
     if (want_abs_min) {
-#pragma omp simd reduction(+ : m2, abs_sum) reduction(min : low, abs_min) reduction(max : high)
+#pragma omp simd reduction(+ : shifted, squares, abs_sum) reduction(min : low, abs_min) reduction(max : high)
         for (int64_t i = 0; i < n; i++) {
-            float x = buffer[i], deviation = x - mean, magnitude = fabsf(x);
-            m2 += deviation * deviation;
-            abs_sum += magnitude;
+            float x = buffer[i], magnitude = fabsf(x);
+            double deviation = (double)x - center;
+            shifted += deviation;
+            squares += deviation * deviation;
+            abs_sum += (double)magnitude;
             low = x < low ? x : low;
             high = x > high ? x : high;
             abs_min = (magnitude > 0.0f && magnitude < abs_min) ? magnitude : abs_min;
         }
     } else {
-#pragma omp simd reduction(+ : m2, abs_sum) reduction(min : low) reduction(max : high)
+#pragma omp simd reduction(+ : shifted, squares, abs_sum) reduction(min : low) reduction(max : high)
         for (int64_t i = 0; i < n; i++) {
-            float x = buffer[i], deviation = x - mean;
-            m2 += deviation * deviation;
-            abs_sum += fabsf(x);
+            float x = buffer[i];
+            double deviation = (double)x - center;
+            shifted += deviation;
+            squares += deviation * deviation;
+            abs_sum += (double)fabsf(x);
             low = x < low ? x : low;
             high = x > high ? x : high;
         }
     }
-    int nan_seen = 0;
-    if (sum != sum) /* NaN in the chunk, or +inf and -inf: only the first poisons min and max */
-        for (int64_t i = 0; i < n; i++) nan_seen |= buffer[i] != buffer[i];
-    double merged = total->count + (double)n, delta = (double)mean - total->mean;
-    total->mean += delta * ((double)n / merged);
-    total->m2 += (double)m2 + delta * delta * (total->count * (double)n / merged);
-    total->count = merged;
+    double count = (double)n, m2 = squares - shifted * (shifted / count);
+    merge_moments(total, count, center + shifted / count, m2 < 0.0 ? 0.0 : m2); /* NaN stays NaN */
     total->abs_sum += abs_sum;
     total->low = low < total->low ? low : total->low;
     total->high = high > total->high ? high : total->high;
     total->abs_min = abs_min < total->abs_min ? abs_min : total->abs_min;
-    total->nan_seen |= nan_seen;
+    total->nan_seen |= abs_sum != abs_sum; /* only a NaN makes a sum of magnitudes NaN */
 }
 
 static void add_chunk_quantization(Running *total, int v, const Grid *grid, const float *buffer, int64_t n) {
-    float sq_err = 0.0f;
+    double sq_err = 0.0;
     int64_t underflows = 0, overflows = 0;
+#pragma omp simd reduction(+ : sq_err, underflows, overflows)
     for (int64_t i = 0; i < n; i++) {
         float x = buffer[i], scaled = x * grid->scale;
         overflows += fabsf(scaled) > grid->max;
         scaled = scaled > grid->max ? grid->max : (scaled < -grid->max ? -grid->max : scaled);
         float q = round_to_grid(scaled, grid);
         underflows += x != 0.0f && q == 0.0f;
-        float error = x - q * grid->scale_inv;
+        double error = (double)(x - q * grid->scale_inv);
         sq_err += error * error;
     }
     total->underflows[v] += (double)underflows;
@@ -187,9 +203,9 @@ void tensor_stats(const void *data, int64_t count, int dtype, int want_abs_min, 
     }
     for (int64_t start = 0; start < count; start += CHUNK) {
         int64_t n = count - start < CHUNK ? count - start : CHUNK;
-        load_chunk(data, dtype, start, n, buffer);
-        add_chunk(&total, buffer, n, want_abs_min);
-        for (int v = 0; v < variants; v++) add_chunk_quantization(&total, v, &grids[v], buffer, n);
+        const float *values = load_chunk(data, dtype, start, n, buffer);
+        add_chunk(&total, values, n, want_abs_min);
+        for (int v = 0; v < variants; v++) add_chunk_quantization(&total, v, &grids[v], values, n);
     }
     double row[FIELDS] = {total.count, total.mean, total.m2, total.low, total.high, total.abs_sum, total.abs_min,
                           0.0,         0.0,        0.0,      INFINITY,  -INFINITY,  -INFINITY};

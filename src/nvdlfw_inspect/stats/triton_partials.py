@@ -7,6 +7,12 @@ last program to finish (an atomic counter) merges the scratch rows and merges th
 requested row of the statistics table, the same rows and rules as ``cpu_partials.c``. No per-block
 rows are merged by torch ops afterwards. With ``TRITON_INTERPRET=1`` the same kernel runs on CPU
 tensors, which is how the tests check it without a GPU.
+
+Within a block the arithmetic stays in float32 (float64 is slow on many GPUs), on values scaled by a
+power of two that brings the block's largest magnitude to [2, 4): no sum or square overflows or
+underflows, whether the values are near 3e38 or subnormal, and the scaling is exact. The block's M2
+is the corrected two-pass sum around the float32 value nearest its mean, so the mean may dwarf the
+spread; the blocks merge in float64.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from nvdlfw_inspect.stats.partials import FIELDS
 BLOCK = 2048
 PROGRAMS_PER_SM = 4
 MAX_PROGRAMS = 1024  # also the scratch rows; a power of two
-SCRATCH_FIELDS = 20  # count, mean, m2, min, max, abs_sum, abs_min, nan count, then underflows, overflows, sq_err x 4
+SCRATCH_FIELDS = 19  # count, mean, m2, min, max, abs_sum (NaN: a NaN was read), abs_min, then underflows, overflows, sq_err x 4
 MAX_VARIANTS = 4
 MAX_ROWS = 4
 OPTIONS = {"enable_fp_fusion": False}  # the quantization grid must round exactly as the cast does
@@ -46,8 +52,55 @@ def round_to_grid(v, MIN_NORMAL_EXP: tl.constexpr, MANTISSA_BITS: tl.constexpr):
 
 
 @triton.jit
+def _power_of_two_scale(amax):
+    """``2**(128 - e)`` for ``amax`` of biased exponent ``e`` (kept within 1..254, so the scale is a normal
+    float32): ``amax * scale`` lies in [2, 4), and a subnormal ``amax`` below 2."""
+    exponent = tl.minimum(tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 1), 254)
+    return ((255 - exponent) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _sum_of_squares(v):
+    """``sum(v * v)`` of a float32 block in float64, squared after scaling by a power of two: values of
+    any float32 magnitude neither overflow nor vanish."""
+    scale = _power_of_two_scale(tl.max(tl.abs(v), axis=0))
+    scaled = v * scale
+    inverse = 1.0 / scale.to(tl.float64)
+    return tl.sum(scaled * scaled, axis=0).to(tl.float64) * inverse * inverse
+
+
+@triton.jit
+def _moments(x, valid, count, amax):
+    """(mean, M2, sum of |x|) of one block of ``count`` values in float64, from float32 arithmetic on ``x``
+    scaled by ``amax`` (see the module docstring). The centre is the float32 value nearest the mean (the
+    float32 mean, corrected once), so a constant block has deviations of exactly zero; M2 is
+    sum d^2 - (sum d)^2 / n over the deviations d from it, and the mean is the centre plus sum d / n."""
+    scale = _power_of_two_scale(amax)
+    inverse = 1.0 / scale.to(tl.float64)
+    y = x * scale
+    n = count.to(tl.float32)
+    rough = tl.sum(y, axis=0) / n
+    center = rough + tl.sum(tl.where(valid, y - rough, 0.0), axis=0) / n
+    deviation = tl.where(valid, y - center, 0.0)
+    shifted = tl.sum(deviation, axis=0).to(tl.float64)
+    correction = shifted / count
+    finite = tl.abs(rough) < float("inf")  # else the mean is inf or NaN, and the deviations NaN
+    mean = tl.where(finite, center.to(tl.float64) + correction, rough.to(tl.float64)) * inverse
+    m2 = tl.sum(deviation * deviation, axis=0).to(tl.float64) - shifted * correction
+    m2 = tl.where(m2 < 0.0, 0.0, m2) * inverse * inverse  # a NaN stays NaN
+    return mean, m2, tl.sum(tl.abs(y), axis=0).to(tl.float64) * inverse
+
+
+@triton.jit
+def _merged_mean(mean, delta, share, other):
+    """Chan's update of ``mean`` by ``other`` (``delta = other - mean``, ``share`` its weight); with an
+    infinite or NaN mean their sum, which keeps inf where the update would give NaN (inf - inf)."""
+    return tl.where(tl.abs(delta) < float("inf"), mean + delta * share, mean + other)
+
+
+@triton.jit
 def _grid_counts(x, valid, scale_ptr, GRID_MAX: tl.constexpr, MIN_NORMAL_EXP: tl.constexpr, MANTISSA_BITS: tl.constexpr):
-    """(underflows, overflows, squared error) of one block cast with the scale at ``scale_ptr``."""
+    """(underflows, overflows, squared error in float64) of one block cast with the scale at ``scale_ptr``."""
     scale = tl.load(scale_ptr)
     scale_inv = tl.math.div_rn(1.0, scale)
     scaled = x * scale
@@ -56,7 +109,7 @@ def _grid_counts(x, valid, scale_ptr, GRID_MAX: tl.constexpr, MIN_NORMAL_EXP: tl
     q = round_to_grid(clamped, MIN_NORMAL_EXP, MANTISSA_BITS)
     underflows = tl.sum((valid & (x != 0.0) & (q == 0.0)).to(tl.float32), axis=0)
     error = tl.where(valid, x - q * scale_inv, 0.0)
-    return underflows, overflows, tl.sum(error * error, axis=0)
+    return underflows, overflows, _sum_of_squares(error)
 
 
 @triton.jit
@@ -83,7 +136,7 @@ def _merge_into_row(
     total = old_count + count
     delta = mean - old_mean
     safe_total = tl.where(total > 0, total, 1.0)
-    merged_mean = tl.where(old_count == 0, mean, old_mean + delta * (count / safe_total))
+    merged_mean = tl.where(old_count == 0, mean, _merged_mean(old_mean, delta, count / safe_total, mean))
     merged_m2 = tl.where(old_count == 0, m2, tl.load(base + 2) + m2 + delta * delta * (old_count * count / safe_total))
     tl.store(base + 0, total)
     tl.store(base + 1, merged_mean)
@@ -185,7 +238,6 @@ def _tensor_stats(
     high = tl.full((), float("-inf"), dtype=tl.float32)
     abs_sum = tl.zeros((), dtype=tl.float64)
     abs_min = tl.full((), float("inf"), dtype=tl.float32)
-    nans = tl.zeros((), dtype=tl.float32)
     u0 = tl.zeros((), dtype=tl.float64)
     u1 = tl.zeros((), dtype=tl.float64)
     u2 = tl.zeros((), dtype=tl.float64)
@@ -200,25 +252,26 @@ def _tensor_stats(
     e3 = tl.zeros((), dtype=tl.float64)
     block = pid.to(tl.int64)
     while block * BLOCK < n:  # a while loop: Triton 3.6's interpreter cannot take a tensor as a range bound
-        offsets = block * BLOCK + tl.arange(0, BLOCK)
+        start = block * BLOCK
+        offsets = start + tl.arange(0, BLOCK)
         block += programs
         valid = offsets < n
         x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
-        block_count = tl.sum(valid.to(tl.float32), axis=0)
-        block_mean = tl.sum(x, axis=0) / tl.maximum(block_count, 1.0)
-        deviation = tl.where(valid, x - block_mean, 0.0)
-        block_m2 = tl.sum(deviation * deviation, axis=0)
+        block_count = tl.minimum(n - start, BLOCK).to(tl.float64)
+        block_low = tl.min(tl.where(valid, x, float("inf")), axis=0)
+        block_high = tl.max(tl.where(valid, x, float("-inf")), axis=0)
+        amax = tl.maximum(tl.abs(block_low), tl.abs(block_high))
+        block_mean, block_m2, block_abs_sum = _moments(x, valid, block_count, amax)
+        low = tl.minimum(low, block_low)
+        high = tl.maximum(high, block_high)
+        abs_sum += block_abs_sum
         magnitude = tl.abs(x)
-        nans += tl.sum((valid & (x != x)).to(tl.float32), axis=0)
-        low = tl.minimum(low, tl.min(tl.where(valid, x, float("inf")), axis=0))
-        high = tl.maximum(high, tl.max(tl.where(valid, x, float("-inf")), axis=0))
-        abs_sum += tl.sum(magnitude, axis=0).to(tl.float64)
         abs_min = tl.minimum(abs_min, tl.min(tl.where(valid & (magnitude > 0), magnitude, float("inf")), axis=0))
-        merged = count + block_count.to(tl.float64)
-        delta = block_mean.to(tl.float64) - mean
-        share = tl.where(merged > 0, block_count.to(tl.float64) / tl.where(merged > 0, merged, 1.0), 0.0)
-        m2 += block_m2.to(tl.float64) + delta * delta * count * share
-        mean += delta * share
+        merged = count + block_count
+        delta = block_mean - mean
+        share = block_count / merged
+        m2 += block_m2 + delta * delta * count * share
+        mean = _merged_mean(mean, delta, share, block_mean)
         count = merged
         if VARIANTS > 0:
             a, b, c = _grid_counts(x, valid, scale0_ptr, GRID_MAX0, MIN_EXP0, MANTISSA0)
@@ -248,19 +301,18 @@ def _tensor_stats(
     tl.store(own + 4, high.to(tl.float64))
     tl.store(own + 5, abs_sum)
     tl.store(own + 6, abs_min.to(tl.float64))
-    tl.store(own + 7, nans.to(tl.float64))
-    tl.store(own + 8, u0)
-    tl.store(own + 9, u1)
-    tl.store(own + 10, u2)
-    tl.store(own + 11, u3)
-    tl.store(own + 12, o0)
-    tl.store(own + 13, o1)
-    tl.store(own + 14, o2)
-    tl.store(own + 15, o3)
-    tl.store(own + 16, e0)
-    tl.store(own + 17, e1)
-    tl.store(own + 18, e2)
-    tl.store(own + 19, e3)
+    tl.store(own + 7, u0)
+    tl.store(own + 8, u1)
+    tl.store(own + 9, u2)
+    tl.store(own + 10, u3)
+    tl.store(own + 11, o0)
+    tl.store(own + 12, o1)
+    tl.store(own + 13, o2)
+    tl.store(own + 14, o3)
+    tl.store(own + 15, e0)
+    tl.store(own + 16, e1)
+    tl.store(own + 17, e2)
+    tl.store(own + 18, e3)
     tl.debug_barrier()
     finished = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
     if finished == programs - 1:  # the last program: merge every program's row, then into the table
@@ -279,25 +331,24 @@ def _tensor_stats(
         t_high = tl.max(tl.load(rows + 4, mask=mine, other=float("-inf"), cache_modifier=".cg"), axis=0)
         t_abs = tl.sum(tl.load(rows + 5, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
         t_abs_min = tl.min(tl.load(rows + 6, mask=mine, other=float("inf"), cache_modifier=".cg"), axis=0)
-        poisoned = tl.sum(tl.load(rows + 7, mask=mine, other=0.0, cache_modifier=".cg"), axis=0) > 0
+        poisoned = t_abs != t_abs  # a NaN read anywhere (min and max may have skipped it)
         t_mean = tl.where(poisoned, float("nan"), t_mean)
         t_m2 = tl.where(poisoned, float("nan"), t_m2)
         t_low = tl.where(poisoned, float("nan"), t_low)
         t_high = tl.where(poisoned, float("nan"), t_high)
-        t_abs = tl.where(poisoned, float("nan"), t_abs)
         t_abs_min = tl.where(poisoned, float("nan"), t_abs_min)
-        t_u0 = tl.sum(tl.load(rows + 8, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_u1 = tl.sum(tl.load(rows + 9, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_u2 = tl.sum(tl.load(rows + 10, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_u3 = tl.sum(tl.load(rows + 11, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_o0 = tl.sum(tl.load(rows + 12, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_o1 = tl.sum(tl.load(rows + 13, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_o2 = tl.sum(tl.load(rows + 14, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_o3 = tl.sum(tl.load(rows + 15, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_e0 = tl.sum(tl.load(rows + 16, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_e1 = tl.sum(tl.load(rows + 17, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_e2 = tl.sum(tl.load(rows + 18, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_e3 = tl.sum(tl.load(rows + 19, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_u0 = tl.sum(tl.load(rows + 7, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_u1 = tl.sum(tl.load(rows + 8, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_u2 = tl.sum(tl.load(rows + 9, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_u3 = tl.sum(tl.load(rows + 10, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_o0 = tl.sum(tl.load(rows + 11, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_o1 = tl.sum(tl.load(rows + 12, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_o2 = tl.sum(tl.load(rows + 13, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_o3 = tl.sum(tl.load(rows + 14, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_e0 = tl.sum(tl.load(rows + 15, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_e1 = tl.sum(tl.load(rows + 16, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_e2 = tl.sum(tl.load(rows + 17, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_e3 = tl.sum(tl.load(rows + 18, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
         if CALL_OUT:
             tl.store(call_out_ptr + 0, total)
             tl.store(call_out_ptr + 1, t_mean)

@@ -75,10 +75,11 @@ def features(tmp_path, request):
     tag = request.node.name.replace("[", "_").replace("]", "_").replace("-", "_")[-40:]
     directory = tmp_path / f"feat_{tag}"
     directory.mkdir()
-    (directory / f"custom_{tag}.py").write_text(textwrap.dedent(FEATURES.format(tag=tag)))
+    file = directory / f"custom_{tag}.py"
+    file.write_text(textwrap.dedent(FEATURES.format(tag=tag)))
 
     def module():
-        return sys.modules[f"custom_{tag}"]
+        return next(m for m in sys.modules.values() if getattr(m, "__file__", None) == str(file))
 
     return directory, tag, module
 

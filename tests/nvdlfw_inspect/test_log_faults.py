@@ -1,0 +1,330 @@
+"""Logs under faults: a process killed while writing, a full disk, an exit without end_debug, unsafe names."""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import subprocess
+import sys
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from logreader import main_log_path, read_messages, stats_log_path
+
+import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.cli import main
+from nvdlfw_inspect.logging import STATISTICS_LOG_DIR
+from nvdlfw_inspect.reading import TornLineWarning, iter_statistics
+
+WORKER = str(Path(__file__).with_name("log_fault_worker.py"))
+CHILD_TIMEOUT = 120
+CONFIG = {
+    "s": {
+        "enabled": True,
+        "layers": {"layer_name_regex_pattern": ".*"},
+        "LogTensorStats": {"enabled": True, "stats": ["min", "max"], "tensors": ["activation"]},
+    }
+}
+
+
+def log_step(step: int, layers: int = 2) -> None:
+    """One training step: ``layers`` layers fed, two statistics each logged by ``step()``."""
+    for layer in range(1, layers + 1):
+        debug_api.log_tensor_stats(f"net.fc{layer}", tensor=torch.tensor([-1.0, float(step)]), tensor_name="activation")
+    debug_api.step()
+
+
+def run(log_dir: Path, steps: int) -> None:
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    for step in range(steps):
+        log_step(step)
+    debug_api.end_debug()
+
+
+def steps_read(log_dir: Path) -> tuple[Counter, list[str]]:
+    """Statistics per iteration, and the torn-line warnings reading gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        per_step = Counter(s.iteration for s in iter_statistics(log_dir))
+    return per_step, [str(w.message) for w in caught if w.category is TornLineWarning]
+
+
+# --- 2. a torn last line ----------------------------------------------------------------------
+
+
+def read_lines_until(pipe: int, lines: int, child: subprocess.Popen) -> bytes:
+    data = b""
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while data.count(b"\n") < lines:
+        assert child.poll() is None, f"the child ended: {child.communicate()[1].decode()[-2000:]}"
+        assert time.monotonic() < deadline, "the child did not write in time"
+        if select.select([pipe], [], [], 1.0)[0]:
+            data += os.read(pipe, 1 << 16)
+    return data
+
+
+def drain(pipe: int) -> bytes:
+    data = b""
+    while select.select([pipe], [], [], 0)[0]:
+        data += os.read(pipe, 1 << 16)
+    return data
+
+
+def test_sigkill_while_writing_leaves_every_complete_step_readable(log_dir):
+    """The records file is a pipe the test reads: once two and a half steps came through it stops reading, so
+    the child is stuck inside the write of its third step (a step is more than a pipe holds) when it is killed."""
+    records = 4000
+    jsonl = log_dir / STATISTICS_LOG_DIR / "nvdlfw_inspect_globalrank-0.jsonl"
+    jsonl.parent.mkdir(parents=True)
+    os.mkfifo(jsonl)
+    pipe = os.open(jsonl, os.O_RDWR | os.O_NONBLOCK)  # open before the child: its open does not wait
+    command = [sys.executable, WORKER, "log_forever", str(log_dir), str(records)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        data = read_lines_until(pipe, records * 5 // 2, child)
+        child.kill()
+        finished = [int(line) for line in child.communicate(timeout=CHILD_TIMEOUT)[0].split()]
+        data += drain(pipe)
+    finally:
+        child.kill()
+        os.close(pipe)
+    jsonl.unlink()
+    jsonl.write_bytes(data)
+
+    per_step, torn = steps_read(log_dir)
+    assert finished == [0, 1]
+    assert per_step[0] == per_step[1] == records  # every step that finished, whole
+    assert 0 < per_step[2] < records and set(per_step) == {0, 1, 2}  # the one killed mid-write, in part
+    if data.endswith(b"\n"):  # killed exactly at a line's end: nothing to skip
+        assert torn == []
+    else:
+        assert len(torn) == 1 and str(jsonl) in torn[0]
+
+
+def tear(path: Path, keep: int) -> bytes:
+    """Cut ``path`` inside its last line, ``keep`` bytes into it; returns the line's start that stays."""
+    data = path.read_bytes()
+    start = data.rindex(b"\n", 0, len(data) - 1) + 1
+    path.write_bytes(data[: start + keep])
+    return data[start : start + keep]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".log"])
+def test_torn_last_line_is_skipped_with_a_warning_and_the_report_is_written(log_dir, tmp_path, suffix, capsys):
+    run(log_dir, steps=3)
+    path = stats_log_path(log_dir).with_suffix(suffix)
+    if suffix == ".log":
+        path.with_suffix(".jsonl").unlink()  # a run with text logs only
+    for keep in (1, 40, len(path.read_bytes().splitlines()[-1]) - 1):  # torn early, mid-line, at the line's end
+        original = path.read_bytes()
+        tear(path, keep)
+        per_step, torn = steps_read(log_dir)
+        assert per_step == {0: 4, 1: 4, 2: 3}
+        assert len(torn) == 1 and f"{path}:12: skipped the torn last line" in torn[0]
+        assert main(["report", str(log_dir), "-o", str(tmp_path / "r.html")]) == 0
+        assert f"nvdlfw-inspect report: warning: {path}:12: skipped the torn last line" in capsys.readouterr().err
+        path.write_bytes(original)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".log"])
+def test_torn_line_in_the_middle_is_an_error(log_dir, tmp_path, suffix, capsys):
+    run(log_dir, steps=2)
+    path = stats_log_path(log_dir).with_suffix(suffix)
+    if suffix == ".log":
+        path.with_suffix(".jsonl").unlink()
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:5] + [lines[5][:30]] + lines[6:]))
+    with pytest.raises(ValueError, match=rf"globalrank-0\{suffix}:6: not a statistics"):
+        list(iter_statistics(log_dir))
+    assert main(["report", str(log_dir), "-o", str(tmp_path / "r.html")]) == 1
+    assert ":6: not a statistics" in capsys.readouterr().err
+
+
+def test_each_step_reaches_each_file_in_one_write(log_dir, monkeypatch):
+    writes: list[tuple[str, bytes]] = []
+    real_write = os.write
+
+    def spy(fd: int, data: bytes) -> int:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.startswith(str(log_dir / STATISTICS_LOG_DIR)):
+            writes.append((Path(path).name, bytes(data)))
+        return real_write(fd, data)
+
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    monkeypatch.setattr(os, "write", spy)
+    log_step(0, layers=200)  # 400 lines, some 40 kB a file: more than a file object's buffer
+    log_step(1, layers=200)
+    assert [name for name, _ in writes] == ["nvdlfw_inspect_globalrank-0.log", "nvdlfw_inspect_globalrank-0.jsonl"] * 2
+    assert all(data.count(b"\n") == 400 and data.endswith(b"\n") for _, data in writes)
+
+
+def test_appending_run_cuts_off_the_torn_line_an_earlier_run_left(log_dir, monkeypatch):
+    run(log_dir, steps=2)
+    for suffix in (".log", ".jsonl"):
+        tear(stats_log_path(log_dir).with_suffix(suffix), 20)
+    monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE", "0")
+    run(log_dir, steps=1)
+    assert steps_read(log_dir) == ({0: 8, 1: 3}, [])  # step 0 of both runs, run 1's step 1 less its torn line
+    stats_log_path(log_dir).with_suffix(".jsonl").unlink()
+    assert steps_read(log_dir) == ({0: 8, 1: 3}, [])
+
+
+# --- 3. a full disk ---------------------------------------------------------------------------
+
+
+class FullDisk:
+    """The disk under ``root``, full or not: while full, directories and files cannot be created there, and
+    writes to its files take ``room`` more bytes at most (a short write), then fail with ENOSPC."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch):
+        self.root, self.full, self.room = str(root), False, 0
+        self._write, self._mkdir, self._open = os.write, os.mkdir, os.open
+        monkeypatch.setattr(os, "write", self.write)
+        monkeypatch.setattr(os, "mkdir", self.mkdir)
+        monkeypatch.setattr(os, "open", self.open)
+
+    def _no_space(self, path: str) -> bool:
+        return self.full and os.fspath(path).startswith(self.root)
+
+    def write(self, fd: int, data: bytes) -> int:
+        if self._no_space(os.readlink(f"/proc/self/fd/{fd}")):
+            if not self.room:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            data, self.room = data[: self.room], max(0, self.room - len(data))
+        return self._write(fd, data)
+
+    def mkdir(self, path, mode=0o777, *, dir_fd=None):
+        if self._no_space(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return self._mkdir(path, mode, dir_fd=dir_fd)
+
+    def open(self, path, flags, mode=0o777, *, dir_fd=None):
+        if self._no_space(path) and flags & os.O_CREAT and not os.path.exists(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return self._open(path, flags, mode, dir_fd=dir_fd)
+
+
+def test_disk_full_mid_run_costs_no_step_and_later_steps_are_logged(log_dir, monkeypatch, capsys):
+    disk = FullDisk(log_dir, monkeypatch)
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    for step in range(6):
+        disk.full, disk.room = step in (2, 3), 100 if step == 2 else 0  # step 2's first write goes in part
+        log_step(step)
+    debug_api.end_debug()
+    err = capsys.readouterr().err
+    assert err.count("cannot write") == 1 and "No space left on device" in err and "Logging error" not in err
+    jsonl = stats_log_path(log_dir).with_suffix(".jsonl")
+    assert "16 log lines were lost to write errors (the first: [Errno 28] No space left on device): 8 in" in err
+    assert f"8 in {jsonl}" in err
+    assert steps_read(log_dir) == ({0: 4, 1: 4, 4: 4, 5: 4}, [])  # the partial write was cut back
+    jsonl.unlink()
+    assert steps_read(log_dir) == ({0: 4, 1: 4, 4: 4, 5: 4}, [])
+    assert any(level == "WARNING" and "16 log lines were lost" in text for level, text in read_messages(log_dir))
+
+
+def test_disk_full_at_initialize_costs_nothing_and_logging_starts_when_space_is_back(log_dir, monkeypatch, capsys):
+    disk = FullDisk(log_dir, monkeypatch)
+    disk.full = True
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    log_step(0)
+    log_step(1)
+    disk.full = False
+    log_step(2)
+    log_step(3)
+    debug_api.end_debug()
+    err = capsys.readouterr().err
+    assert err.count("cannot write") == 1 and "Logging error" not in err
+    assert steps_read(log_dir) == ({2: 4, 3: 4}, [])
+    lost = [text for level, text in read_messages(log_dir) if "log lines were lost" in text]
+    assert len(lost) == 1 and f"8 in {stats_log_path(log_dir)}," in lost[0] and str(main_log_path(log_dir)) in lost[0]
+
+
+def test_strict_logging_raises_the_write_error(log_dir, monkeypatch):
+    disk = FullDisk(log_dir, monkeypatch)
+    disk.full = True
+    with pytest.raises(OSError) as info:
+        debug_api.initialize(CONFIG, log_dir=log_dir, strict_logging=True)
+    assert info.value.errno == errno.ENOSPC and debug_api.DEBUG_MANAGER is None
+    disk.full = False
+    debug_api.initialize(CONFIG, log_dir=log_dir, strict_logging=True)
+    log_step(0)
+    disk.full = True
+    with pytest.raises(OSError) as info:
+        log_step(1)
+    assert info.value.errno == errno.ENOSPC
+    disk.full = False
+    debug_api.end_debug()
+    with pytest.raises(TypeError, match="strict_logging must be True or False, got 'yes'"):
+        debug_api.initialize(CONFIG, log_dir=log_dir, strict_logging="yes")
+
+
+# --- 5. an exit without end_debug -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("how", "code"), [("sys.exit", 3), ("exception", 1), ("end_debug", 3), ("torn_down", 3)])
+def test_exit_without_end_debug_logs_the_unfinished_step_once(log_dir, how, code):
+    child = subprocess.run(
+        [sys.executable, WORKER, "exit_mid_step", str(log_dir), how], capture_output=True, text=True, timeout=CHILD_TIMEOUT
+    )
+    assert child.returncode == code, child.stderr
+    assert "Exception ignored" not in child.stderr
+    logged = sorted((s.layer, s.iteration, s.value) for s in iter_statistics(log_dir))
+    if how == "torn_down":  # nothing could be logged, and exit says so in one line
+        assert logged == [("net.fc", 0, 0.5)] and "Traceback" not in child.stderr
+        assert child.stderr.count("could not close the debug run at exit: RuntimeError") == 1
+    else:
+        assert logged == [("net.fc", 0, 0.5), ("net.fc", 1, 1.5)]
+
+
+def test_a_rank_failing_alone_exits_without_waiting_for_the_others(log_dir, tmp_path):
+    """Logging the unfinished step would reduce over ranks that never join: rank 0 must exit, not hang."""
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, WORKER, "fail_on_one_rank", str(log_dir), str(rank), str(tmp_path / "rendezvous")],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        stderr = ranks[0].communicate(timeout=CHILD_TIMEOUT)[1]
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    assert ranks[0].returncode == 1 and "RuntimeError: rank 0 failed" in stderr and "Exception ignored" not in stderr
+    assert "the unfinished step is not logged in a multi-rank run (call end_debug() on every rank to log it)" in stderr
+
+
+# --- 10a. file names and log_dir --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stamp", ["x/../../../../p", "a..b", "x" * 65, "ok stamp"])
+def test_unsafe_timestamp_is_an_error_naming_the_variable(log_dir, tmp_path, monkeypatch, stamp):
+    monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP", "1")
+    monkeypatch.setenv("NVDLFW_INSPECT_LOG_TIMESTAMP", stamp)
+    with pytest.raises(ValueError, match="NVDLFW_INSPECT_LOG_TIMESTAMP=.* use 1 to 64 of the characters A-Z a-z 0-9") as info:
+        debug_api.initialize(CONFIG, log_dir=log_dir)
+    assert repr(stamp) in str(info.value)
+    assert debug_api.DEBUG_MANAGER is None and list(tmp_path.iterdir()) == []
+
+
+def test_safe_timestamp_names_the_files(log_dir, monkeypatch):
+    monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP", "1")
+    monkeypatch.setenv("NVDLFW_INSPECT_LOG_TIMESTAMP", "run-7.a_B")
+    run(log_dir, steps=1)
+    assert [p.name for p in (log_dir / STATISTICS_LOG_DIR).iterdir() if p.suffix == ".log"] == [
+        "nvdlfw_inspect_run-7.a_B_globalrank-0.log"
+    ]
+
+
+def test_log_dir_none_is_an_error_not_a_directory_named_none(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=r"log_dir must be a directory path \(str or os.PathLike\), got None"):
+        debug_api.initialize(CONFIG, log_dir=None)
+    assert debug_api.DEBUG_MANAGER is None and list(tmp_path.iterdir()) == []

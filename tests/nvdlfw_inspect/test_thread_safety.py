@@ -1,0 +1,109 @@
+"""Threads logging statistics while another calls ``debug_api.step()``: every call is logged exactly once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import lowprec
+import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.logging import BaseLogger
+
+FEEDERS = 4
+CALLS = 150
+JOIN_S = 120.0
+
+
+class Records(BaseLogger):
+    """Every statistic handed to the loggers, in order."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, float, int]] = []
+
+    def log_scalar(self, name: str, value: float, iteration: int, **kwargs) -> None:
+        self.rows.append((name, float(value), int(iteration)))
+
+    def sums(self, layer: str, tensor: str) -> tuple[float, float]:
+        """(sum of every logged l1_norm, sum of every logged l2_norm squared) of ``layer``'s ``tensor``."""
+        l1 = sum(value for name, value, _ in self.rows if name == f"{layer}_{tensor}_l1_norm")
+        l2 = sum(value**2 for name, value, _ in self.rows if name == f"{layer}_{tensor}_l2_norm")
+        return l1, l2
+
+
+def call_value(call: int) -> torch.Tensor:
+    """Call ``call``'s tensor: its l1 norm is ``call + 1``, its squared l2 norm ``(call + 1) ** 2``."""
+    return torch.tensor([float(call + 1)])
+
+
+def run_against_steps(feed: Callable[[int], None]) -> list[BaseException]:
+    """``feed(thread)`` in ``FEEDERS`` threads while this thread calls ``debug_api.step()`` until they end;
+    the exceptions of any thread."""
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def guarded(body: Callable[[], None]) -> None:
+        try:
+            body()
+        except BaseException as error:  # reported by the test
+            errors.append(error)
+
+    feeders = [threading.Thread(target=guarded, args=(lambda k=k: feed(k),)) for k in range(FEEDERS)]
+    stepper = threading.Thread(target=guarded, args=(lambda: steps_until(done),))
+    stepper.start()
+    for thread in feeders:
+        thread.start()
+    for thread in feeders:
+        thread.join(JOIN_S)
+    done.set()
+    stepper.join(JOIN_S)
+    assert not any(thread.is_alive() for thread in [*feeders, stepper]), "a thread did not finish in time"
+    debug_api.step()  # the calls after the stepper's last step
+    return errors
+
+
+def steps_until(done: threading.Event) -> None:
+    steps = 0
+    while not done.is_set() or steps < 3:
+        debug_api.step()
+        steps += 1
+
+
+def test_log_tensor_stats_from_threads_while_another_thread_steps(tmp_path):
+    records = Records()
+    stats = {"enabled": True, "tensors": ["activation"], "stats": ["l1_norm", "l2_norm"]}
+    config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "LogTensorStats": stats}}
+    debug_api.initialize(config_file=config, log_dir=str(tmp_path), statistics_logger=records)
+
+    def feed(thread: int) -> None:
+        for call in range(CALLS):
+            debug_api.log_tensor_stats(layer_name=f"t{thread}", tensor=call_value(call), tensor_name="activation")
+
+    assert run_against_steps(feed) == []
+    want = (sum(call + 1 for call in range(CALLS)), sum((call + 1) ** 2 for call in range(CALLS)))
+    for thread in range(FEEDERS):
+        assert records.sums(f"t{thread}", "activation") == pytest.approx(want, rel=1e-12), thread
+
+
+def test_lowprec_layers_in_threads_while_another_thread_steps(tmp_path):
+    records = Records()
+    stats = {"enabled": True, "tensors": ["activation"], "stats": ["l1_norm", "l2_norm"]}
+    config = {
+        "all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": {"LogTensorStats": stats}}
+    }
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(tmp_path), statistics_logger=records)
+    layers = [lowprec.Linear(4, 2, name=f"t{thread}") for thread in range(FEEDERS)]
+    inputs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(call)) for call in range(CALLS // 3)]
+
+    def feed(thread: int) -> None:
+        with torch.no_grad():
+            for x in inputs:
+                layers[thread](x)
+
+    assert run_against_steps(feed) == []
+    every = torch.cat(inputs).double()
+    want = (every.abs().sum().item(), every.square().sum().item())
+    for thread in range(FEEDERS):
+        assert records.sums(f"t{thread}", "activation") == pytest.approx(want, rel=1e-5), thread
