@@ -8,13 +8,10 @@ single-process run, in the same process (same threads, same kernels), for the te
 
 from __future__ import annotations
 
-import sys
-import traceback
 import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 STEPS = 4
 SIX = ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
@@ -28,23 +25,8 @@ SCENARIOS = [
 ]
 
 
-def run(rank: int, world: int, init_file: str, out_dir: str, errors: str, body: str) -> None:
-    """Set up a gloo group, run ``body`` (a function name of this module), tear down; record failures."""
-    try:
-        torch.set_num_threads(1)  # two processes on two cores
-        warnings.filterwarnings("ignore", message=".*FSDP2-wrapped module.*")  # outputs are views: harmless here
-        warnings.filterwarnings("ignore", message=".*_register_pre_backward_hook.*")
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        globals()[body](rank, world, Path(out_dir))
-    except BaseException:
-        Path(errors, f"rank{rank}.txt").write_text(traceback.format_exc())
-        raise
-    finally:
-        import nvdlfw_inspect.api as debug_api
-
-        debug_api.end_debug()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+warnings.filterwarnings("ignore", message=".*FSDP2-wrapped module.*")  # outputs are views: harmless here
+warnings.filterwarnings("ignore", message=".*_register_pre_backward_hook.*")
 
 
 def build_model() -> torch.nn.Module:
@@ -196,7 +178,3 @@ def everything(rank: int, world: int, out_dir: Path) -> None:
     """``training`` then ``fsdp2_statistics`` in one spawn: most of a spawn's time is importing torch."""
     training(rank, world, out_dir)
     fsdp2_statistics(rank, world, out_dir)
-
-
-if __name__ == "__main__":  # pragma: no cover - manual runs
-    sys.exit("run through tests/lowprec/test_sharded_training.py")

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from logreader import read_stats
 from statref import reference_stats
 
@@ -28,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import sharded_workers as workers  # noqa: E402
+import spawning  # noqa: E402
 
 needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
@@ -36,23 +36,7 @@ WORLD = 2
 
 
 def spawn(body: str, tmp_path: Path) -> Path:
-    out_dir, errors = tmp_path / "out", tmp_path / "errors"
-    out_dir.mkdir()
-    errors.mkdir()
-    args = (WORLD, str(tmp_path / "init"), str(out_dir), str(errors), body)
-    try:
-        mp.start_processes(_entry, args=args, nprocs=WORLD, start_method="spawn", join=True)
-    except Exception as failure:
-        details = "\n".join(p.read_text() for p in sorted(errors.iterdir()))
-        raise AssertionError(f"a worker failed:\n{details}") from failure
-    return out_dir
-
-
-def _entry(rank: int, *args) -> None:
-    sys.path.insert(0, str(HERE))
-    import sharded_workers
-
-    sharded_workers.run(rank, *args)
+    return spawning.spawn(HERE / "sharded_workers.py", body, WORLD, tmp_path)
 
 
 # --- the cache on its own: reuse for a weight that owns its storage, a recast for an FSDP2-like one ---

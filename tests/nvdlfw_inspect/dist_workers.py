@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -17,22 +15,6 @@ def rank_tensor(rank: int) -> torch.Tensor:
     """A different, deterministic tensor per rank: different sizes, means and spreads."""
     g = torch.Generator().manual_seed(1234 + rank)
     return torch.randn(SIZES[rank], generator=g) * (rank + 1) + 50.0 * rank
-
-
-def run(rank: int, world: int, init_file: str, log_dir: str, errors: str, body: str) -> None:
-    """Set up a gloo group, run ``body`` (a function name of this module), tear down; record failures."""
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        globals()[body](rank, world, Path(log_dir))
-    except BaseException:
-        Path(errors, f"rank{rank}.txt").write_text(traceback.format_exc())
-        raise
-    finally:
-        import nvdlfw_inspect.api as debug_api
-
-        debug_api.end_debug()
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 SIX = ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
@@ -194,7 +176,3 @@ def silent_rank(rank: int, world: int, log_dir: Path) -> None:
     outcome = _step_outcome(0)
     torch.save({"error": outcome[1], "seconds": time.monotonic() - start}, log_dir / "silent0.tmp")
     (log_dir / "silent0.tmp").rename(done)
-
-
-if __name__ == "__main__":  # pragma: no cover - manual runs
-    sys.exit("run through tests/nvdlfw_inspect/test_distributed.py")

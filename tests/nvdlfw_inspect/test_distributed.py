@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from logreader import read_stats, stats_log_path
 from statref import SIX, reference_stats
 
@@ -20,6 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import dist_workers  # noqa: E402
+import spawning  # noqa: E402
 
 
 def reference(t: torch.Tensor) -> dict[str, float]:
@@ -27,22 +27,7 @@ def reference(t: torch.Tensor) -> dict[str, float]:
 
 
 def spawn(body: str, world: int, tmp_path: Path) -> Path:
-    log_dir, errors = tmp_path / "logs", tmp_path / "errors"
-    errors.mkdir()
-    args = (world, str(tmp_path / "init"), str(log_dir), str(errors), body)
-    try:
-        mp.start_processes(_entry, args=args, nprocs=world, start_method="spawn", join=True)
-    except Exception as failure:
-        details = "\n".join(p.read_text() for p in sorted(errors.iterdir()))
-        raise AssertionError(f"a worker failed:\n{details}") from failure
-    return log_dir
-
-
-def _entry(rank: int, *args) -> None:
-    sys.path.insert(0, str(HERE))
-    import dist_workers as workers
-
-    workers.run(rank, *args)
+    return spawning.spawn(HERE / "dist_workers.py", body, world, tmp_path)
 
 
 def check(stats: dict, layer: str, want: dict[str, float]) -> None:

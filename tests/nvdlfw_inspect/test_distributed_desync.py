@@ -3,14 +3,12 @@ iterations instead of silently mixing steps, and a timeout naming a rank that ne
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
 import pytest
+import spawning
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from logreader import read_stats
 
 import nvdlfw_inspect.api as debug_api
@@ -21,34 +19,10 @@ pytestmark = pytest.mark.skipif(
 
 HERE = Path(__file__).resolve().parent
 WORLD = 2
-SPAWN_LIMIT_S = 120.0
 
 
 def spawn(body: str, tmp_path: Path) -> Path:
-    """Run ``dist_workers.<body>`` on ``WORLD`` gloo ranks, killed if they take longer than ``SPAWN_LIMIT_S``."""
-    log_dir, errors = tmp_path / "logs", tmp_path / "errors"
-    errors.mkdir()
-    args = (WORLD, str(tmp_path / "init"), str(log_dir), str(errors), body)
-    context = mp.start_processes(_entry, args=args, nprocs=WORLD, start_method="spawn", join=False)
-    deadline = time.monotonic() + SPAWN_LIMIT_S
-    try:
-        while not context.join(max(deadline - time.monotonic(), 0.0)):  # False while some rank runs
-            assert time.monotonic() < deadline, f"the ranks did not finish within {SPAWN_LIMIT_S} s"
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:
-        details = "\n".join(p.read_text() for p in sorted(errors.iterdir()))
-        raise AssertionError(f"a worker failed:\n{details}") from failure
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-    return log_dir
-
-
-def _entry(rank: int, *args) -> None:
-    sys.path.insert(0, str(HERE))
-    import dist_workers
-
-    dist_workers.run(rank, *args)
+    return spawning.spawn(HERE / "dist_workers.py", body, WORLD, tmp_path)
 
 
 def test_a_rank_that_skips_step_makes_every_rank_raise_naming_ranks_and_iterations(tmp_path):
