@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nvdlfw_inspect.logging import STATISTICS_LOG_DIR
+from nvdlfw_inspect.logging import STATISTICS_RECORDS_DIR
 from nvdlfw_inspect.reading import iter_statistics
 from nvdlfw_inspect.report import render, report_data
 
@@ -30,7 +30,7 @@ STATS = (("activation", "underflows%"), ("activation", "dynamic_range"), ("activ
 
 def write_synthetic_log(log_dir: Path, layers: int, steps: int) -> Path:
     """One rank's records: every layer drifts; layer 7 underflows more and more; one NaN at mid-run."""
-    path = log_dir / STATISTICS_LOG_DIR / "nvdlfw_inspect_globalrank-0.jsonl"
+    path = log_dir / STATISTICS_RECORDS_DIR / "nvdlfw_inspect_globalrank-0.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     with path.open("w", encoding="utf-8") as out:

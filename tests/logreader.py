@@ -13,6 +13,10 @@ def stats_log_path(log_dir: Path, rank: int = 0) -> Path:
     return Path(log_dir) / "nvdlfw_inspect_statistics_logs" / f"nvdlfw_inspect_globalrank-{rank}.log"
 
 
+def stats_records_path(log_dir: Path, rank: int = 0) -> Path:
+    return Path(log_dir) / "nvdlfw_inspect_statistics_jsonl" / f"nvdlfw_inspect_globalrank-{rank}.jsonl"
+
+
 def main_log_path(log_dir: Path, rank: int = 0) -> Path:
     return Path(log_dir) / "nvdlfw_inspect_logs" / f"nvdlfw_inspect_globalrank-{rank}.log"
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
 
 DEMO_CONFIG = Path(__file__).resolve().parent / "demo_config.yaml"
 
@@ -132,10 +133,12 @@ def run_demo(
 
     report = write_report(log_dir)
     result = {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "report": report}
-    result["statistics"] = log_dir / "nvdlfw_inspect_statistics_logs"
-    result["debug_log"] = log_dir / "nvdlfw_inspect_logs"
+    result["statistics"] = log_dir / STATISTICS_LOG_DIR
+    result["records"] = log_dir / STATISTICS_RECORDS_DIR
+    result["debug_log"] = log_dir / MAIN_LOG_DIR
     print(f"loss {result['first_loss']:.3f} -> {result['last_loss']:.3f} in {time.perf_counter() - started:.0f}s on {device}")
-    print(f"statistics: {result['statistics']}  (text .log and structured .jsonl per rank)")
+    print(f"statistics: {result['statistics']}  (text .log per rank)")
+    print(f"records:    {result['records']}  (structured .jsonl per rank)")
     print(f"debug log:  {result['debug_log']}")
     print(f"report:     {report}")
     return result

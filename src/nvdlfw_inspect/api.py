@@ -47,16 +47,15 @@ def initialize(
     ``strict_logging`` (a log write error such as a full disk raises ``OSError`` instead of being counted),
     ``collective_timeout`` (seconds each collective of ``step()`` waits for the other ranks before raising
     ``DistributedDesyncError`` naming those that did not answer; default None, the process group's own timeout).
-    A failure leaves the process as if ``initialize`` had never been called.
+    Other keywords are ignored with one warning naming them. A failure leaves the process as if ``initialize``
+    had never been called.
     """
     global DEBUG_MANAGER
     if DEBUG_MANAGER is not None:
         raise AlreadyInitializedError("[NVDLFW INSPECT ERROR] Already initialized. Call end_debug() before initializing again.")
-    unknown = sorted(set(kwargs) - set(_ACCEPTED_KWARGS))
-    if unknown:
-        raise TypeError(f"initialize() got unexpected keyword arguments {unknown}; accepted: {list(_ACCEPTED_KWARGS)}")
     try:
         initialize_logger(log_dir, strict=kwargs.get("strict_logging", False))
+        _warn_unknown_kwargs(kwargs)
         if "extensions" in kwargs:
             get_logger().log_message(
                 "initialize(extensions=...) is accepted for compatibility and has no effect.", logging.WARNING
@@ -79,6 +78,16 @@ def initialize(
         raise
     DEBUG_MANAGER = manager
     atexit.register(_end_debug_at_exit)
+
+
+def _warn_unknown_kwargs(kwargs: dict[str, Any]) -> None:
+    """One warning naming the keywords this implementation does not know. Callers written for other versions
+    (NeMo passes ``multi_tensor_stat_collection=``) must still start; a typo shows up in the warning."""
+    unknown = sorted(set(kwargs) - set(_ACCEPTED_KWARGS))
+    if unknown:
+        get_logger().log_message(
+            f"initialize() ignores unknown keyword arguments {unknown}; known: {list(_ACCEPTED_KWARGS)}", logging.WARNING
+        )
 
 
 def _log_failure(error: BaseException) -> None:

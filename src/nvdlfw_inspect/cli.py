@@ -1,4 +1,4 @@
-"""The nvdlfw-inspect command: validate configs, list and explain features, write reports, run the demo.
+"""The nvdlfw-inspect command: validate configs, list and explain features, write reports, diagnose runs, run the demo.
 
 Exit codes: 0 success, 1 a user error (invalid config, missing file or log), 2 a usage error.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.config_manager import config_line, find_config_errors
+from nvdlfw_inspect.diagnose.command import add_arguments as diagnose_arguments
 from nvdlfw_inspect.errors import NvdlfwInspectError
 from nvdlfw_inspect.reading import TornLineWarning
 from nvdlfw_inspect.registry import Registry
@@ -99,6 +100,21 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
+def diagnose(args: argparse.Namespace) -> int:
+    """Print what is wrong with a run and write the config of remedies (``nvdlfw_inspect.diagnose``)."""
+    from nvdlfw_inspect.diagnose import command
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TornLineWarning)
+        try:
+            code = command.run(args, sys.stdout)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+    for warning in caught:
+        print(f"nvdlfw-inspect diagnose: warning: {warning.message}", file=sys.stderr)
+    return code
+
+
 def demo(args: argparse.Namespace) -> int:
     from lowprec.demo import run_demo
 
@@ -136,6 +152,8 @@ def parser() -> argparse.ArgumentParser:
     sub = command("report", report, "Write the HTML report of the statistics in a log directory.")
     sub.add_argument("log_dir", help="the log_dir given to debug_api.initialize")
     sub.add_argument("-o", "--output", help="the HTML file (default: LOG_DIR/report.html)")
+    sub = command("diagnose", diagnose, "Say per layer and tensor what is wrong with a run, and write a config that fixes it.")
+    diagnose_arguments(sub)
     sub = command("demo", demo, "Train a small GPT on text shipped with Python in emulated FP8, with statistics and a report.")
     sub.add_argument("--steps", type=positive_int, default=300, help="training steps (default 300)")
     sub.add_argument("--size", choices=["tiny", "small", "base"], default="small", help="model size (default small)")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import copy
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from nvdlfw_inspect.errors import ConfigError, ConfigLocation
+from nvdlfw_inspect.registry import Registry
 
 BASE_NAMESPACE = "base"
 SECTION_KEYS = ("enabled", "layers")
@@ -176,13 +176,41 @@ class LayerSpec:
         return tuple(sorted((k, repr(v)) for k, v in self.raw.items()))
 
 
-@dataclass
 class ConfigSpec:
-    """One enabled section: its name, layer selector and ``{namespace: {Feature: raw config}}``."""
+    """One enabled section: its name, layer selector and ``{namespace: {Feature: raw config}}``.
 
-    name: str
-    layer_spec: LayerSpec
-    extension_config: dict[str, dict[str, dict]]
+    The loader builds it whole; code written for the reference builds it empty (``ConfigSpec()``), fills
+    it with ``initialize(section)`` and empties it with ``reset()``, so both ways are supported.
+    """
+
+    def __init__(
+        self,
+        name: str = "",
+        layer_spec: LayerSpec | None = None,
+        extension_config: dict[str, dict[str, dict]] | None = None,
+    ):
+        self.name = name
+        self.enabled = True  # the loader keeps enabled sections only
+        self.layer_spec = layer_spec
+        self.extension_config = {} if extension_config is None else extension_config
+
+    def initialize(self, cfg: Any) -> None:
+        """Take ``enabled`` and the ``layers`` selector from a section dict. Its features are not read:
+        checking them needs the registered namespaces, which is ``ConfigManager.load_config``'s work."""
+        location = ConfigLocation(f"config section {self.name!r}" if self.name else "config section")
+        if not isinstance(cfg, dict):
+            raise location.error("a section must be a mapping with 'enabled' and 'layers'", cfg)
+        for key in SECTION_KEYS:
+            if key not in cfg:
+                raise location.error(f"missing required key '{key}'")
+        self.enabled = require_bool(cfg["enabled"], location.child("enabled"))
+        self.layer_spec = LayerSpec(cfg["layers"], location.child("layers"))
+
+    def reset(self) -> None:
+        """Forget the selector and features, leaving the spec as ``ConfigSpec()`` made it."""
+        self.enabled = True
+        self.layer_spec = None
+        self.extension_config = {}
 
 
 # Nodes a document may reach once its aliases are expanded: configs reuse small blocks with
@@ -443,6 +471,18 @@ class ConfigManager:
         cls.warnings = []
 
 
+def is_layer_in_cfg(layer_name: str, spec: ConfigSpec) -> bool:
+    """Whether the section ``spec`` selects ``layer_name``, the types it declared with
+    ``ConfigManager.set_layer_types`` included; the same answer ``get_config_for_layer`` acts on."""
+    if not isinstance(layer_name, str):
+        raise TypeError(f"layer_name must be a string, got {layer_name!r} ({type(layer_name).__name__})")
+    if not isinstance(spec, ConfigSpec):
+        raise TypeError(f"spec must be a ConfigSpec, got {type(spec).__name__}")
+    if spec.layer_spec is None:
+        raise ValueError("the ConfigSpec has no layer selector: call spec.initialize(section) first")
+    return spec.layer_spec.matches(layer_name, ConfigManager.layer_types.get(layer_name, ()))
+
+
 def _parse_section(
     name: str, section: Any, location: ConfigLocation, registry_data: dict, warnings: list[str]
 ) -> ConfigSpec | None:
@@ -473,6 +513,8 @@ def _parse_section(
                 _add_feature(extension_config, key, str(feature), feature_cfg, key_loc.child(feature), registry_data)
         elif key in base_features:
             _add_feature(extension_config, BASE_NAMESPACE, key, value, key_loc, registry_data)
+        elif key in Registry.unusable:
+            raise key_loc.error(f"namespace set aside at loading: {Registry.unusable[key]}", key)
         else:
             allowed = [*SECTION_KEYS, *sorted(registry_data), *sorted(base_features)]
             raise key_loc.error("not a namespace nor a feature of the base namespace", key, allowed)

@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from nvdlfw_inspect.errors import FeatureLoadError
-from nvdlfw_inspect.registry import registrations_of
+from nvdlfw_inspect.registry import LoadedClasses, registrations_of
 
 BUILTIN_FEATURE_DIR = Path(__file__).parent / "debug_features"
 PRIVATE_PACKAGE = "nvdlfw_inspect._features"
@@ -71,18 +71,28 @@ def normalize_feature_dirs(feature_dirs: Any) -> list[Path]:
     return dirs
 
 
-def load_feature_dirs(dirs: list[Path]) -> list[type]:
-    """Import every ``*.py`` file under the built-in and the given directories; return tagged classes in order."""
-    classes: list[type] = []
+def load_feature_dirs(dirs: list[Path]) -> LoadedClasses:
+    """Import every ``*.py`` file under the built-in, the default and the given directories; return the tagged
+    classes in load order, marking those defined in ``dirs`` (see ``registry`` for their precedence)."""
+    classes: dict[type, None] = {}
+    from_user: set[type] = set()
     try:
-        for directory in dict.fromkeys([BUILTIN_FEATURE_DIR, *_default_feature_dirs, *dirs]):
+        for directory in _load_order(dirs):
             for module in _load_directory(directory):
                 for value in list(vars(module).values()):
-                    if isinstance(value, type) and registrations_of(value) and value not in classes:
-                        classes.append(value)
+                    if isinstance(value, type) and registrations_of(value):
+                        classes.setdefault(value)
+                        if directory in dirs and value.__module__ == module.__name__:
+                            from_user.add(value)
     finally:
         _drop_sibling_aliases()
-    return classes
+    return LoadedClasses(classes, from_user)
+
+
+def _load_order(dirs: list[Path]) -> list[Path]:
+    """The built-in directory, the default ones the user did not name, then ``dirs`` in the user's order."""
+    defaults = [d for d in _default_feature_dirs if d not in dirs]
+    return list(dict.fromkeys([BUILTIN_FEATURE_DIR, *defaults, *dirs]))
 
 
 def _drop_sibling_aliases() -> None:

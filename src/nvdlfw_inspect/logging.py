@@ -1,6 +1,8 @@
 """The main debug log, the statistics loggers (file, TensorBoard, custom) and logging-window helpers.
 
-Directory names, file names and line formats match the reference framework, since users parse them.
+Directory names, file names and line formats match the reference framework, since users parse them. The
+structured statistics records, which the reference does not write, go to a directory of their own
+(``STATISTICS_RECORDS_DIR``), so that scripts reading every file of ``STATISTICS_LOG_DIR`` find only text logs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from nvdlfw_inspect.utils import get_distributed_rank, is_distributed
 
 MAIN_LOG_DIR = "nvdlfw_inspect_logs"
 STATISTICS_LOG_DIR = "nvdlfw_inspect_statistics_logs"
+STATISTICS_RECORDS_DIR = "nvdlfw_inspect_statistics_jsonl"
 LOG_FORMAT = "%(asctime)s - %(levelname)s - %(message)s"
 STDERR_FORMAT = "NVDLFW INSPECT - %(asctime)s - %(levelname)s - %(message)s"
 
@@ -342,15 +345,15 @@ def _json_number(value: float) -> str:
 
 
 class StatisticsFile:
-    """The statistics log: text lines in the format of Python's logging (``LOG_FORMAT``), and next to
-    them (``.jsonl``) one JSON record per statistic with its layer, tensor, stat, iteration, value and
-    rank. Written directly (``step()`` writes hundreds of lines and a ``LogRecord`` each costs tens of
-    microseconds), line by line, or while ``autoflush`` is off one write per file per batch (a step), so a
-    crash leaves whole steps (see ``LogFile``)."""
+    """The statistics log: text lines in the format of Python's logging (``LOG_FORMAT``), and in a file of
+    ``STATISTICS_RECORDS_DIR`` (``.jsonl``) one JSON record per statistic with its layer, tensor, stat,
+    iteration, value and rank. Written directly (``step()`` writes hundreds of lines and a ``LogRecord``
+    each costs tens of microseconds), line by line, or while ``autoflush`` is off one write per file per
+    batch (a step), so a crash leaves whole steps (see ``LogFile``)."""
 
-    def __init__(self, path: str, overwrite: bool, faults: WriteFaults):
+    def __init__(self, path: str, records_path: str, overwrite: bool, faults: WriteFaults):
         self._file = LogFile(path, overwrite, faults)
-        self._records = LogFile(os.path.splitext(path)[0] + ".jsonl", overwrite, faults)
+        self._records = LogFile(records_path, overwrite, faults)
         self._rank = _global_rank()
         self._second = -1
         self._stamp = ""
@@ -421,8 +424,15 @@ class FileLogger(BaseLogger):
         self._add(self.logger, stderr)
         self.stats_file: StatisticsFile | None = None
         self.stats_log_path: str | None = None
+        self.stats_records_path: str | None = None
         self.logged_api_executed: set[str] = set()
         self.logged_api_encountered: set[str | None] = set()
+
+    @property
+    def root_log_dir(self) -> str:
+        """The reference's name for ``log_dir`` (the ``log_dir`` given to ``initialize``, which holds every log
+        directory); Transformer Engine's ``DumpTensors`` writes its dumps below it."""
+        return self.log_dir
 
     def _add(self, logger: logging.Logger, handler: logging.Handler) -> None:
         logger.addHandler(handler)
@@ -430,8 +440,10 @@ class FileLogger(BaseLogger):
 
     def _initialize_stats_logger(self, dir_name: str = STATISTICS_LOG_DIR) -> FileLogger:
         if self.stats_file is None:
-            self.stats_log_path = os.path.join(self.log_dir, dir_name, log_file_name())
-            self.stats_file = StatisticsFile(self.stats_log_path, _overwrite(), self.faults)
+            name = log_file_name()
+            self.stats_log_path = os.path.join(self.log_dir, dir_name, name)
+            self.stats_records_path = os.path.join(self.log_dir, STATISTICS_RECORDS_DIR, os.path.splitext(name)[0] + ".jsonl")
+            self.stats_file = StatisticsFile(self.stats_log_path, self.stats_records_path, _overwrite(), self.faults)
         return self
 
     def log_message(self, message: str, level: int = logging.INFO) -> None:

@@ -1,5 +1,7 @@
 """Reading a run's statistics back: every rank's structured records (``.jsonl``), or, for runs that
 only have text logs (the reference framework's), the text lines with names split as well as they can be.
+Records are read from ``STATISTICS_RECORDS_DIR``, or, for runs of versions that wrote them there, from
+``STATISTICS_LOG_DIR`` beside the text logs.
 
 A file whose last line is torn (its writer was killed, or ran out of space, while writing it) is read
 without that line, with a ``TornLineWarning``; any other line that does not parse is an error.
@@ -15,7 +17,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from nvdlfw_inspect.logging import STATISTICS_LOG_DIR
+from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
 
 TENSOR_NAMES = ("activation", "gradient", "weight", "output", "wgrad", "dgrad")
 _TEXT_LINE = re.compile(r"^\S+ \S+ - \w+ - (\S+) \t\t\t\t iteration=(\d+) \t\t\t\t value=(\S+)$")
@@ -38,12 +40,12 @@ class TornLineWarning(UserWarning):
 
 
 def statistics_files(log_dir: str | Path) -> list[Path]:
-    """The statistics files of a run, one per rank: structured ones where they exist, else text."""
-    directory = Path(log_dir) / STATISTICS_LOG_DIR
-    if not directory.is_dir():
-        raise FileNotFoundError(f"no statistics in '{log_dir}': '{directory}' does not exist")
-    structured = sorted(directory.glob("*.jsonl"))
-    return structured or sorted(directory.glob("*.log"))
+    """The statistics files of a run, one per rank: structured ones where they exist (the current layout
+    first, then the old one), else text."""
+    text_dir, records_dir = Path(log_dir) / STATISTICS_LOG_DIR, Path(log_dir) / STATISTICS_RECORDS_DIR
+    if not text_dir.is_dir() and not records_dir.is_dir():
+        raise FileNotFoundError(f"no statistics in '{log_dir}': neither '{records_dir}' nor '{text_dir}' exists")
+    return sorted(records_dir.glob("*.jsonl")) or sorted(text_dir.glob("*.jsonl")) or sorted(text_dir.glob("*.log"))
 
 
 def split_name(name: str) -> tuple[str, str, str]:

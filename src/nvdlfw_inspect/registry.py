@@ -2,13 +2,30 @@
 
 Decorators register classes at definition time (as the reference does) and tag them, so the feature loader
 can register them again after ``end_debug`` cleared the registry, without executing their modules twice.
+
+Which registration wins when ``initialize`` loads two classes of one name (see ``Registry.add_tagged``):
+
+* Directories named in ``feature_dirs`` take precedence over those loaded by default (the built-in one and
+  those a library registered, as ``lowprec`` does for ``transformer_engine``). If a directory of
+  ``feature_dirs`` registers a namespace's API, the whole namespace comes from ``feature_dirs``: the API and
+  features that default directories registered in it are set aside (they were written for the other API).
+  Otherwise a feature from ``feature_dirs`` replaces a default one of the same name.
+* Among directories of one kind, the first registration wins (``feature_dirs`` in the order given), as in
+  the reference: a copied directory, or another install of a package already loaded, is harmless.
+* A class loaded from a directory replaces another of its name that was registered on import, outside any
+  loaded directory (a second install imported by name, a class redefined in a notebook).
+
+Every registration left out is named in one ``RegistrationWarning``, also written to the debug log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
+import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -16,6 +33,20 @@ from nvdlfw_inspect.errors import RegistryError
 
 T = TypeVar("T", bound=type)
 REGISTRATION_TAG = "_nvdlfw_registration"
+Tagged = tuple[type, str, str]  # (class, kind, namespace)
+
+
+class RegistrationWarning(UserWarning):
+    """Some registrations of a class name were left out; the message names each and the one used."""
+
+
+class LoadedClasses(list):
+    """Tagged classes in load order, as the loader returns them; ``from_user`` holds those defined in the
+    user's ``feature_dirs``, which take precedence over classes of directories loaded by default."""
+
+    def __init__(self, classes: Iterable[type] = (), from_user: Iterable[type] = ()):
+        super().__init__(classes)
+        self.from_user = frozenset(from_user)
 
 
 def api_method(func: Callable) -> Callable:
@@ -81,6 +112,8 @@ class Registry:
     """Process-wide store of namespaces, their API objects and feature instances."""
 
     data: dict[str, NamespaceData] = {}
+    unusable: dict[str, str] = {}  # namespaces set aside at the last initialize -> why
+    loaded_namespaces: set[str] = set()  # namespaces that the last load's directories registered in
 
     @classmethod
     def register_feature(cls, namespace: str) -> Callable[[T], T]:
@@ -152,24 +185,73 @@ class Registry:
 
     @classmethod
     def add_tagged(cls, classes: list[type]) -> None:
-        """Register classes carrying a registration tag; two different classes claiming one name is an error."""
+        """Register classes carrying a registration tag, resolving clashes as the module docstring says."""
+        from_user = classes.from_user if isinstance(classes, LoadedClasses) else frozenset()
         tagged = [(item, kind, namespace) for item in classes for kind, namespace in registrations_of(item)]
-        seen: dict[tuple[str, str, str], type] = {}
-        for item, kind, namespace in tagged:
-            key = (kind, namespace, item.__name__)
-            if key in seen and seen[key] is not item:
-                raise RegistryError(
-                    f"two different classes are registered as {kind} '{item.__name__}' in namespace "
-                    f"'{namespace}': {_origin(seen[key])} and {_origin(item)}; rename one of them"
-                )
-            seen[key] = item
-        for item, kind, namespace in tagged:
+        notes: list[str] = []
+        loaded = {item for item, _, _ in tagged}
+        cls.loaded_namespaces = {namespace for _, _, namespace in tagged}
+        tagged = cls._set_aside_for_user_apis(tagged, from_user, notes)
+        winners = _winners(tagged, from_user, notes)
+        cls._note_replaced_import_registrations(winners, loaded, notes)
+        for (kind, namespace, _), item in winners.items():
             if kind == "namespace_api":
                 cls.add_namespace_api(namespace, item)
-        for item, kind, namespace in tagged:
+        for (kind, namespace, _), item in winners.items():
             if kind == "feature":
                 cls.add_feature(namespace, item, replace=True)
-        # Namespaces in load order (built-ins first), whether or not their modules ran during this load.
+        cls._order_namespaces(tagged)
+        if notes:
+            _warn("registrations left out at initialize: " + "; ".join(notes))
+
+    @classmethod
+    def _note_replaced_import_registrations(cls, winners: dict, loaded: set[type], notes: list[str]) -> None:
+        """Note each winner replacing a different class that its module registered on import, outside this load."""
+        for (kind, namespace, _), item in winners.items():
+            current = cls._registered(kind, namespace, item.__name__)
+            if current not in (None, item) and current not in loaded:
+                notes.append(f"{_what(kind, item, namespace)}: {_origin(item)} replaces {_origin(current)}, registered on import")
+
+    @classmethod
+    def _registered(cls, kind: str, namespace: str, name: str) -> type | None:
+        """The class registered now as the namespace's API, or as its feature ``name`` (maybe still waiting)."""
+        ns = cls.data.get(namespace)
+        if ns is None:
+            return None
+        if kind == "namespace_api":
+            return None if ns.api is None else type(ns.api)
+        if name in ns.features:
+            return type(ns.features[name])
+        return next((c for c in ns.deferred_features if c.__name__ == name), None)
+
+    @classmethod
+    def _set_aside_for_user_apis(cls, tagged: list[Tagged], from_user: frozenset[type], notes: list[str]) -> list[Tagged]:
+        """``tagged`` without the default directories' registrations in namespaces whose API ``feature_dirs``
+        registers; those also leave the registry (their modules may have registered them on import)."""
+        taken_over = {namespace for item, kind, namespace in tagged if kind == "namespace_api" and item in from_user}
+        kept = []
+        for namespace in taken_over:
+            aside = {item for item, _, ns in tagged if ns == namespace and item not in from_user}
+            if aside:
+                cls._drop(namespace, aside)
+                names = sorted(_origin(item) for item in aside)
+                notes.append(f"namespace '{namespace}' comes from feature_dirs; default registrations set aside: {names}")
+        for item, kind, namespace in tagged:
+            if namespace not in taken_over or item in from_user:
+                kept.append((item, kind, namespace))
+        return kept
+
+    @classmethod
+    def _drop(cls, namespace: str, classes: set[type]) -> None:
+        """Remove what ``classes`` registered in ``namespace`` (its API is replaced by the winner's)."""
+        ns = cls._namespace(namespace)
+        for name in [name for name, feature in ns.features.items() if type(feature) in classes]:
+            cls._remove_feature(ns, name)
+        ns.deferred_features = [c for c in ns.deferred_features if c not in classes]
+
+    @classmethod
+    def _order_namespaces(cls, tagged: list[Tagged]) -> None:
+        """Namespaces in load order (built-ins first), whether or not their modules ran during this load."""
         order = list(dict.fromkeys(namespace for _, _, namespace in tagged))
         ordered = {name: cls.data[name] for name in order if name in cls.data}
         ordered.update(cls.data)
@@ -178,24 +260,68 @@ class Registry:
 
     @classmethod
     def validate_and_init(cls) -> None:
-        """Check every namespace has an API deriving from BaseNamespaceAPI, then hand it its features."""
+        """Hand each namespace whose API derives from BaseNamespaceAPI its features. A namespace without a
+        usable API raises if a loaded directory registered in it; one registered only on import (a module
+        imported for another purpose, a test module) is set aside with one warning, and only a config using
+        it fails, naming why (``unusable``)."""
         from nvdlfw_inspect.base import BaseNamespaceAPI
 
-        for name, ns in cls.data.items():
+        cls.unusable = {}
+        for name, ns in list(cls.data.items()):
             if ns.deferred_features:
                 names = [c.__name__ for c in ns.deferred_features]
-                raise RegistryError(
+                problem = (
                     f"features {names} are registered in namespace '{name}', but no API class is registered "
                     f"for it; define a class decorated with @Registry.register_namespace_api(namespace='{name}') "
                     "in one of the feature_dirs"
                 )
-            if not isinstance(ns.api, BaseNamespaceAPI):
-                raise RegistryError(f"the API of namespace '{name}' ({type(ns.api).__name__}) must inherit from BaseNamespaceAPI")
-            ns.api.name = name
-            ns.api.set_default_api_impl()
-            ns.api.set_api_map(ns.feat_api_to_features)
-            ns.api.set_features(ns.features)
+            elif not isinstance(ns.api, BaseNamespaceAPI):
+                problem = f"the API of namespace '{name}' ({type(ns.api).__name__}) must inherit from BaseNamespaceAPI"
+            else:
+                ns.api.name = name
+                ns.api.set_default_api_impl()
+                ns.api.set_api_map(ns.feat_api_to_features)
+                ns.api.set_features(ns.features)
+                continue
+            if name in cls.loaded_namespaces:
+                raise RegistryError(problem)
+            cls.unusable[name] = problem
+            del cls.data[name]
+            _warn(f"namespace '{name}', registered on import, set aside: {problem}")
 
     @classmethod
     def reset(cls) -> None:
         cls.data.clear()
+        cls.unusable.clear()
+        cls.loaded_namespaces.clear()
+
+
+def _winners(tagged: list[Tagged], from_user: frozenset[type], notes: list[str]) -> dict[tuple[str, str, str], type]:
+    """The class used for each feature name, and the one API, of each namespace: one from ``feature_dirs`` over a
+    default one, else the first; every class left out is noted."""
+    winners: dict[tuple[str, str, str], type] = {}
+    for item, kind, namespace in tagged:
+        key = (kind, namespace, item.__name__ if kind == "feature" else "")
+        current = winners.setdefault(key, item)
+        if current is item:
+            continue
+        what = _what(kind, item, namespace)
+        if item in from_user and current not in from_user:
+            winners[key] = item
+            notes.append(f"{what}: {_origin(item)} from feature_dirs replaces {_origin(current)}")
+        else:
+            notes.append(f"{what} registered twice: {_origin(current)} is used, {_origin(item)} ignored")
+    return winners
+
+
+def _what(kind: str, item: type, namespace: str) -> str:
+    return f"{f'feature {item.__name__!r}' if kind == 'feature' else 'the API'} of namespace '{namespace}'"
+
+
+def _warn(message: str) -> None:
+    """One warning, in the debug log when a session is starting and as a Python warning (each text shown once)."""
+    from nvdlfw_inspect.logging import get_logger
+
+    with contextlib.suppress(RuntimeError):  # no debug log outside initialize
+        get_logger().log_message(message, logging.WARNING)
+    warnings.warn(message, RegistrationWarning, stacklevel=2)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Hashable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from nvdlfw_inspect.errors import FeatureLoadError
 
 
 def is_distributed() -> bool:
@@ -47,6 +53,31 @@ def gather_tensor_on_last_rank(tensor: torch.Tensor) -> torch.Tensor | None:
     parts = [torch.empty_like(tensor) for _ in range(world_size)] if dist.get_rank() == dst else None
     dist.gather(tensor.contiguous(), parts, dst=dst)
     return torch.cat(parts, dim=0) if parts is not None else None
+
+
+def import_and_exec_module(module_path: str | os.PathLike) -> ModuleType:
+    """Run the Python file ``module_path`` as a new module named after the file, and return it.
+
+    Every call runs the file again (as in the reference), so registration decorators in it register again
+    after ``Registry.reset()``; the module is not added to ``sys.modules``. While it runs, its directory is
+    first on ``sys.path``, so it can import the files beside it. A failure raises ``FeatureLoadError``.
+    """
+    path = Path(module_path)
+    if not path.is_file():
+        raise FeatureLoadError(f"module file not found: {str(path)!r} (current directory: {os.getcwd()})")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise FeatureLoadError(f"{str(path)!r} cannot be loaded as a Python module (is it a .py file?)")
+    module = importlib.util.module_from_spec(spec)
+    directory = str(path.resolve().parent)
+    sys.path.insert(0, directory)
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as error:
+        raise FeatureLoadError(f"module file {str(path)!r} failed to run: {type(error).__name__}: {error}") from error
+    finally:
+        sys.path.remove(directory)
+    return module
 
 
 class APICacheIdentifier:

@@ -31,6 +31,8 @@ def test_demo_learns_logs_and_reports(tmp_path, capsys):
     assert result["report"].read_text().startswith("<!DOCTYPE html>")
     out = capsys.readouterr().out
     assert f"report:     {result['report']}" in out
+    assert f"records:    {tmp_path / 'nvdlfw_inspect_statistics_jsonl'}" in out
+    assert {p.suffix for p in result["statistics"].iterdir()} == {".log"}
 
 
 def test_demo_from_the_command_line(tmp_path, capsys):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from logreader import main_log_path, read_messages, stats_log_path
+from logreader import main_log_path, read_messages, stats_log_path, stats_records_path
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.cli import main
-from nvdlfw_inspect.logging import STATISTICS_LOG_DIR
+from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
 from nvdlfw_inspect.reading import TornLineWarning, iter_statistics
 
 WORKER = str(Path(__file__).with_name("log_fault_worker.py"))
@@ -79,7 +79,7 @@ def test_sigkill_while_writing_leaves_every_complete_step_readable(log_dir):
     """The records file is a pipe the test reads: once two and a half steps came through it stops reading, so
     the child is stuck inside the write of its third step (a step is more than a pipe holds) when it is killed."""
     records = 4000
-    jsonl = log_dir / STATISTICS_LOG_DIR / "nvdlfw_inspect_globalrank-0.jsonl"
+    jsonl = stats_records_path(log_dir)
     jsonl.parent.mkdir(parents=True)
     os.mkfifo(jsonl)
     pipe = os.open(jsonl, os.O_RDWR | os.O_NONBLOCK)  # open before the child: its open does not wait
@@ -106,6 +106,15 @@ def test_sigkill_while_writing_leaves_every_complete_step_readable(log_dir):
         assert len(torn) == 1 and str(jsonl) in torn[0]
 
 
+def stats_file(log_dir: Path, suffix: str) -> Path:
+    """Rank 0's structured records (``.jsonl``) or its text log (``.log``); for the text log, the records are
+    removed, as in a run with text logs only."""
+    if suffix == ".jsonl":
+        return stats_records_path(log_dir)
+    stats_records_path(log_dir).unlink()
+    return stats_log_path(log_dir)
+
+
 def tear(path: Path, keep: int) -> bytes:
     """Cut ``path`` inside its last line, ``keep`` bytes into it; returns the line's start that stays."""
     data = path.read_bytes()
@@ -117,9 +126,7 @@ def tear(path: Path, keep: int) -> bytes:
 @pytest.mark.parametrize("suffix", [".jsonl", ".log"])
 def test_torn_last_line_is_skipped_with_a_warning_and_the_report_is_written(log_dir, tmp_path, suffix, capsys):
     run(log_dir, steps=3)
-    path = stats_log_path(log_dir).with_suffix(suffix)
-    if suffix == ".log":
-        path.with_suffix(".jsonl").unlink()  # a run with text logs only
+    path = stats_file(log_dir, suffix)
     for keep in (1, 40, len(path.read_bytes().splitlines()[-1]) - 1):  # torn early, mid-line, at the line's end
         original = path.read_bytes()
         tear(path, keep)
@@ -134,9 +141,7 @@ def test_torn_last_line_is_skipped_with_a_warning_and_the_report_is_written(log_
 @pytest.mark.parametrize("suffix", [".jsonl", ".log"])
 def test_torn_line_in_the_middle_is_an_error(log_dir, tmp_path, suffix, capsys):
     run(log_dir, steps=2)
-    path = stats_log_path(log_dir).with_suffix(suffix)
-    if suffix == ".log":
-        path.with_suffix(".jsonl").unlink()
+    path = stats_file(log_dir, suffix)
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:5] + [lines[5][:30]] + lines[6:]))
     with pytest.raises(ValueError, match=rf"globalrank-0\{suffix}:6: not a statistics"):
@@ -151,7 +156,7 @@ def test_each_step_reaches_each_file_in_one_write(log_dir, monkeypatch):
 
     def spy(fd: int, data: bytes) -> int:
         path = os.readlink(f"/proc/self/fd/{fd}")
-        if path.startswith(str(log_dir / STATISTICS_LOG_DIR)):
+        if Path(path).parent in (log_dir / STATISTICS_LOG_DIR, log_dir / STATISTICS_RECORDS_DIR):
             writes.append((Path(path).name, bytes(data)))
         return real_write(fd, data)
 
@@ -165,12 +170,12 @@ def test_each_step_reaches_each_file_in_one_write(log_dir, monkeypatch):
 
 def test_appending_run_cuts_off_the_torn_line_an_earlier_run_left(log_dir, monkeypatch):
     run(log_dir, steps=2)
-    for suffix in (".log", ".jsonl"):
-        tear(stats_log_path(log_dir).with_suffix(suffix), 20)
+    for path in (stats_log_path(log_dir), stats_records_path(log_dir)):
+        tear(path, 20)
     monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE", "0")
     run(log_dir, steps=1)
     assert steps_read(log_dir) == ({0: 8, 1: 3}, [])  # step 0 of both runs, run 1's step 1 less its torn line
-    stats_log_path(log_dir).with_suffix(".jsonl").unlink()
+    stats_records_path(log_dir).unlink()
     assert steps_read(log_dir) == ({0: 8, 1: 3}, [])
 
 
@@ -218,7 +223,7 @@ def test_disk_full_mid_run_costs_no_step_and_later_steps_are_logged(log_dir, mon
     debug_api.end_debug()
     err = capsys.readouterr().err
     assert err.count("cannot write") == 1 and "No space left on device" in err and "Logging error" not in err
-    jsonl = stats_log_path(log_dir).with_suffix(".jsonl")
+    jsonl = stats_records_path(log_dir)
     assert "16 log lines were lost to write errors (the first: [Errno 28] No space left on device): 8 in" in err
     assert f"8 in {jsonl}" in err
     assert steps_read(log_dir) == ({0: 4, 1: 4, 4: 4, 5: 4}, [])  # the partial write was cut back

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -63,12 +64,17 @@ def stats_list(config: dict, location: ConfigLocation, allowed: list[str]) -> li
     return stats
 
 
-def validate_stats(config: dict, location: ConfigLocation, supported: list[str]) -> None:
-    """``stats`` must be a non-empty list of names from ``supported`` (case-insensitive)."""
-    stats = stats_list(config, location, supported)
-    for i, stat in enumerate(stats):
-        if not isinstance(stat, str) or stat.lower() not in supported:
-            raise location.child("stats").child(i).error("unsupported statistic", stat, supported)
+def stat_name(stat: Any, location: ConfigLocation, mappings: bool) -> str:
+    """The name of a ``stats`` entry: a string, or (with ``mappings``) the key of a one-key mapping of options
+    such as ``{max_blockwise_dynamic_range: {block_size: 32, dims: 1}}``, as TE parses them."""
+    if isinstance(stat, str):
+        return stat
+    if mappings and isinstance(stat, dict) and len(stat) == 1:
+        ((name, options),) = stat.items()
+        if isinstance(name, str) and isinstance(options, dict):
+            return name
+    shape = "a statistic name or a one-key mapping {name: {option: value}}" if mappings else "a statistic name"
+    raise location.error(f"unsupported statistic: must be {shape}", stat)
 
 
 def _validate_start_end_list(pairs: Any, location: ConfigLocation, closed: bool) -> None:
@@ -92,11 +98,30 @@ def _validate_start_end_list(pairs: Any, location: ConfigLocation, closed: bool)
         previous_end = pair[1]
 
 
-class DerivedStats(Mapping):
-    """One call's statistics as 0-dim float32 tensors on the tensor's device, each derived when first
-    read: most callers never read them, and deriving costs a dozen small kernels."""
+TORCH_REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "min": torch.min,
+    "max": torch.max,
+    "mean": torch.mean,
+    "std": torch.std,
+    "l1_norm": lambda t: torch.norm(t, p=1),
+    "l2_norm": lambda t: torch.norm(t, p=2),
+}
 
-    def __init__(self, partials: torch.Tensor, stats: list[str]):
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's in-place modification counter; None for inference tensors, which keep none."""
+    return None if tensor.is_inference() else tensor._version
+
+
+class DerivedStats(Mapping):
+    """One call's statistics as 0-dim float32 tensors on the tensor's device, each computed when first read:
+    most callers never read them. A value is torch's own reduction of the tensor (as the reference returns it)
+    while the tensor is unchanged since the call; otherwise (modified in place, an inference tensor whose
+    changes cannot be seen, an empty or integer tensor) it is derived from the partials taken at the call.
+    The mapping holds the tensor until it is dropped."""
+
+    def __init__(self, tensor: torch.Tensor, partials: torch.Tensor, stats: list[str]):
+        self._tensor, self._version = tensor, _version(tensor)
         self._partials, self._stats = partials, stats
         self._values: dict[str, torch.Tensor] = {}
 
@@ -104,8 +129,15 @@ class DerivedStats(Mapping):
         if stat not in self._stats:
             raise KeyError(stat)
         if stat not in self._values:
-            self._values[stat] = derive_tensors(self._partials, [stat])[stat].float()
+            self._values[stat] = self._compute(stat).float()
         return self._values[stat]
+
+    def _compute(self, stat: str) -> torch.Tensor:
+        tensor = self._tensor
+        unchanged = self._version is not None and _version(tensor) == self._version
+        if unchanged and tensor.is_floating_point() and tensor.numel() > 0:
+            return TORCH_REDUCTIONS[stat](tensor)
+        return derive_tensors(self._partials, [stat])[stat]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._stats)
@@ -131,17 +163,46 @@ class LogTensorStats(GenericConfigAPIMapper):
     partial statistics on its device; calls of one step for the same layer and tensor accumulate
     (a ``weight`` counts once per step). ``debug_api.step()`` reduces them over the group (only a few
     floats per rank travel), and logs each statistic as ``{layer_name}_{tensor_name}_{stat}``.
+
+    Returned and logged values differ on purpose: the call returns this call's statistics on this rank,
+    each torch's own reduction of the tensor (``returned["mean"] == tensor.mean()``, as in the reference),
+    computed only when read; the logged values are merged and reduced from float64 partials, so they are
+    accurate to float64 rounding but need not equal torch's float32 reductions bit for bit.
+
+    Subclasses (as Transformer Engine's) bring their own statistics; ``initialize`` asks the subclass which
+    it takes, through the first hook it defines: ``_is_supported_stat(stat)``, ``check_if_stat_is_supported(stat)``
+    (one needing call-time arguments, such as the recipe, leaves the check to the call), or an overridden
+    ``_get_supported_stats_list()`` (names, or one-key mappings of options named by them).
     """
 
     config_keys = frozenset({"enabled", "tensors", "tensors_struct", "stats"}) | WINDOW_KEYS
     tensor_struct_keys = frozenset({"tensor", "stats"}) | WINDOW_KEYS
 
     def _get_supported_stats_list(self) -> set[str]:
-        return {"min", "max", "mean", "std", "l1_norm", "l2_norm"}
+        """The statistics this class's ``log_tensor_stats`` computes; subclasses (TE's) call it unbound with
+        ``self=None``, so it must not use ``self``."""
+        return set(TORCH_REDUCTIONS)
 
     def validate_tensor_config(self, config: dict, location: ConfigLocation) -> None:
-        validate_stats(config, location, sorted(self._get_supported_stats_list()))
+        supported = sorted(self._get_supported_stats_list())
+        for i, stat in enumerate(stats_list(config, location, supported)):
+            self._validate_stat(stat, location.child("stats").child(i), supported)
         validate_window(config, location)
+
+    def _validate_stat(self, stat: Any, location: ConfigLocation, supported: list[str]) -> None:
+        """Raise unless this class takes ``stat``, asking the first hook it defines (see the class docstring)."""
+        if hasattr(self, "_is_supported_stat"):
+            stat_name(stat, location, mappings=True)
+            if not _hook_accepts(self._is_supported_stat, stat, location):
+                raise location.error("unsupported statistic (_is_supported_stat says no)", stat, supported)
+        elif hasattr(self, "check_if_stat_is_supported"):
+            stat_name(stat, location, mappings=True)
+            if _takes_one_argument(self.check_if_stat_is_supported, stat):
+                _hook_accepts(self.check_if_stat_is_supported, stat, location)
+        else:
+            own_list = type(self)._get_supported_stats_list is not LogTensorStats._get_supported_stats_list
+            if stat_name(stat, location, mappings=own_list).lower() not in supported:
+                raise location.error("unsupported statistic", stat, supported)
 
     def _get_current_iteration(self, **kwargs: Any) -> int:
         if "iteration" in kwargs:
@@ -182,8 +243,9 @@ class LogTensorStats(GenericConfigAPIMapper):
 
     @api_method
     def log_tensor_stats(self, config: dict, layer_name: str, **kwargs: Any) -> Mapping[str, torch.Tensor]:
-        """Returns this call's statistics as 0-dim float32 tensors on the tensor's device (no host sync);
-        the logged values, merged over the step's calls and reduced over the group, follow at ``step()``."""
+        """Returns this call's statistics as 0-dim float32 tensors on the tensor's device, torch's own reductions
+        computed when read (see ``DerivedStats``); the logged values, merged over the step's calls and reduced over
+        the group, follow at ``step()``."""
         tensor_name = kwargs["tensor_name"]
         debug_api.log_message(
             f"Feature=LogTensorStats, API=log_tensor_stats, TENSOR={tensor_name}: Called",
@@ -195,6 +257,8 @@ class LogTensorStats(GenericConfigAPIMapper):
         stats = [s.lower() for s in config["stats"]]
         tensor = kwargs["tensor"]
         readable = unreadable_reason(tensor) is None  # feed warns once about the others and skips them
+        if readable:
+            tensor = tensor.detach()
         partials = empty_partials(tensor.device) if readable else None
         taken = STATS_BUFFERS.feed(
             (layer_name, tensor_name, "base", tuple(stats), window_key(config)),
@@ -202,9 +266,26 @@ class LogTensorStats(GenericConfigAPIMapper):
             tensor_name=tensor_name,
             stats=stats,
             iteration=self._get_current_iteration(**kwargs),
-            tensor=tensor.detach() if readable else tensor,
+            tensor=tensor,
             call_out=partials,
             accumulate=tensor_name != "weight",
             **self._reduction(layer_name, **kwargs),
         )
-        return DerivedStats(partials, stats) if taken else {}
+        return DerivedStats(tensor, partials, stats) if taken else {}
+
+
+def _takes_one_argument(hook: Callable, stat: Any) -> bool:
+    """Whether ``hook(stat)`` is a complete call (LogFp8TensorStats' check also needs the call's recipe)."""
+    try:
+        inspect.signature(hook).bind(stat)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _hook_accepts(hook: Callable, stat: Any, location: ConfigLocation) -> bool:
+    """``hook(stat)``; a hook raising rejects the statistic with its message (TE's checks raise ValueError)."""
+    try:
+        return bool(hook(stat))
+    except Exception as error:
+        raise location.error(f"unsupported statistic ({hook.__name__}: {type(error).__name__}: {error})", stat) from error

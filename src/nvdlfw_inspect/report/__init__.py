@@ -1,9 +1,11 @@
 """One self-contained HTML file that shows a run's statistics: which layer and which GEMM tensor goes
 wrong, and when.
 
-The page embeds the data as JSON and draws it with its own script (no network, no libraries):
-heatmaps of layer x iteration for underflows%, overflows% and dynamic range, a table of the layers
-most at risk, and per layer each statistic over the iterations, forward tensors beside backward ones.
+The page embeds the data as JSON and draws it with its own script (no network, no libraries): the
+diagnosis at the top (what is wrong, what to change, and the config that does it), a table of the
+tensors most at risk ranked on what persists, heatmaps of layer x iteration for underflows%,
+overflows% and dynamic range with their colour scale, and per layer each logged statistic over the
+iterations, forward tensors beside backward ones.
 """
 
 from __future__ import annotations
@@ -12,18 +14,20 @@ import html
 import json
 import math
 import re
-from collections import defaultdict
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from nvdlfw_inspect.diagnose import diagnose_run
+from nvdlfw_inspect.diagnose.series import collect
+from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.reading import Statistic, iter_statistics
+from nvdlfw_inspect.report.ranking import risk_rows
 
 FORWARD = ("activation", "weight", "output")
 BACKWARD = ("gradient", "dgrad", "wgrad")
 HEATMAP_STATS = ("underflows%", "overflows%", "dynamic_range")
-TOP_RISKS = 25
 _SLOT = re.compile(r"\{\{(STYLE|SCRIPT|TITLE|DATA)\}\}")
 
 
@@ -43,26 +47,6 @@ def heatmap_kind(stat: str) -> str | None:
     return next((kind for kind in HEATMAP_STATS if base == kind or base.endswith("_" + kind)), None)
 
 
-def _risks(series: list[dict[str, Any]], layers: list[str]) -> list[dict[str, Any]]:
-    """Per layer and tensor: the worst underflows% and dynamic range, and whether NaN or inf was seen."""
-    worst: dict[tuple[int, str], dict[str, Any]] = {}
-    for index, one in enumerate(series):
-        entry = worst.setdefault(
-            (one["layer"], one["tensor"]), {"underflows": 0.0, "dynamic_range": 0.0, "nonfinite": False, "series": []}
-        )
-        entry["series"].append(index)
-        finite = [v for v in one["v"] if isinstance(v, float | int)]
-        entry["nonfinite"] |= len(finite) < len(one["v"])
-        kind = heatmap_kind(one["stat"])
-        if finite and kind == "underflows%":
-            entry["underflows"] = max(entry["underflows"], max(finite))
-        if finite and kind == "dynamic_range":
-            entry["dynamic_range"] = max(entry["dynamic_range"], max(finite))
-    rows = [{"layer": layers[layer], "layer_index": layer, "tensor": tensor, **entry} for (layer, tensor), entry in worst.items()]
-    rows.sort(key=lambda r: (not r["nonfinite"], -r["underflows"], -r["dynamic_range"]))
-    return rows[:TOP_RISKS]
-
-
 def natural_order(names: Iterable[str]) -> list[str]:
     """Names sorted with their numbers compared as numbers: ``layers.2`` before ``layers.10``."""
     return sorted(
@@ -70,17 +54,17 @@ def natural_order(names: Iterable[str]) -> list[str]:
     )
 
 
-def report_data(statistics: Iterable[Statistic], title: str) -> dict[str, Any]:
-    """What the page draws: layers, one series per (layer, tensor, stat, rank), and the risk table.
-    Series that share their iterations (most do) point to one list in ``iterations`` by index."""
-    points: dict[tuple[str, str, str, int], dict[int, float]] = defaultdict(dict)
-    for s in statistics:
-        points[(s.layer, s.tensor, s.stat, s.rank)][s.iteration] = s.value
-    layers = natural_order({layer for layer, _, _, _ in points})
+def report_data(statistics: Iterable[Statistic], title: str, thresholds: Thresholds | None = None) -> dict[str, Any]:
+    """What the page draws: layers, one series per (layer, tensor, stat, rank), the diagnosis (findings
+    and the config of remedies, as ``nvdlfw-inspect diagnose`` gives them) and the risk table. Series
+    that share their iterations (most do) point to one list in ``iterations`` by index."""
+    thresholds = thresholds or Thresholds()
+    run = collect(statistics)
+    layers = natural_order({layer for layer, _, _, _ in run.points})
     index = {name: i for i, name in enumerate(layers)}
     series = []
     iteration_lists: dict[tuple[int, ...], int] = {}
-    for (layer, tensor, stat, rank), values in sorted(points.items()):
+    for (layer, tensor, stat, rank), values in sorted(run.points.items()):
         iterations = tuple(sorted(values))
         direction = "forward" if tensor in FORWARD else "backward" if tensor in BACKWARD else "other"
         series.append(
@@ -95,14 +79,17 @@ def report_data(statistics: Iterable[Statistic], title: str) -> dict[str, Any]:
                 "v": [_json_value(values[i]) for i in iterations],
             }
         )
-    ranks = sorted({rank for _, _, _, rank in points})
+    diagnosis = diagnose_run(run, thresholds, title)
     return {
         "title": title,
         "layers": layers,
-        "ranks": ranks,
+        "ranks": sorted({rank for _, _, _, rank in run.points}),
         "iterations": [list(iterations) for iterations in iteration_lists],
         "series": series,
-        "risks": _risks(series, layers),
+        "risks": risk_rows(run, thresholds),
+        "findings": [finding.as_dict() for finding in diagnosis.findings],
+        "config_yaml": diagnosis.config_yaml,
+        "thresholds": thresholds.as_dict(),
     }
 
 

@@ -6,7 +6,12 @@
   const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"];
   const WIDTH = 300, HEIGHT = 130, PAD = { left: 52, right: 8, top: 8, bottom: 18 };
   const HEAT_STOPS = [[255, 255, 204], [254, 178, 76], [240, 59, 32], [128, 0, 38]];
-  const MAX_HEAT_COLUMNS = 1000, MIN_LABELED_ROW = 9;
+  const MAX_HEAT_COLUMNS = 1000, MIN_LABELED_ROW = 9, EAGER_LAYERS = 3, FINDINGS_SHOWN = 12;
+  const NOT_LOGGED = [238, 240, 243];
+  const KIND_NAMES = {
+    nonfinite: "NaN or inf", overflow: "overflow", underflow: "underflow",
+    scale_change: "scale jumps", dynamic_range: "dynamic range beyond the format",
+  };
 
   const number = (v) => (v === null ? NaN : v === "inf" ? Infinity : v === "-inf" ? -Infinity : v);
   function format(v) {
@@ -37,6 +42,7 @@
   const hideTip = () => { tooltip.hidden = true; };
 
   data.series.forEach((s, i) => { s.id = i; s.it = data.iterations[s.it]; s.values = s.v.map(number); });
+  const layerIndex = new Map(data.layers.map((name, i) => [name, i]));
   const byLayer = data.layers.map(() => []);
   data.series.forEach((s) => byLayer[s.layer].push(s));
   let visible = (name) => true;
@@ -49,18 +55,79 @@
       `iterations ${first} to ${last}`;
   }
 
+  const layerLink = (name) => element("a", { href: `#layer-${layerIndex.get(name)}` }, name);
+  const percent = (fraction) => `${Math.round(fraction * 100)}%`;
+
+  function diagnosis() {
+    const t = data.thresholds, list = document.getElementById("findings");
+    list.replaceChildren();
+    const rule = `underflows% over ${t.underflow_pct}, overflows% over ${t.overflow_pct}, a scale jumping by more than ` +
+      `x${t.scale_change}, a dynamic range beyond the ${t.fp8_format} format's; a problem when over its threshold in ` +
+      `${percent(t.persistence)} of the iterations after the first ${t.warmup} (warm-up), or in the median of the last ${percent(t.tail)}`;
+    document.getElementById("diagnosis-summary").textContent = data.findings.length
+      ? `${data.findings.length} finding${data.findings.length > 1 ? "s" : ""}, the most severe first (${rule}).`
+      : `No NaN or inf, and nothing persists over its threshold (${rule}).`;
+    const more = document.getElementById("more-findings");
+    more.replaceChildren();
+    const shown = data.findings.filter((f) => visible(f.layer));
+    if (shown.length > FINDINGS_SHOWN) {  // the rest folded, so the risk table stays in sight
+      const details = element("details");
+      details.appendChild(element("summary", {}, `${shown.length - FINDINGS_SHOWN} more findings`));
+      details.appendChild(element("ol", { start: FINDINGS_SHOWN + 1 }));
+      more.appendChild(details);
+    }
+    shown.forEach((f, n) => {
+      const item = element("li", { class: `finding ${f.kind}` });
+      const head = element("div", { class: "finding-head" });
+      head.appendChild(layerLink(f.layer));
+      head.appendChild(document.createTextNode(` ${f.tensor}: `));
+      head.appendChild(element("b", {}, KIND_NAMES[f.kind] || f.kind));
+      head.appendChild(document.createTextNode(` (${f.stat}) from iteration ${f.first_iteration}`));
+      item.appendChild(head);
+      item.appendChild(element("div", { class: "message" }, f.message));
+      f.remedies.forEach((r) => {
+        const where = r.gemms.length ? ` on ${r.gemms.join(" and ")}` : "";
+        item.appendChild(element("div", { class: "remedy" }, `fix: ${r.feature}${where}: ${r.reason}`));
+      });
+      (n < FINDINGS_SHOWN ? list : more.querySelector("ol")).appendChild(item);
+    });
+    const config = document.getElementById("remedy-config");
+    config.hidden = !data.config_yaml;
+    config.querySelector("pre").textContent = data.config_yaml || "";
+  }
+
+  function statCell(cell) {
+    if (!cell) return element("td", { class: "unlogged", title: "not logged" }, "-");
+    const td = element("td", cell.above > 0 ? {} : { class: "quiet" });
+    td.appendChild(element("div", {}, format(cell.persistent)));
+    const warmup = cell.worst_in_warmup ? " (warm-up)" : "";
+    td.appendChild(element("div", { class: "sub" },
+      `over ${format(cell.threshold)} in ${percent(cell.above)}; worst ${format(cell.worst)} at ${cell.worst_iteration}${warmup}`));
+    return td;
+  }
+
   function riskTable() {
     const body = document.querySelector("#risks tbody");
     body.replaceChildren();
+    document.getElementById("risks-note").textContent = data.risks.length
+      ? `Per tensor, each value at the end of the run (the median of the last ${percent(data.thresholds.tail)} of the ` +
+        `iterations after warm-up), then the share of those iterations over its threshold and the worst value with its ` +
+        `iteration. Ranked on the losses at the end against their thresholds; a maximum reached only in warm-up or in a ` +
+        `passing spike is a transient. A dynamic range beyond its format's is a problem only where underflows% was not ` +
+        `logged; where it was, underflows% tells how much is lost.`
+      : "No underflows%, overflows% or dynamic_range was logged.";
     data.risks.filter((r) => visible(r.layer)).forEach((r) => {
       const row = element("tr");
       const cell = element("td");
-      cell.appendChild(element("a", { href: `#layer-${r.layer_index}` }, r.layer));
+      cell.appendChild(layerLink(r.layer));
       row.appendChild(cell);
       row.appendChild(element("td", {}, r.tensor));
-      row.appendChild(element("td", {}, format(r.underflows)));
-      row.appendChild(element("td", {}, format(r.dynamic_range)));
-      row.appendChild(element("td", r.nonfinite ? { class: "bad" } : {}, r.nonfinite ? "yes" : ""));
+      ["underflows%", "overflows%", "dynamic_range"].forEach((stat) => row.appendChild(statCell(r.stats[stat])));
+      const broken = r.nonfinite !== null;
+      row.appendChild(element("td", broken ? { class: "bad" } : {}, broken ? String(r.nonfinite) : ""));
+      const status = element("td", r.problem ? { class: "bad" } : { class: "transient" });
+      r.status.forEach((label) => status.appendChild(element("div", {}, label)));
+      row.appendChild(status);
       body.appendChild(row);
     });
   }
@@ -81,6 +148,32 @@
     return labels;
   }
 
+  function swatch(rgb, text) {
+    const box = element("span", { class: "swatch" });
+    const color = element("i");
+    color.style.background = `rgb(${rgb.join(",")})`;
+    box.appendChild(color);
+    box.appendChild(document.createTextNode(text));
+    return box;
+  }
+
+  function legend(low, high, broken, missing) {
+    const box = element("div", { class: "legend" });
+    if (low <= high) {  // the colour scale, where any value is finite
+      const bar = element("canvas", { width: 64, height: 1 });
+      const context = bar.getContext("2d");
+      const image = context.createImageData(64, 1);
+      for (let i = 0; i < 64; i++) image.data.set([...heatColor(i / 63), 255], i * 4);
+      context.putImageData(image, 0, 0);
+      box.appendChild(element("span", {}, format(low)));
+      box.appendChild(bar);
+      box.appendChild(element("span", {}, format(high)));
+    }
+    if (broken) box.appendChild(swatch([0, 0, 0], "NaN or inf"));
+    if (missing) box.appendChild(swatch(NOT_LOGGED, "not logged"));
+    return box;
+  }
+
   function heatmap(title, group) {
     const layers = [...new Set(group.map((s) => s.layer))].filter((l) => visible(data.layers[l])).sort((a, b) => a - b);
     const iterations = [...new Set(group.flatMap((s) => s.it))].sort((a, b) => a - b);
@@ -90,24 +183,32 @@
     const rowOf = new Map(layers.map((l, i) => [l, i]));
     const cells = new Float64Array(columns * layers.length).fill(NaN);
     const broken = new Uint8Array(columns * layers.length);
-    let low = Infinity, high = -Infinity;
+    let low = Infinity, high = -Infinity, anyBroken = false;
     group.forEach((s) => {
       if (!rowOf.has(s.layer)) return;
       s.values.forEach((v, k) => {
         const at = rowOf.get(s.layer) * columns + columnOf.get(s.it[k]);
-        if (!Number.isFinite(v)) { broken[at] = 1; return; }
+        if (!Number.isFinite(v)) { broken[at] = 1; anyBroken = true; return; }
         if (!(cells[at] >= v)) cells[at] = v;
         low = Math.min(low, v); high = Math.max(high, v);
       });
     });
+    if (!anyBroken && low > high) return null;  // nothing to draw
+    if (!anyBroken && low === high) {  // one value everywhere: said in words, not drawn as a blank map
+      return element("p", { class: "flat" },
+        `${title}: ${format(low)} in every logged cell (${layers.length} layer${layers.length > 1 ? "s" : ""}, ` +
+        `iterations ${iterations[0]} to ${iterations[iterations.length - 1]})`);
+    }
     const canvas = element("canvas", { width: columns, height: layers.length });
     const scale = Math.max(1, Math.min(8, Math.floor(600 / columns))), rowScale = Math.max(1, Math.min(14, Math.floor(480 / layers.length)));
     canvas.style.width = columns * scale + "px";
     canvas.style.height = layers.length * rowScale + "px";
     const context = canvas.getContext("2d");
     const image = context.createImageData(columns, layers.length);
+    let missing = false;
     for (let i = 0; i < cells.length; i++) {
-      const rgb = broken[i] ? [0, 0, 0] : Number.isNaN(cells[i]) ? [238, 240, 243] : heatColor(high > low ? (cells[i] - low) / (high - low) : high > 0 ? 1 : 0);
+      missing = missing || (!broken[i] && Number.isNaN(cells[i]));
+      const rgb = broken[i] ? [0, 0, 0] : Number.isNaN(cells[i]) ? NOT_LOGGED : heatColor(high > low ? (cells[i] - low) / (high - low) : 1);
       image.data.set([...rgb, 255], i * 4);
     }
     context.putImageData(image, 0, 0);
@@ -121,7 +222,7 @@
       const { column, row } = where(event);
       const first = iterations[Math.ceil((column * iterations.length) / columns)];
       const at = row * columns + column;
-      const value = broken[at] ? "NaN or inf" : format(cells[at]);
+      const value = broken[at] ? "NaN or inf" : Number.isNaN(cells[at]) ? "not logged" : format(cells[at]);
       showTip(`${data.layers[layers[row]]}\niteration ${first}\n${title}: ${value}`, event);
     });
     canvas.addEventListener("mouseleave", hideTip);
@@ -130,7 +231,8 @@
       if (target) target.scrollIntoView();
     });
     const box = element("div", { class: "heatmap" });
-    box.appendChild(element("div", { class: "caption" }, `${title} (${format(low)} to ${format(high)}; black: NaN or inf)`));
+    box.appendChild(element("div", { class: "caption" }, title));
+    box.appendChild(legend(low, high, anyBroken, missing));
     const body = element("div", { class: "heatmap-body" });
     if (rowScale >= MIN_LABELED_ROW) body.appendChild(rowLabels(layers, rowScale));
     const plot = element("div");
@@ -157,7 +259,7 @@
       const box = heatmap(key, groups.get(key));
       if (box) container.appendChild(box);
     });
-    if (!container.children.length) container.appendChild(element("p", {}, "No underflows%, overflows% or dynamic range logged."));
+    if (!container.children.length) container.appendChild(element("p", {}, "No underflows%, overflows% or dynamic range logged (or none of the layers the filter shows)."));
   }
 
   function lineChart(title, list) {
@@ -177,7 +279,8 @@
         if (Number.isFinite(v) && s.it[k] >= domain[0] && s.it[k] <= domain[1]) { low = Math.min(low, v); high = Math.max(high, v); }
       }));
       if (low > high) { low = 0; high = 1; }
-      if (low === high) { const pad = Math.abs(low) * 0.05 || 1; low -= pad; high += pad; }
+      if (low === high && low === 0) high = 1;  // all zero: a line along the bottom of a 0..1 axis
+      else if (low === high) { const pad = Math.abs(low) * 0.05; low -= pad; high += pad; }
       const yOf = (v) => PAD.top + (1 - (v - low) / (high - low)) * plotHeight;
       [[format(high), PAD.top + 8], [format(low), PAD.top + plotHeight]].forEach(([text, y]) => {
         const label = svgElement("text", { x: 2, y });
@@ -278,7 +381,8 @@
       const section = element("div", { class: "layer", id: `layer-${index}`, "data-index": index });
       section.appendChild(element("h3", {}, name));
       container.appendChild(section);
-      observer.observe(section);
+      if (index < EAGER_LAYERS) fillLayer(section, index);  // the first ones at once: the page is whole when its script ends
+      else observer.observe(section);
     });
   }
 
@@ -290,11 +394,13 @@
     document.querySelectorAll(".layer").forEach((section) => {
       section.hidden = !visible(data.layers[Number(section.dataset.index)]);
     });
+    diagnosis();
     riskTable();
     heatmaps();
   }
 
   summarize();
+  diagnosis();
   riskTable();
   heatmaps();
   layers();

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 
+import numpy
 import pytest
 import torch
 from logreader import read_messages, read_stats, stats_log_path
@@ -35,6 +38,18 @@ def struct_config(items: list[dict], **feature) -> dict:
 
 def expected(x: torch.Tensor, names=SIX) -> dict[str, float]:
     return reference_stats(x, tuple(names))
+
+
+def torch_reductions(t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the reference returns for each statistic (before ``.float()``)."""
+    return {
+        "min": t.min(),
+        "max": t.max(),
+        "mean": t.mean(),
+        "std": t.std(),
+        "l1_norm": torch.norm(t, p=1),
+        "l2_norm": torch.norm(t, p=2),
+    }
 
 
 def tensor_for(step: int, n: int = 64, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -83,11 +98,11 @@ def test_every_stat_for_every_dtype_in_file_return_value_and_custom_logger(log_d
     t = (torch.randn(3, 333, generator=torch.Generator().manual_seed(11)) * 2.5 - 0.75).to(dtype)
     ref = expected(t)
     out = debug_api.log_tensor_stats(layer_name="model.fc1", tensor=t, tensor_name="activation")
-    # returned: float32 tensors
+    # returned: float32 tensors, torch's own reductions of the tensor (in its dtype, as the reference)
     assert set(out) == set(SIX)
     for stat in SIX:
         assert out[stat].dtype == torch.float32 and out[stat].dim() == 0
-        assert out[stat].item() == pytest.approx(ref[stat], rel=1e-6), stat
+        assert torch.equal(out[stat], torch_reductions(t)[stat].float()), stat
     assert collect.rows == []  # logged when the step ends
     debug_api.step()
     # custom logger: float64 values (float32 accumulation), named {layer}_{tensor}_{stat}
@@ -354,6 +369,40 @@ def test_skip_reduction_is_accepted_in_a_single_process(log_dir):
     debug_api.initialize(config_file=config(stats=["mean"]), log_dir=log_dir)
     out = debug_api.log_tensor_stats(layer_name="l1", tensor=torch.arange(3.0), tensor_name="activation", skip_reduction=True)
     assert out["mean"].item() == 1.0
+
+
+# --- returned values ----------------------------------------------------------------------
+
+
+def test_returned_values_equal_torch_reductions_as_the_reference_asserts(log_dir):
+    debug_api.initialize(config_file=config(), log_dir=log_dir)
+    t = torch.rand((100, 100, 5), generator=torch.Generator().manual_seed(3))
+    out = debug_api.log_tensor_stats("decoder.1.mlp.fc1", tensor=t, tensor_name="activation")
+    assert out["mean"] == t.mean() and out["max"] == t.max() and out["std"] == t.std()
+    assert out["l1_norm"] == torch.norm(t, p=1) and out["l2_norm"] == torch.norm(t, p=2)
+
+
+def test_returned_values_describe_the_tensor_as_passed_after_an_in_place_change(log_dir):
+    debug_api.initialize(config_file=config(stats=["mean", "max"]), log_dir=log_dir)
+    t = torch.tensor([1.0, 2.0, 6.0])
+    out = debug_api.log_tensor_stats(layer_name="l1", tensor=t, tensor_name="activation")
+    t.mul_(100)  # an optimizer step before the values are read
+    assert out["mean"].item() == 3.0 and out["max"].item() == 6.0  # from the partials taken at the call
+    with torch.inference_mode():
+        frozen = torch.tensor([1.0, 2.0, 6.0])  # keeps no version counter: the partials are used
+        assert debug_api.log_tensor_stats(layer_name="l2", tensor=frozen, tensor_name="activation")["mean"].item() == 3.0
+
+
+def test_returned_mapping_holds_the_tensor_only_while_it_lives(log_dir):
+    debug_api.initialize(config_file=config(stats=["mean"]), log_dir=log_dir)
+    values = numpy.ones(4, dtype=numpy.float32)  # the tensor's memory: alive while its owner array is
+    alive = weakref.ref(values)
+    out = debug_api.log_tensor_stats(layer_name="l1", tensor=torch.from_numpy(values), tensor_name="activation")
+    del values
+    assert alive() is not None and out["mean"].item() == 1.0
+    del out
+    gc.collect()
+    assert alive() is None
 
 
 # --- messages and loggers -----------------------------------------------------------------

@@ -44,7 +44,7 @@ def train(log_dir: Path, steps: int = 12) -> None:
 
 def test_structured_records_and_read_stats(log_dir):
     train(log_dir)
-    records = [json.loads(line) for line in (log_dir / "nvdlfw_inspect_statistics_logs").glob("*.jsonl").__next__().open()]
+    records = [json.loads(line) for line in (log_dir / "nvdlfw_inspect_statistics_jsonl").glob("*.jsonl").__next__().open()]
     assert {"layer", "tensor", "stat", "iteration", "value", "rank"} == set(records[0])
     assert any(r["value"] == "inf" for r in records)  # strict JSON: infinities as strings
     frame = nvdlfw_inspect.read_stats(log_dir)
@@ -58,7 +58,7 @@ def test_structured_records_and_read_stats(log_dir):
 
 def test_text_logs_alone_are_read_too(log_dir):
     train(log_dir, steps=2)
-    for path in (log_dir / "nvdlfw_inspect_statistics_logs").glob("*.jsonl"):
+    for path in (log_dir / "nvdlfw_inspect_statistics_jsonl").glob("*.jsonl"):
         path.unlink()
     stats = list(iter_statistics(log_dir))
     assert {(s.layer, s.tensor) for s in stats} == {(f"model.fc{i}", t) for i in (1, 2) for t in ("activation", "gradient")}
@@ -85,9 +85,13 @@ def test_report_data_groups_series_and_ranks_risks():
     assert series[(1, "gradient", "dynamic_range", 0)]["v"] == [3.0, None, "inf", 1.0, 2.0]
     assert series[(1, "gradient", "dynamic_range", 0)]["direction"] == "backward"
     assert series[(2, "weight", "max", 0)]["heatmap"] is None
-    risks = [(r["layer"], r["tensor"], r["underflows"], r["dynamic_range"], r["nonfinite"]) for r in data["risks"]]
-    assert risks[0] == ("l1", "gradient", 0.0, 3.0, True)  # NaN or inf first
-    assert risks[1] == ("l0", "activation", 8.0, 0.0, False)
+    risks = [(r["layer"], r["tensor"], sorted(r["stats"]), r["nonfinite"], r["status"]) for r in data["risks"]]
+    assert risks == [  # NaN or inf first; only logged statistics (l2 logs no underflows%: no row, no zero)
+        ("l1", "gradient", ["dynamic_range"], 1, []),
+        ("l0", "activation", ["underflows%"], None, ["underflows%: problem"]),
+    ]
+    assert data["risks"][1]["stats"]["underflows%"]["persistent"] == 8.0
+    assert [f["kind"] for f in data["findings"]] == ["nonfinite", "underflow"]
     assert heatmap_kind("fp8_current_scaling_underflows%_columnwise") == "underflows%"
     assert (
         heatmap_kind("dynamic_range") == "dynamic_range"
@@ -106,7 +110,7 @@ def test_render_is_self_contained_and_escapes():
 
 def test_multi_rank_run(log_dir, tmp_path):
     train(log_dir, steps=3)
-    stats_dir = log_dir / "nvdlfw_inspect_statistics_logs"
+    stats_dir = log_dir / "nvdlfw_inspect_statistics_jsonl"
     rank1 = [json.loads(line) | {"rank": 1, "value": 5.0} for line in (stats_dir / "nvdlfw_inspect_globalrank-0.jsonl").open()]
     (stats_dir / "nvdlfw_inspect_globalrank-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rank1))
     frame = nvdlfw_inspect.read_stats(log_dir)
@@ -118,7 +122,7 @@ def test_multi_rank_run(log_dir, tmp_path):
 def test_errors_name_the_problem(log_dir):
     with pytest.raises(FileNotFoundError, match="no statistics in"):
         write_report(log_dir)
-    stats_dir = log_dir / "nvdlfw_inspect_statistics_logs"
+    stats_dir = log_dir / "nvdlfw_inspect_statistics_jsonl"
     stats_dir.mkdir(parents=True)
     (stats_dir / "nvdlfw_inspect_globalrank-0.jsonl").write_text('{"layer": "a"}\n')
     with pytest.raises(ValueError, match=r"globalrank-0.jsonl:1: not a statistics record"):
@@ -127,7 +131,7 @@ def test_errors_name_the_problem(log_dir):
 
 def test_records_are_parsed_in_chunks_and_a_bad_line_is_named(log_dir, monkeypatch):
     monkeypatch.setattr(reading, "RECORDS_PER_PARSE", 3)
-    path = log_dir / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-2.jsonl"
+    path = log_dir / "nvdlfw_inspect_statistics_jsonl" / "nvdlfw_inspect_globalrank-2.jsonl"
     path.parent.mkdir(parents=True)
     good = [{"layer": "l", "tensor": "activation", "stat": "max", "iteration": i, "value": i / 2} for i in range(7)]
     path.write_text("".join(json.dumps(r) + "\n" for r in good[:4]) + "\n" + "".join(json.dumps(r) + "\n" for r in good[4:]))

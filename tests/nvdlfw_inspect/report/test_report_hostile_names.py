@@ -38,7 +38,7 @@ def test_page_data_round_trips_exactly():
 
 
 def write_stats(log_dir: Path) -> None:
-    path = log_dir / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.jsonl"
+    path = log_dir / "nvdlfw_inspect_statistics_jsonl" / "nvdlfw_inspect_globalrank-0.jsonl"
     path.parent.mkdir(parents=True)
     records = [
         {"layer": name, "tensor": "activation", "stat": "max", "iteration": i, "value": i} for name in HOSTILE for i in range(3)

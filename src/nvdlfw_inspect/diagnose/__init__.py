@@ -1,0 +1,79 @@
+"""Read a run and say, per layer and tensor, what is wrong and what to change: the first NaN or inf,
+sustained underflow or overflow, a dynamic range beyond the format's, a scale that keeps jumping;
+and write the config that applies the remedies.
+
+``diagnose(log_dir)`` returns a ``Diagnosis`` (``as_dict()`` for JSON); ``nvdlfw-inspect diagnose
+LOG_DIR`` prints it and writes the config. Thresholds: ``Thresholds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from nvdlfw_inspect.diagnose import config as remedy_config
+from nvdlfw_inspect.diagnose.findings import Finding, detect
+from nvdlfw_inspect.diagnose.remedies import Remedy, choose
+from nvdlfw_inspect.diagnose.series import Run, collect
+from nvdlfw_inspect.diagnose.thresholds import Thresholds
+from nvdlfw_inspect.reading import Statistic, iter_statistics
+
+__all__ = ["Diagnosis", "Finding", "Remedy", "Thresholds", "diagnose", "diagnose_run", "diagnose_statistics"]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The findings, the most severe first, each with its remedies; the config that applies them all
+    (empty when there is nothing to change) and the same as commented YAML (None then)."""
+
+    findings: list[Finding]
+    config: dict[str, Any]
+    config_yaml: str | None
+    thresholds: Thresholds
+    iterations: tuple[int, int] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "findings": [finding.as_dict() for finding in self.findings],
+            "config": self.config,
+            "config_yaml": self.config_yaml,
+            "thresholds": self.thresholds.as_dict(),
+            "iterations": None if self.iterations is None else list(self.iterations),
+        }
+
+
+def diagnose_run(run: Run, thresholds: Thresholds | None = None, source: str = "a run") -> Diagnosis:
+    """The diagnosis of an already collected run (the report shares its reading with this)."""
+    thresholds = thresholds or Thresholds()
+    first = run.first_iteration
+    findings = [replace(finding, remedies=tuple(choose(finding, first))) for finding in detect(run, thresholds)]
+    config, reasons = remedy_config.build(remedy for finding in findings for remedy in finding.remedies)
+    text = remedy_config.to_yaml(config, reasons, source) if config else None
+    iterations = [i for points in run.points.values() for i in (min(points), max(points)) if points]
+    span = (min(iterations), max(iterations)) if iterations else None
+    return Diagnosis(findings, config, text, thresholds, span)
+
+
+def diagnose_statistics(
+    statistics: Iterable[Statistic], thresholds: Thresholds | None = None, source: str = "a run"
+) -> Diagnosis:
+    """The diagnosis of ``statistics`` given in the order the run wrote them (see ``reading``)."""
+    return diagnose_run(collect(statistics), thresholds, source)
+
+
+def diagnose(log_dir: str | Path, thresholds: Thresholds | None = None, **overrides: Any) -> Diagnosis:
+    """Read every rank's statistics in ``log_dir`` and diagnose them. Thresholds: ``thresholds``, or the
+    defaults with ``overrides`` (``diagnose(log_dir, underflow_pct=5)``); see ``Thresholds``."""
+    if thresholds is not None and overrides:
+        raise ValueError("give thresholds or keyword overrides of the defaults, not both")
+    try:
+        thresholds = thresholds or Thresholds(**overrides)
+    except TypeError:
+        unknown = sorted(set(overrides) - set(Thresholds().as_dict()))
+        raise ValueError(f"unknown threshold {', '.join(unknown)}; known: {', '.join(Thresholds().as_dict())}") from None
+    diagnosis = diagnose_statistics(iter_statistics(log_dir), thresholds, str(Path(log_dir).resolve()))
+    if diagnosis.iterations is None:
+        raise ValueError(f"no statistics were logged in '{log_dir}'")
+    return diagnosis

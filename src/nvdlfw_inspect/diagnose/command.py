@@ -1,0 +1,93 @@
+"""``nvdlfw-inspect diagnose LOG_DIR``: its flags (one per threshold, defaults from ``Thresholds``) and
+what it prints: the findings as text or JSON, and where it wrote the config of remedies."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import TextIO
+
+from nvdlfw_inspect.diagnose import Diagnosis, Thresholds, diagnose
+from nvdlfw_inspect.diagnose.thresholds import RECIPE_FORMATS
+
+CONFIG_NAME = "diagnose_config.yaml"
+FLAGS = {
+    "underflow_pct": (float, "%% of non-zero values flushed to zero (underflows%%) that is a problem"),
+    "overflow_pct": (float, "%% of values saturated under delayed scaling (overflows%%) that is a problem"),
+    "persistence": (float, "fraction of the iterations after warm-up a value must be over its threshold"),
+    "tail": (float, "last fraction of the run whose median must stay under the threshold"),
+    "warmup": (int, "iterations at the start whose values are warm-up transients"),
+    "scale_change": (float, "factor a scale (or amax) may change by between logged iterations"),
+    "range_margin_bits": (float, "bits a dynamic_range may exceed its FP8 format's range"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = Thresholds()
+    parser.add_argument("log_dir", help="the log_dir given to debug_api.initialize")
+    parser.add_argument("-o", "--output", help=f"the config of remedies (default: LOG_DIR/{CONFIG_NAME})")
+    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    for name, (kind, meaning) in FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(
+            flag, type=kind, default=getattr(defaults, name), help=f"{meaning} (default {getattr(defaults, name)})"
+        )
+    parser.add_argument(
+        "--fp8-format",
+        choices=list(RECIPE_FORMATS),
+        default=defaults.fp8_format,
+        help="the recipe's formats: HYBRID is E4M3 forward and E5M2 gradients (default HYBRID)",
+    )
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Diagnose, write the config when there is something to change, print. Bad thresholds and a config
+    that cannot be written raise ValueError."""
+    thresholds = Thresholds(**{name: getattr(args, name) for name in [*FLAGS, "fp8_format"]})
+    diagnosis = diagnose(args.log_dir, thresholds)
+    path = None
+    if diagnosis.config_yaml is not None:
+        path = Path(args.output) if args.output else Path(args.log_dir) / CONFIG_NAME
+        try:
+            path.write_text(diagnosis.config_yaml, encoding="utf-8")
+        except OSError as error:
+            raise ValueError(f"cannot write the config to '{path}': {error.strerror or error}") from None
+    if args.json:
+        out.write(json.dumps({**diagnosis.as_dict(), "config_file": str(path) if path else None}) + "\n")
+    else:
+        out.write(text(diagnosis, args.log_dir, path))
+    return 0
+
+
+def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None) -> str:
+    """The findings for a terminal: what is wrong, then each remedy and why."""
+    first, last = diagnosis.iterations or (0, 0)
+    count = len(diagnosis.findings)
+    found = f"{count or 'No'} finding{'s' if count != 1 else ''}"
+    lines = [f"{found} in {log_dir} (iterations {first} to {last}; {_thresholds(diagnosis)})"]
+    for number, f in enumerate(diagnosis.findings, 1):
+        lines += ["", f"{number}. {f.layer}  {f.tensor}  {f.kind} ({f.stat}, from iteration {f.first_iteration})"]
+        lines.append(f"   {f.message}")
+        for remedy in f.remedies:
+            target = f" on {' and '.join(remedy.gemms)}" if remedy.gemms else ""
+            lines.append(f"   fix: {remedy.feature}{target}: {remedy.reason}")
+    lines.append("")
+    lines.append(f"config: {config_path}" if config_path else "config: none written (nothing to change)")
+    return "\n".join(lines) + "\n"
+
+
+def _thresholds(diagnosis: Diagnosis) -> str:
+    t = diagnosis.thresholds
+    parts = [
+        f"underflow > {t.underflow_pct:g}%",
+        f"overflow > {t.overflow_pct:g}%",
+        f"persistence {t.persistence:g}",
+        f"tail {t.tail:g}",
+        f"warm-up {t.warmup}",
+        f"scale change > x{t.scale_change:g}",
+        f"range margin {t.range_margin_bits:g} bits" if not math.isclose(t.range_margin_bits, 0) else "",
+        t.fp8_format,
+    ]
+    return ", ".join(part for part in parts if part)

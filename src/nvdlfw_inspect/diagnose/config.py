@@ -1,0 +1,118 @@
+"""The remedies of a diagnosis as one config: a section per layer (``transformer_engine`` namespace),
+each preceded by the sentences that explain it, ready for ``debug_api.initialize``.
+
+Where remedies of one layer claim the same GEMM, the stronger wins: ``DisableFP8GEMM`` (high precision)
+over ``FakeQuant`` (high precision, operands rounded to a format) over ``PerTensorScaling`` (FP8).
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Iterable
+from typing import Any
+
+import yaml
+
+from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER, WATCH_STATS, WATCH_TENSORS, Remedy
+
+NAMESPACE = "transformer_engine"
+PRECEDENCE = ("DisableFP8GEMM", "FakeQuant", "PerTensorScaling")
+WATCH_SECTION = "diagnose_watch_nonfinite"
+HEADER = """\
+Remedies written by nvdlfw-inspect diagnose. Run: {source}
+Config namespace transformer_engine (lowprec and Transformer Engine layers): initialize with
+feature_dirs=[lowprec.FEATURE_DIR] (or import lowprec). A feature may appear only once per layer, so
+these sections replace your config's copies of the same features for the same layers; keep your
+statistics sections to see the effect (except where diagnose_watch_nonfinite brings its own LogTensorStats)."""
+
+
+def _section_name(layer: str, taken: set[str]) -> str:
+    base = "diagnose_" + (re.sub(r"[^0-9A-Za-z_]+", "_", layer).strip("_") or "layer")
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def _selection(claims: dict[str, set[str]]) -> dict[str, Any]:
+    """``gemms`` and ``tensors`` when every GEMM has the same tensors, else ``gemms_struct``."""
+    gemms = [gemm for gemm in GEMM_ORDER if gemm in claims]
+    tensors = {frozenset(claims[gemm]) for gemm in gemms}
+    if len(tensors) == 1:
+        return {"gemms": gemms, "tensors": sorted(claims[gemms[0]])}
+    return {"gemms_struct": [{"gemm": gemm, "tensors": sorted(claims[gemm])} for gemm in gemms]}
+
+
+def layer_features(remedies: Iterable[Remedy]) -> tuple[dict[str, Any], list[str]]:
+    """The features of one layer's remedies, each GEMM given to the strongest remedy that claims it, and
+    the reasons of the remedies that kept at least one GEMM."""
+    remedies = list(remedies)
+    winner: dict[str, str] = {}
+    for remedy in remedies:
+        for gemm in remedy.gemms:
+            if gemm not in winner or PRECEDENCE.index(remedy.feature) < PRECEDENCE.index(winner[gemm]):
+                winner[gemm] = remedy.feature
+    claims: dict[str, dict[str, set[str]]] = {feature: {} for feature in PRECEDENCE}
+    reasons: list[str] = []
+    for remedy in remedies:
+        kept = [gemm for gemm in remedy.gemms if winner[gemm] == remedy.feature]
+        for gemm in kept:
+            claims[remedy.feature].setdefault(gemm, set()).update([remedy.tensor] if remedy.tensor else [])
+        if kept and remedy.reason not in reasons:
+            reasons.append(remedy.reason)
+    features: dict[str, Any] = {}
+    if claims["DisableFP8GEMM"]:
+        features["DisableFP8GEMM"] = {"enabled": True, "gemms": [g for g in GEMM_ORDER if g in claims["DisableFP8GEMM"]]}
+    if claims["FakeQuant"]:
+        quant_format = next(dict(r.options)["quant_format"] for r in remedies if r.feature == "FakeQuant")
+        features["FakeQuant"] = {"enabled": True, "quant_format": quant_format, **_selection(claims["FakeQuant"])}
+    if claims["PerTensorScaling"]:
+        features["PerTensorScaling"] = {"enabled": True, **_selection(claims["PerTensorScaling"])}
+    return features, reasons
+
+
+def watch_section(remedy: Remedy) -> dict[str, Any]:
+    """Statistics of every GEMM tensor of every layer at every iteration of the remedy's window."""
+    stats = {"enabled": True, "tensors": WATCH_TENSORS, "stats": WATCH_STATS, **dict(remedy.options)}
+    return {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, NAMESPACE: {"LogTensorStats": stats}}
+
+
+def build(remedies: Iterable[Remedy]) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """``(config, reasons by section)``: the watch section first, then one section per layer in the order
+    the layers' first remedies come."""
+    config: dict[str, Any] = {}
+    reasons: dict[str, list[str]] = {}
+    by_layer: dict[str, list[Remedy]] = {}
+    for remedy in remedies:
+        if remedy.layer is None:
+            config[WATCH_SECTION] = watch_section(remedy)
+            reasons[WATCH_SECTION] = [remedy.reason]
+        else:
+            by_layer.setdefault(remedy.layer, []).append(remedy)
+    taken = {WATCH_SECTION}
+    for layer, layer_remedies in by_layer.items():
+        features, why = layer_features(layer_remedies)
+        name = _section_name(layer, taken)
+        config[name] = {"enabled": True, "layers": {"exact_layer_names": [layer]}, NAMESPACE: features}
+        reasons[name] = [f"{layer}: {reason}" for reason in why]
+    return config, reasons
+
+
+def _comment(text: str) -> str:
+    """``text`` as YAML comment lines; characters that could end a comment line become spaces."""
+    text = "".join(c if c.isprintable() or c == "\n" else " " for c in text)
+    lines = []
+    for paragraph in text.split("\n"):
+        lines += textwrap.wrap(paragraph, 110, break_on_hyphens=False) or [""]
+    return "\n".join(f"# {line}".rstrip() for line in lines)
+
+
+def to_yaml(config: dict[str, Any], reasons: dict[str, list[str]], source: str) -> str:
+    """The config as YAML, the header and each section's reasons as comments."""
+    parts = [_comment(HEADER.format(source=source))]
+    for name, section in config.items():
+        body = yaml.safe_dump({name: section}, sort_keys=False, default_flow_style=None, allow_unicode=True, width=1000)
+        parts.append("\n".join(_comment(reason) for reason in reasons.get(name, [])) + "\n" + body.rstrip("\n"))
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,176 @@
+"""What is wrong, per layer and tensor: the detectors of ``diagnose``.
+
+Each detector looks at one kind of statistic and reports only what persists after warm-up (see
+``Summary.is_problem``), except NaN and inf, reported once: where they first appeared.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvdlfw_inspect.diagnose.remedies import Remedy
+from nvdlfw_inspect.diagnose.series import Points, Run, Summary, summarize
+from nvdlfw_inspect.diagnose.thresholds import Thresholds
+
+#: the order findings are listed in: a divergence first, then what damages values most
+KINDS = ("nonfinite", "overflow", "underflow", "scale_change", "dynamic_range")
+#: where a scale can be read, best first: the layer's own scale, else the tensor's amax
+SCALE_SOURCES = ("scale_inv_max", "cur_amax")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem of one tensor of one layer. ``first_iteration``: where it began (the first NaN or inf,
+    or the first iteration after warm-up over the threshold). ``context`` holds what the remedy is
+    chosen from (the tensor's dynamic range, what current scaling would lose, the last clean iteration)."""
+
+    kind: str
+    layer: str
+    tensor: str
+    stat: str
+    first_iteration: int
+    message: str
+    summary: Summary | None = None
+    context: dict[str, Any] = field(default_factory=dict)
+    remedies: tuple[Remedy, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "layer": self.layer,
+            "tensor": self.tensor,
+            "stat": self.stat,
+            "first_iteration": self.first_iteration,
+            "message": self.message,
+            "summary": None if self.summary is None else self.summary.as_dict(),
+            "context": dict(self.context),
+            "remedies": [remedy.as_dict() for remedy in self.remedies],
+        }
+
+
+def _persistence(summary: Summary, unit: str) -> str:
+    """How long and how badly: the iterations over the threshold, the worst value, and the end of the run."""
+
+    def shown(value: float) -> str:
+        return f"x{value:.3g}" if unit == "x" else f"{value:.3g}{unit}"
+
+    warmup = " (warm-up)" if summary.worst_in_warmup else ""
+    return (
+        f"over {shown(summary.threshold)} in {summary.above:.0%} of the iterations after warm-up (first {summary.first_above}), "
+        f"worst {shown(summary.worst)} at {summary.worst_iteration}{warmup}, {shown(summary.persistent)} at the end "
+        f"(median of the last iterations)"
+    )
+
+
+class Detector:
+    """Finds the problems of one run against ``thresholds``."""
+
+    def __init__(self, run: Run, thresholds: Thresholds):
+        self.run = run
+        self.thresholds = thresholds
+        self.series = run.merged
+        self.warmup_end = run.first_iteration + thresholds.warmup
+
+    def summary(self, points: Points, threshold: float) -> Summary | None:
+        return summarize(points, threshold, self.warmup_end, self.thresholds.tail)
+
+    def problem(self, points: Points, threshold: float) -> Summary | None:
+        summary = self.summary(points, threshold)
+        return summary if summary is not None and summary.is_problem(self.thresholds.persistence) else None
+
+    def findings(self) -> list[Finding]:
+        found = [*self.nonfinite(), *self.quantization(), *self.scale_changes()]
+        return sorted(found, key=_severity)
+
+    def nonfinite(self) -> list[Finding]:
+        """The first tensor of the run to hold NaN or inf: the earliest iteration, and in it the first in
+        execution order; the tensors that followed are counted, not listed."""
+        if not self.run.nonfinite:
+            return []
+        (layer, tensor), first = min(self.run.nonfinite.items(), key=lambda item: (item[1].iteration, item[1].position))
+        own = [points for (name, kind, _), points in self.series.items() if (name, kind) == (layer, tensor)]
+        last_clean = max((i for points in own for i in points if i < first.iteration), default=None)
+        others = len(self.run.nonfinite) - 1
+        clean = f"last logged clean at {last_clean}" if last_clean is not None else "no earlier iteration logged"
+        message = (
+            f"NaN or inf first at iteration {first.iteration} (its {first.stat}; {clean}), the first tensor of the run to hold "
+            f"it; {others} other tensor{'s' if others != 1 else ''} followed"
+        )
+        context = {"last_clean": last_clean, "rank": first.rank, "tensors_affected": others + 1}
+        return [Finding("nonfinite", layer, tensor, first.stat, first.iteration, message, context=context)]
+
+    def quantization(self) -> list[Finding]:
+        """Sustained underflow and overflow under the run's own recipe, and, where underflows% was not
+        logged to measure the damage directly, a dynamic range beyond the format's."""
+        t = self.thresholds
+        found = []
+        for (layer, tensor, stat), points in sorted(self.series.items()):
+            if stat == "underflows%" and (summary := self.problem(points, t.underflow_pct)):
+                message = f"non-zero values flush to zero in FP8: {_persistence(summary, '%')}"
+                found.append(self._finding("underflow", layer, tensor, stat, summary, message))
+            elif stat == "overflows%" and (summary := self.problem(points, t.overflow_pct)):
+                message = f"values saturate (overflow) under delayed scaling: {_persistence(summary, '%')}"
+                found.append(self._finding("overflow", layer, tensor, stat, summary, message))
+            elif stat == "dynamic_range" and (limit := t.range_limit(tensor)) is not None:
+                if (layer, tensor, "underflows%") not in self.series and (summary := self.problem(points, limit)):
+                    message = (
+                        f"its values span more bits than {t.format_of(tensor)} holds: {_persistence(summary, ' bits')}; "
+                        f"underflows% was not logged to tell how many flush to zero"
+                    )
+                    found.append(self._finding("dynamic_range", layer, tensor, stat, summary, message))
+        return found
+
+    def scale_changes(self) -> list[Finding]:
+        """Scales that jump between logged iterations by more than ``scale_change``: the factor of each
+        step between consecutive iterations after warm-up (up or down), as a series of its own. Where
+        overflows% was logged, it tells directly whether the scale lags, and this is not asked."""
+        found = []
+        pairs = sorted({(layer, tensor) for layer, tensor, _ in self.series})
+        for layer, tensor in pairs:
+            stat = next((s for s in SCALE_SOURCES if (layer, tensor, s) in self.series), None)
+            if stat is None or (layer, tensor, "overflows%") in self.series:
+                continue  # overflows% measures what a lagging scale does: its own finding
+            factors = _step_factors(self.series[(layer, tensor, stat)], self.warmup_end)
+            summary = self.problem(factors, self.thresholds.scale_change) if factors else None
+            if summary is not None:
+                what = "scale" if stat == "scale_inv_max" else "amax"
+                message = f"its {what} changes between logged iterations by a factor {_persistence(summary, 'x')}"
+                found.append(self._finding("scale_change", layer, tensor, stat, summary, message))
+        return found
+
+    def _finding(self, kind: str, layer: str, tensor: str, stat: str, summary: Summary, message: str) -> Finding:
+        assert summary.first_above is not None  # a problem is over its threshold somewhere after warm-up
+        return Finding(kind, layer, tensor, stat, summary.first_above, message, summary, self._context(layer, tensor))
+
+    def _context(self, layer: str, tensor: str) -> dict[str, Any]:
+        """What the remedy is chosen from: the tensor's persistent dynamic range and what current scaling
+        would lose (``fp8_current_scaling_underflows%``), where they were logged."""
+        context: dict[str, Any] = {"format": self.thresholds.format_of(tensor)}
+        for name, stat in (("dynamic_range", "dynamic_range"), ("current_scaling_underflows", "fp8_current_scaling_underflows%")):
+            points = self.series.get((layer, tensor, stat))
+            summary = self.summary(points, math.inf) if points else None
+            if summary is not None:
+                context[name] = summary.persistent
+        return context
+
+
+def _step_factors(points: Points, warmup_end: int) -> Points:
+    """``{iteration: max(v / previous, previous / v)}`` over consecutive positive finite values after warm-up."""
+    steady = sorted((i, v) for i, v in points.items() if i >= warmup_end and math.isfinite(v) and v > 0)
+    return {i: max(v / p, p / v) for (_, p), (i, v) in zip(steady, steady[1:], strict=False)}
+
+
+def _severity(finding: Finding) -> tuple[int, float, float, str, str]:
+    """Kind first, then how many times its threshold the persistent value is, then for how long it was over."""
+    summary = finding.summary
+    if summary is None:
+        return KINDS.index(finding.kind), 0.0, 0.0, finding.layer, finding.tensor
+    ratio = summary.persistent / summary.threshold if summary.threshold > 0 else math.inf
+    return KINDS.index(finding.kind), -ratio, -summary.above, finding.layer, finding.tensor
+
+
+def detect(run: Run, thresholds: Thresholds) -> list[Finding]:
+    """Every problem of ``run``, the most severe first, without remedies."""
+    return Detector(run, thresholds).findings()

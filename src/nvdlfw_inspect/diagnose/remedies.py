@@ -1,0 +1,168 @@
+"""What to change for a finding, with the features of the ``transformer_engine`` config namespace
+(as Transformer Engine and ``lowprec`` define them), each choice explained in one sentence.
+
+- overflow, or a scale that keeps jumping: delayed scaling's scale, made from earlier amaxes, lags the
+  tensor; ``PerTensorScaling`` scales it by its own amax.
+- underflow: by the tensor's dynamic range (or what current scaling would lose, where logged):
+  within its format's range, the scale lags (``PerTensorScaling``); beyond E4M3's but within E5M2's,
+  ``FakeQuant`` in E5M2 tests the wider format; beyond every FP8 format's, or unknown, the GEMMs that
+  read it run in high precision (``DisableFP8GEMM``).
+- dynamic range beyond the format's with no underflows% logged: the same choice by range.
+- NaN or inf: statistics of every GEMM tensor at every iteration around the first one, to find the
+  operation that made it; where it came out of a GEMM of finite operands, that GEMM in high precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nvdlfw_inspect.diagnose.thresholds import FORMAT_RANGE_BITS
+
+if TYPE_CHECKING:
+    from nvdlfw_inspect.diagnose.findings import Finding
+
+GEMM_ORDER = ("fprop", "dgrad", "wgrad")
+#: the GEMMs that read each input tensor, or that write each output tensor
+TENSOR_GEMMS = {
+    "activation": ("fprop", "wgrad"),
+    "weight": ("fprop", "dgrad"),
+    "gradient": ("dgrad", "wgrad"),
+    "output": ("fprop",),
+    "dgrad": ("dgrad",),
+    "wgrad": ("wgrad",),
+}
+OUTPUTS = ("output", "dgrad", "wgrad")
+WIDE_FORMAT = "FP8E5M2"
+WATCH_TENSORS = ["activation", "weight", "gradient", "output", "dgrad", "wgrad"]
+WATCH_STATS = ["min", "max"]
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One feature for one layer (None: every layer): ``feature`` on ``gemms`` (and ``tensor``, for the
+    features that modify operands), with ``options`` (FakeQuant's ``quant_format``, a statistics window), and why."""
+
+    feature: str
+    layer: str | None
+    gemms: tuple[str, ...]
+    tensor: str | None
+    reason: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "feature": self.feature,
+            "layer": self.layer,
+            "gemms": list(self.gemms),
+            "tensor": self.tensor,
+            "options": dict(self.options),
+            "reason": self.reason,
+        }
+
+
+def _gemms(tensor: str) -> tuple[str, ...]:
+    return TENSOR_GEMMS.get(tensor, ())
+
+
+def _listed(gemms: tuple[str, ...]) -> str:
+    return " and ".join(gemms)
+
+
+def per_tensor_scaling(finding: Finding, why: str) -> Remedy:
+    return Remedy("PerTensorScaling", finding.layer, _gemms(finding.tensor), finding.tensor, why)
+
+
+def by_range(finding: Finding, lost: str) -> Remedy:
+    """The remedy that the tensor's dynamic range points to; ``lost`` says what the format loses."""
+    tensor, fmt, span = finding.tensor, finding.context.get("format"), finding.context.get("dynamic_range")
+    gemms = _gemms(tensor)
+    if fmt is None or span is None:
+        why = (
+            f"{lost}, and without its dynamic_range logged the cause is unknown, so the GEMMs that read it "
+            f"({_listed(gemms)}) run in high precision; log dynamic_range to see if PerTensorScaling or FP8E5M2 would do."
+        )
+        return Remedy("DisableFP8GEMM", finding.layer, gemms, None, why)
+    if span <= FORMAT_RANGE_BITS[fmt]:
+        return per_tensor_scaling(
+            finding,
+            f"{lost}, yet its values span {span:.1f} bits, within {fmt}'s {FORMAT_RANGE_BITS[fmt]:.1f}, so the scale lags "
+            f"(delayed scaling keeps the larger amax of earlier iterations); PerTensorScaling takes it from the tensor's "
+            f"own amax.",
+        )
+    if fmt != WIDE_FORMAT and span <= FORMAT_RANGE_BITS[WIDE_FORMAT]:
+        why = (
+            f"{lost}: its values span {span:.1f} bits, beyond {fmt}'s {FORMAT_RANGE_BITS[fmt]:.1f} but within "
+            f"{WIDE_FORMAT}'s {FORMAT_RANGE_BITS[WIDE_FORMAT]:.1f}, so FakeQuant in {WIDE_FORMAT} (its GEMMs in high precision) "
+            f"tests whether the wider format keeps them before you change the recipe."
+        )
+        return Remedy("FakeQuant", finding.layer, gemms, tensor, why, (("quant_format", WIDE_FORMAT),))
+    why = (
+        f"{lost}: its values span {span:.1f} bits, beyond every FP8 format's range ({WIDE_FORMAT}: "
+        f"{FORMAT_RANGE_BITS[WIDE_FORMAT]:.1f}), so the GEMMs that read it ({_listed(gemms)}) run in high precision."
+    )
+    return Remedy("DisableFP8GEMM", finding.layer, gemms, None, why)
+
+
+def for_underflow(finding: Finding) -> Remedy:
+    lost = "It loses values to zero"
+    current = finding.context.get("current_scaling_underflows")
+    if current is not None and finding.summary is not None and current <= finding.summary.threshold:
+        return per_tensor_scaling(
+            finding,
+            f"{lost} where current scaling would lose only {current:.3g}% (fp8_current_scaling_underflows%), so the "
+            f"delayed scale lags; PerTensorScaling takes it from the tensor's own amax.",
+        )
+    return by_range(finding, lost)
+
+
+def for_nonfinite(finding: Finding, first_iteration: int) -> list[Remedy]:
+    """A statistics window around the first NaN or inf; and its GEMM in high precision when it came out
+    of one whose operands were finite (they are inspected before it in the same iteration)."""
+    start = finding.context.get("last_clean")
+    start = first_iteration if start is None else start
+    window = (("start_step", start), ("end_step", finding.first_iteration), ("freq", 1))
+    watch = Remedy(
+        "LogTensorStats",
+        None,
+        (),
+        None,
+        f"NaN or inf first appeared in {finding.layer}'s {finding.tensor} at iteration {finding.first_iteration}: min and "
+        f"max of every GEMM tensor of every layer at each iteration from {start} to {finding.first_iteration} show the "
+        f"first operation that made it.",
+        window,
+    )
+    if finding.tensor not in OUTPUTS:
+        return [watch]
+    gemms = _gemms(finding.tensor)
+    fix = Remedy(
+        "DisableFP8GEMM",
+        finding.layer,
+        gemms,
+        None,
+        f"Its {gemms[0]} GEMM wrote NaN or inf from operands that were still finite, so it runs in high precision.",
+    )
+    return [watch, fix]
+
+
+def choose(finding: Finding, first_iteration: int) -> list[Remedy]:
+    """The remedies of ``finding``; ``first_iteration``: the run's first, where a statistics window may start."""
+    if finding.kind == "nonfinite":
+        return for_nonfinite(finding, first_iteration)
+    if finding.kind == "overflow":
+        why = (
+            "Its values saturate because delayed scaling's scale, made from earlier amaxes, lags a growing tensor; "
+            "PerTensorScaling scales each tensor by its own amax, which cannot overflow."
+        )
+        return [per_tensor_scaling(finding, why)]
+    if finding.kind == "scale_change":
+        why = (
+            "A scale made from earlier amaxes cannot follow an amax that jumps between iterations; PerTensorScaling "
+            "takes it from each tensor's own amax (under current scaling already, the jumps are harmless)."
+        )
+        return [per_tensor_scaling(finding, why)]
+    if finding.kind == "underflow":
+        return [for_underflow(finding)]
+    if finding.kind == "dynamic_range":
+        return [by_range(finding, "Its smallest values flush to zero")]
+    raise ValueError(f"no remedy for a finding of kind {finding.kind!r}")

@@ -1,0 +1,143 @@
+"""A run's statistics gathered per series, and what a series says once its warm-up is set aside.
+
+A run is read once: every value by (layer, tensor, stat, rank) and iteration, and for every tensor
+the first record that held NaN or inf together with its place in its iteration. Records of an
+iteration are written in the order the tensors were inspected, so that place is the execution order
+and tells where a divergence began.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics as pystats
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from nvdlfw_inspect.reading import Statistic
+
+Points = dict[int, float]
+
+
+@dataclass(frozen=True)
+class FirstNonfinite:
+    """Where a tensor first held NaN or inf: iteration, place among its iteration's records, stat, rank."""
+
+    iteration: int
+    position: int
+    stat: str
+    rank: int
+
+
+@dataclass
+class Run:
+    """Every statistic of a run, by ``(layer, tensor, stat, rank)`` and iteration (``merged``: read it
+    only once the run is collected)."""
+
+    points: dict[tuple[str, str, str, int], Points] = field(default_factory=lambda: defaultdict(dict))
+    nonfinite: dict[tuple[str, str], FirstNonfinite] = field(default_factory=dict)
+
+    @property
+    def first_iteration(self) -> int:
+        return min((min(values) for values in self.points.values() if values), default=0)
+
+    @cached_property
+    def merged(self) -> dict[tuple[str, str, str], Points]:
+        """One series per (layer, tensor, stat): at each iteration the worst rank (the largest value,
+        NaN if any rank had it). Activations and gradients are reduced over ranks already; weights are
+        per rank, and the worst one is the one at risk. A series of one rank is shared, not copied."""
+        by_key: dict[tuple[str, str, str], list[Points]] = defaultdict(list)
+        for (layer, tensor, stat, _), values in self.points.items():
+            by_key[(layer, tensor, stat)].append(values)
+        return {key: ranks[0] if len(ranks) == 1 else _worst(ranks) for key, ranks in by_key.items()}
+
+
+def _worst(ranks: list[Points]) -> Points:
+    out: Points = {}
+    for values in ranks:
+        for iteration, value in values.items():
+            old = out.get(iteration)
+            out[iteration] = value if old is None or math.isnan(value) or value > old else old
+    return out
+
+
+def collect(statistics: Iterable[Statistic]) -> Run:
+    """Read ``statistics`` (in the order the run wrote them) into a ``Run``."""
+    run = Run()
+    points, isfinite = run.points, math.isfinite
+    where, place = None, 0  # (rank, iteration) of the records being read, and the place in it
+    for s in statistics:
+        points[(s.layer, s.tensor, s.stat, s.rank)][s.iteration] = s.value
+        if (s.rank, s.iteration) != where:
+            where, place = (s.rank, s.iteration), 0
+        else:
+            place += 1
+        if not isfinite(s.value):
+            seen = run.nonfinite.get((s.layer, s.tensor))
+            if seen is None or (s.iteration, place) < (seen.iteration, seen.position):
+                run.nonfinite[(s.layer, s.tensor)] = FirstNonfinite(s.iteration, place, s.stat, s.rank)
+    return run
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A series against a threshold, the warm-up set aside.
+
+    ``persistent``: the median of the last ``tail`` of the iterations after warm-up; ``above``: the
+    fraction of those iterations over the threshold, and ``first_above`` the first of them; ``worst``
+    and ``worst_iteration``: the largest value of the whole series (warm-up included);
+    ``warmup_only``: nothing was logged after warm-up, so those values stand in for it.
+    """
+
+    persistent: float
+    above: float
+    first_above: int | None
+    worst: float
+    worst_iteration: int
+    worst_in_warmup: bool
+    warmup_only: bool
+    threshold: float
+
+    def is_problem(self, persistence: float) -> bool:
+        """Persistently over the threshold: at the end of the run, or for ``persistence`` of it."""
+        return self.persistent > self.threshold or self.above >= persistence
+
+    def is_transient(self, persistence: float) -> bool:
+        """Over the threshold at some point, but not persistently (a warm-up or a passing spike)."""
+        return self.worst > self.threshold and not self.is_problem(persistence)
+
+    def as_dict(self) -> dict[str, float | int | bool | None]:
+        return {
+            "persistent": self.persistent,
+            "above": self.above,
+            "first_above": self.first_above,
+            "worst": self.worst,
+            "worst_iteration": self.worst_iteration,
+            "worst_in_warmup": self.worst_in_warmup,
+            "warmup_only": self.warmup_only,
+            "threshold": self.threshold,
+        }
+
+
+def summarize(points: Points, threshold: float, warmup_end: int, tail: float) -> Summary | None:
+    """The finite values of ``points`` against ``threshold``; iterations before ``warmup_end`` are warm-up.
+    None when no value is finite."""
+    finite = sorted((iteration, value) for iteration, value in points.items() if math.isfinite(value))
+    if not finite:
+        return None
+    warmup_only = finite[-1][0] < warmup_end
+    steady = finite if warmup_only else [(i, v) for i, v in finite if i >= warmup_end]
+    last = steady[-max(1, math.ceil(tail * len(steady))) :]
+    over = [i for i, v in steady if v > threshold]
+    worst_iteration, worst = max(finite, key=lambda point: (point[1], point[0] >= warmup_end, -point[0]))  # ties: after warm-up
+    return Summary(
+        persistent=pystats.median(v for _, v in last),
+        above=len(over) / len(steady),
+        first_above=over[0] if over else None,
+        worst=worst,
+        worst_iteration=worst_iteration,
+        worst_in_warmup=worst_iteration < warmup_end,
+        warmup_only=warmup_only,
+        threshold=threshold,
+    )

@@ -1,0 +1,98 @@
+"""The report's "Most at risk" table: per layer and tensor, what persists of its quantization losses.
+
+A row holds the tensor's underflows%, overflows% and dynamic range (those that were logged, none
+shown as zero), each with its value at the end of the run (the median of the last quarter after
+warm-up), its threshold, how many iterations were over it, and its worst value with the iteration.
+Rows are ranked on the losses at the end against their thresholds, not on a maximum: a maximum at
+iteration 0, where delayed scaling's scale is still 1, is marked as a warm-up transient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nvdlfw_inspect.diagnose.series import Run, Summary, summarize
+from nvdlfw_inspect.diagnose.thresholds import Thresholds
+
+TOP_RISKS = 25
+LOSSES = ("underflows%", "overflows%")
+RANGE = "dynamic_range"
+
+
+def threshold_of(stat: str, tensor: str, thresholds: Thresholds) -> float | None:
+    """The threshold of a statistic of the run's own recipe; None for others (what-if recipes, plain
+    statistics, and the dynamic range of GEMM outputs, which stay in high precision)."""
+    if stat == "underflows%":
+        return thresholds.underflow_pct
+    if stat == "overflows%":
+        return thresholds.overflow_pct
+    return thresholds.range_limit(tensor) if stat == RANGE else None
+
+
+def _number(value: float) -> float:
+    return float(f"{value:.6g}")
+
+
+def _cell(summary: Summary) -> dict[str, Any]:
+    return {
+        "persistent": _number(summary.persistent),
+        "threshold": _number(summary.threshold),
+        "above": _number(summary.above),
+        "worst": _number(summary.worst),
+        "worst_iteration": summary.worst_iteration,
+        "worst_in_warmup": summary.worst_in_warmup,
+    }
+
+
+def _labels(cells: dict[str, Summary], persistence: float) -> tuple[bool, list[str]]:
+    """Whether ``diagnose`` finds a problem here (a dynamic range only where underflows% was not logged to
+    measure the loss), and per statistic what it is: a problem, beyond range (a dynamic range over its
+    format's while underflows% measures the loss), a warm-up transient or a transient."""
+    measured = "underflows%" in cells
+    problem, labels = False, []
+    for stat, summary in cells.items():
+        if summary.is_problem(persistence):
+            beyond = stat == RANGE and measured
+            problem = problem or not beyond
+            labels.append(f"{stat}: {'beyond range' if beyond else 'problem'}")
+        elif summary.is_transient(persistence):
+            labels.append(f"{stat}: {'warm-up transient' if summary.worst_in_warmup else 'transient'}")
+    return problem, labels
+
+
+def _score(cells: dict[str, Summary]) -> tuple[float, float]:
+    """How many times its threshold the worst loss ends at (the dynamic range where no loss was logged),
+    and the largest fraction of iterations over a threshold."""
+    ranked = [cells[s] for s in LOSSES if s in cells] or list(cells.values())
+    ratio = max(s.persistent / s.threshold if s.threshold > 0 else float(s.persistent > 0) for s in ranked)
+    return ratio, max(s.above for s in ranked)
+
+
+def risk_rows(run: Run, thresholds: Thresholds) -> list[dict[str, Any]]:
+    """The rows of the table, the most at risk first: NaN or inf (earliest first), then problems, then
+    the rest, each by how far over its threshold its losses end and then for how long they were over."""
+    warmup_end = run.first_iteration + thresholds.warmup
+    cells: dict[tuple[str, str], dict[str, Summary]] = {}
+    for (layer, tensor, stat), points in run.merged.items():
+        threshold = threshold_of(stat, tensor, thresholds)
+        summary = None if threshold is None else summarize(points, threshold, warmup_end, thresholds.tail)
+        if summary is not None:
+            cells.setdefault((layer, tensor), {})[stat] = summary
+    ranked = []
+    for layer, tensor in set(cells) | set(run.nonfinite):
+        tensor_cells = cells.get((layer, tensor), {})
+        first = run.nonfinite.get((layer, tensor))
+        ratio, above = _score(tensor_cells) if tensor_cells else (0.0, 0.0)
+        problem, labels = _labels(tensor_cells, thresholds.persistence)
+        rank = (0, first.iteration, first.position) if first else (1 if problem else 2, -ratio, -above)
+        row = {
+            "layer": layer,
+            "tensor": tensor,
+            "stats": {stat: _cell(summary) for stat, summary in tensor_cells.items()},
+            "nonfinite": None if first is None else first.iteration,
+            "problem": problem,
+            "status": labels,
+        }
+        ranked.append(((*rank, layer, tensor), row))
+    ranked.sort(key=lambda pair: pair[0])
+    return [row for _, row in ranked[:TOP_RISKS]]

@@ -1,0 +1,107 @@
+"""The report ranks on what persists, marks warm-up transients, shows only what was logged, gives its
+heatmaps a colour scale, and opens with the same diagnosis as ``nvdlfw-inspect diagnose``."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+import yaml
+from browser import CHROMIUM, dom
+from planted_runs import planted_run
+
+from nvdlfw_inspect.diagnose import diagnose, diagnose_statistics
+from nvdlfw_inspect.reading import Statistic
+from nvdlfw_inspect.report import render, report_data, write_report
+
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
+
+
+def series(layer: str, tensor: str, stat: str, values: list[float], every: int = 5) -> list[Statistic]:
+    return [Statistic(0, layer, tensor, stat, i * every, float(v)) for i, v in enumerate(values)]
+
+
+def issue_run() -> list[Statistic]:
+    """The issue's run: maxima of 92.66% and 88% at iteration 0 (delayed scaling's scale still 1), at most
+    0.24% later; and one layer whose gradient keeps losing 2%."""
+    stats = series("gpt.head", "gradient", "underflows%", [92.66] + [0.24, 0.0, 0.1] * 4)
+    stats += series("gpt.layers.0.self_attention.layernorm_qkv", "gradient", "underflows%", [88.0] + [0.1] * 12)
+    stats += series("gpt.layers.0.layernorm_mlp.fc1", "gradient", "underflows%", [70.0] + [2.0] * 12)
+    return stats
+
+
+def test_risks_rank_on_what_persists_and_mark_warm_up_transients():
+    data = report_data(issue_run(), "t")
+    rows = [(r["layer"], r["problem"], r["status"]) for r in data["risks"]]
+    assert rows == [
+        ("gpt.layers.0.layernorm_mlp.fc1", True, ["underflows%: problem"]),
+        ("gpt.head", False, ["underflows%: warm-up transient"]),  # ends at 0.1 like the next: then by name
+        ("gpt.layers.0.self_attention.layernorm_qkv", False, ["underflows%: warm-up transient"]),
+    ]
+    head = data["risks"][1]["stats"]["underflows%"]
+    assert head == {
+        "persistent": 0.1,
+        "threshold": 1.0,
+        "above": 0.0,
+        "worst": 92.66,
+        "worst_iteration": 0,
+        "worst_in_warmup": True,
+    }
+    assert [(f["layer"], f["kind"], f["first_iteration"]) for f in data["findings"]] == [
+        ("gpt.layers.0.layernorm_mlp.fc1", "underflow", 5)
+    ]
+    assert yaml.safe_load(data["config_yaml"]) == diagnose_statistics(issue_run()).config
+
+
+def test_a_wide_range_whose_loss_is_measured_is_beyond_range_not_a_problem():
+    stats = series("l", "gradient", "dynamic_range", [40.0] * 8) + series("l", "gradient", "underflows%", [0.1] * 8)
+    (row,) = report_data(stats, "t")["risks"]
+    assert (row["problem"], row["status"]) == (False, ["dynamic_range: beyond range"])
+    (row,) = report_data(stats[:8], "t")["risks"]
+    assert (row["problem"], row["status"]) == (True, ["dynamic_range: problem"])
+
+
+def test_only_logged_statistics_make_rows():
+    """A base-namespace run logs no underflows%: no row says 0 for it, and there is no finding."""
+    stats = series("model.fc1", "activation", "max", [1, 2, 3]) + series("model.fc1", "activation", "std", [1, 1, 1])
+    data = report_data(stats, "t")
+    assert data["risks"] == [] and data["findings"] == [] and data["config_yaml"] is None
+    with_range = report_data(stats + series("model.fc1", "activation", "dynamic_range", [12, 13, 14]), "t")
+    assert [(list(r["stats"]), r["stats"]["dynamic_range"]["threshold"], r["status"]) for r in with_range["risks"]] == [
+        (["dynamic_range"], 17.8074, [])
+    ]
+
+
+@needs_browser
+def test_page_draws_legends_states_flat_maps_and_zero_charts(tmp_path):
+    stats = issue_run()
+    stats += series("gpt.head", "gradient", "overflows%", [0.0] * 13)  # all zero: a sentence, not a blank map
+    page = tmp_path / "report.html"
+    page.write_text(render(report_data(stats, "t")), encoding="utf-8")
+    text, errors = dom(page, height=4000)
+    assert errors == []
+    assert '<p class="flat">gradient overflows%: 0 in every logged cell (1 layer, iterations 0 to 60)</p>' in text
+    (legend,) = re.findall(r'<div class="legend">(.*?)</div>', text)  # the one drawn heatmap: gradient underflows%
+    assert re.match(r"<span>0</span><canvas [^>]*></canvas><span>92\.66</span>", legend)
+    charts = dict(re.findall(r'<div class="caption">([^<]+)</div><svg[^>]*>(.*?)</svg>', text))
+    zero_axis = re.findall(r"<text [^>]*>([^<]*)</text>", charts["gradient overflows%"])
+    assert zero_axis[:2] == ["1", "0"]  # 0..1, not -1..1
+    assert text.index('id="findings"') < text.index('id="risks"') < text.index('id="heatmaps"')
+    assert "underflows%: warm-up transient" in text and "over 1 in 0%; worst 92.66 at 0 (warm-up)" in text
+
+
+@needs_browser
+def test_page_opens_with_the_diagnosis(tmp_path):
+    log_dir = tmp_path / "run"
+    planted_run(log_dir)
+    text, errors = dom(write_report(log_dir, tmp_path / "report.html"), height=3000)
+    assert errors == []
+    diagnosis = diagnose(log_dir)
+    findings = re.search(r'<ol id="findings">(.*?)</ol>', text).group(1)
+    shown = re.findall(r'<a href="#layer-\d+">([^<]+)</a> (\w+): <b>', findings)
+    assert shown == [(f.layer, f.tensor) for f in diagnosis.findings]
+    assert "fix: DisableFP8GEMM on dgrad and wgrad:" in findings
+    config = html.unescape(re.search(r'<details id="remedy-config"><summary>.*?</summary><pre>(.*?)</pre>', text, re.S).group(1))
+    assert yaml.safe_load(config) == diagnosis.config
+    assert text.count('<div class="legend">') == len(re.findall(r'<div class="heatmap">', text))
