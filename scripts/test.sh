@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Runs the lint check and the whole test suite. Extra arguments go to pytest.
+EXTRAS=dev
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 # The report's browser tests need Chromium: install Debian's package when it is missing and we can.
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then

@@ -1,66 +1,128 @@
-"""The README's quick start runs as written and logs what it says."""
+"""Every python snippet of the README runs as written, each in a fresh directory holding the YAML files the
+README names for it and, for snippets that read ``demo_logs``, a short demo run; some are checked for
+what the README says they print or log."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from logreader import read_stats
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+OPTIONAL = ("wandb", "tensorboard", "pandas", "transformers")
 
 
-def quick_start_code() -> str:
-    text = README.read_text()
-    section = text.split("## Quick start", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def fenced_blocks() -> list[tuple[str, str, str | None, str]]:
+    """(language, section heading, file named on the line before the block as "`name.yaml`:", text)."""
+    blocks, heading, previous, lines = [], "", "", iter(README.read_text().splitlines())
+    for line in lines:
+        if line.startswith("```"):
+            body = []
+            for inner in lines:
+                if inner.startswith("```"):
+                    break
+                body.append(inner)
+            named = re.fullmatch(r"`([\w.-]+\.ya?ml)`:", previous)
+            blocks.append((line[3:].strip(), heading, named and named.group(1), "\n".join(body) + "\n"))
+        elif line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        if line.strip():
+            previous = line.strip()
+    return blocks
 
 
-def test_quick_start_runs_as_written(tmp_path):
-    result = subprocess.run([sys.executable, "-c", quick_start_code()], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    printed = result.stdout.strip().splitlines()
-    assert [line.split(" ", 1)[0] for line in printed] == ["0", "1", "2"]
-    stats = read_stats(tmp_path / "quickstart_logs")
-    assert {iteration for _, iteration in stats} == {0, 1, 2}
-    assert len(stats) == 18
-    assert all(name.startswith("model.fc1_activation_") for name, _ in stats)
-    std = stats[("model.fc1_activation_std", 0)]
-    assert 0.9 < std < 1.1  # torch.randn
+BLOCKS = fenced_blocks()
+SNIPPETS = {heading: code for language, heading, _, code in BLOCKS if language == "python"}
+YAML_FILES = {name: text for language, _, name, text in BLOCKS if language == "yaml" and name}
 
 
-def test_lowprec_snippet_runs_as_written(tmp_path):
-    section = README.read_text().split("## FP8 layers: `lowprec`", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    code += "\nassert y.shape == (16, 32) and x.grad.shape == (16, 64) and layer.weight.grad is not None\n"
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+def needs(code: str) -> list[str]:
+    """The optional packages a snippet imports, or uses through ``read_stats`` (pandas)."""
+    modules = {m for m in OPTIONAL if re.search(rf"^(import|from) {m}\b", code, re.M)}
+    return sorted(modules | ({"pandas"} if "read_stats(" in code else set()))
 
 
-def test_read_stats_snippet_runs_on_a_demo_run(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def demo_logs(tmp_path_factory):
+    """A short run of the demo, as `bash scripts/demo.sh` leaves in ./demo_logs."""
     from lowprec.demo import run_demo
 
-    run_demo(steps=6, size="tiny", log_dir=tmp_path / "demo_logs")
-    section = README.read_text().split("## Reading a run", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    exec(code, namespace)
-    worst = namespace["worst"]
-    assert len(worst) == 5 and list(worst.index.names) == ["layer", "tensor"]
-    assert (worst.values >= 0).all() and worst.is_monotonic_decreasing
+    log_dir = tmp_path_factory.mktemp("demo") / "demo_logs"
+    run_demo(steps=6, size="tiny", log_dir=log_dir)
+    return log_dir
 
 
-def test_convert_snippet_runs_as_written(tmp_path):
-    section = README.read_text().split("### Converting an existing model", 1)[1]
-    config = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    (tmp_path / "convert_config.yaml").write_text(config)
+def check_quick_start(directory: Path, stdout: str) -> None:
+    assert [line.split(" ", 1)[0] for line in stdout.strip().splitlines()] == ["0", "1", "2"]
+    stats = read_stats(directory / "quickstart_logs")
+    assert {iteration for _, iteration in stats} == {0, 1, 2} and len(stats) == 18
+    assert all(name.startswith("model.fc1_activation_") for name, _ in stats)
+    assert 0.9 < stats[("model.fc1_activation_std", 0)] < 1.1  # torch.randn
+
+
+def check_wandb(directory: Path, stdout: str) -> None:
+    assert len(list((directory / "wandb").glob("offline-run-*"))) == 1
+
+
+def check_read_stats(directory: Path, stdout: str) -> None:
+    assert stdout.startswith("layer") and len(stdout.strip().splitlines()) >= 3  # a Series: header, rows, dtype
+
+
+def check_diagnose(directory: Path, stdout: str) -> None:
+    assert stdout.strip().endswith("findings")
+
+
+def check_convert(directory: Path, stdout: str) -> None:
+    assert "8 layers converted" in stdout and "skipped lm_head (Linear): filtered out" in stdout
+    names = {f"model.transformer.h.{i}.attn.c_attn_activation_{stat}" for i in (0, 1) for stat in ("max", "l2_norm")}
+    assert set(read_stats(directory / "convert_logs")) == {(name, iteration) for name in names for iteration in range(3)}
+
+
+def check_fp8_debugging(directory: Path, stdout: str) -> None:
+    stats = read_stats(directory / "log")
+    layer = "transformer_layer.self_attention.layernorm_qkv_activation_"
+    assert set(stats) == {(layer + stat, i) for stat in ("max", "min", "mean", "std", "l1_norm") for i in range(2, 6)}
+    plan = (directory / "log" / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    assert "transformer_layer.layernorm_mlp.fc1: Tensor: activation, gemm fprop - High precision" in plan
+
+
+CHECKS = {
+    "Quick start": check_quick_start,
+    "Logs": check_wandb,
+    "Reading a run: report, DataFrame, command line": check_read_stats,
+    "Diagnose a run: what is wrong, and a config that fixes it": check_diagnose,
+    "FP8 layers: `lowprec`": None,  # its assertion is appended to the snippet
+    "Converting an existing model: `lowprec.convert`": check_convert,
+    "Debugging FP8 training (config namespace `transformer_engine`)": check_fp8_debugging,
+}
+APPENDED = {
+    "FP8 layers: `lowprec`": "assert y.shape == (16, 32) and x.grad.shape == (16, 64) and layer.weight.grad is not None\n"
+}
+
+
+def test_every_snippet_is_known():
+    assert set(SNIPPETS) == set(CHECKS), "a python snippet was added or its section renamed: list it in CHECKS"
+    assert set(YAML_FILES) == {"convert_config.yaml", "config.yaml"}
+
+
+@pytest.mark.parametrize("heading", list(SNIPPETS))
+def test_snippet_runs_as_written(heading, tmp_path, request):
+    code = SNIPPETS[heading]
+    for module in needs(code):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"needs {module} (pip install -e .[dev])")
+    for name, text in YAML_FILES.items():
+        (tmp_path / name).write_text(text)
+    if "demo_logs" in code:
+        shutil.copytree(request.getfixturevalue("demo_logs"), tmp_path / "demo_logs")
+    code += APPENDED.get(heading, "")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "8 layers converted" in result.stdout and "skipped lm_head (Linear): filtered out" in result.stdout
-    stats = read_stats(tmp_path / "convert_logs")
-    names = {f"model.transformer.h.{i}.attn.c_attn_activation_{stat}" for i in (0, 1) for stat in ("max", "l2_norm")}
-    assert set(stats) == {(name, iteration) for name in names for iteration in range(3)}
+    if CHECKS.get(heading):
+        CHECKS[heading](tmp_path, result.stdout)

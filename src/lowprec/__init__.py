@@ -5,8 +5,10 @@ Importing ``lowprec`` makes its debug features (config namespace ``transformer_e
 """
 
 from lowprec.autocast import autocast, fp8_autocast
+from lowprec.block_tensor import BlockScaledTensor
 from lowprec.debug import FEATURE_DIR
 from lowprec.formats import E4M3, E5M2, FP8Format
+from lowprec.fp4 import E2M1, FP4Format
 from lowprec.modules import (
     Conv1D,
     ConvertReport,
@@ -18,25 +20,38 @@ from lowprec.modules import (
     convert_with_report,
 )
 from lowprec.quantization import Float8Tensor
-from lowprec.recipe import DelayedScaling, Float8CurrentScaling, Format
+from lowprec.recipe import (
+    DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Format,
+    MXFP8BlockScaling,
+    NVFP4BlockScaling,
+)
 from nvdlfw_inspect.feature_loading import register_default_feature_dir
 
 register_default_feature_dir(FEATURE_DIR)
 
 __all__ = [
+    "E2M1",
     "E4M3",
     "E5M2",
     "FEATURE_DIR",
+    "BlockScaledTensor",
     "Conv1D",
     "ConvertReport",
     "DelayedScaling",
+    "FP4Format",
     "FP8Format",
+    "Float8BlockScaling",
     "Float8CurrentScaling",
     "Float8Tensor",
     "Format",
     "LayerNormLinear",
     "LayerNormMLP",
     "Linear",
+    "MXFP8BlockScaling",
+    "NVFP4BlockScaling",
     "TransformerLayer",
     "autocast",
     "convert",

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from lowprec.recipe import DelayedScaling, Float8CurrentScaling, Recipe
+from lowprec.recipe import RECIPES, DelayedScaling, Recipe
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,9 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[Non
         raise TypeError(f"autocast(enabled=...) must be a bool, got {enabled!r}")
     if recipe is None:
         recipe = DelayedScaling()
-    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
-        raise TypeError(
-            f"autocast recipe must be lowprec.DelayedScaling or lowprec.Float8CurrentScaling, got {type(recipe).__name__}"
-        )
+    if not isinstance(recipe, RECIPES):
+        allowed = ", ".join(f"lowprec.{cls.__name__}" for cls in RECIPES)
+        raise TypeError(f"autocast recipe must be one of {allowed}; got {type(recipe).__name__}")
     _stack.append(AutocastState(enabled, recipe))
     try:
         yield

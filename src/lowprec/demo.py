@@ -8,8 +8,10 @@ high precision. At the end the demo writes the HTML report and prints where ever
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,12 +78,29 @@ class GPT(torch.nn.Module):
         return self.head(self.norm(h))
 
 
-def progress(step: int, steps: int, loss: float, started: float) -> None:
+class TimeLeft:
+    """The time left: steps left times the mean of the last ``window`` step times, each capped at three
+    times their median. Steps that log statistics (slower, every few steps) count in full; one very slow
+    step (another process taking the CPU) moves the estimate by a few percent, a lasting slowdown within
+    half a window."""
+
+    def __init__(self, window: int = 30):
+        self.recent: deque[float] = deque(maxlen=window)
+
+    def add(self, seconds: float) -> None:
+        self.recent.append(seconds)
+
+    def seconds(self, steps_left: int) -> float:
+        if not self.recent:
+            return 0.0
+        cap = 3 * statistics.median(self.recent)
+        return steps_left * sum(min(t, cap) for t in self.recent) / len(self.recent)
+
+
+def progress(step: int, steps: int, loss: float, left: float) -> None:
     """One line, redrawn in place: a bar, the step, the loss and the time left."""
-    done = step / steps
-    elapsed = time.perf_counter() - started
-    left = elapsed / done - elapsed if done > 0 else 0.0
-    bar = "#" * int(30 * done) + "-" * (30 - int(30 * done))
+    filled = int(30 * step / steps)
+    bar = "#" * filled + "-" * (30 - filled)
     sys.stderr.write(f"\r[{bar}] step {step}/{steps}  loss {loss:.3f}  {left:4.0f}s left ")
     sys.stderr.flush()
 
@@ -111,8 +130,9 @@ def run_demo(
             optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))
         )
         generator = torch.Generator().manual_seed(1)
-        losses, started = [], time.perf_counter()
+        losses, started, time_left = [], time.perf_counter(), TimeLeft()
         for step in range(steps):
+            step_started = time.perf_counter()
             starts = torch.randint(0, len(text) - shape.seq - 1, (shape.batch,), generator=generator).tolist()
             window = torch.stack([text[s : s + shape.seq + 1] for s in starts])
             with lowprec.fp8_autocast(fp8_recipe=lowprec.DelayedScaling()):
@@ -124,8 +144,9 @@ def run_demo(
             schedule.step()
             debug_api.step()
             losses.append(loss.item())
+            time_left.add(time.perf_counter() - step_started)
             if step % 5 == 0 or step == steps - 1:
-                progress(step + 1, steps, losses[-1], started)
+                progress(step + 1, steps, losses[-1], time_left.seconds(steps - step - 1))
         sys.stderr.write("\n")
     finally:
         debug_api.end_debug()

@@ -39,6 +39,10 @@ class FP8Format:
         NaN becomes the positive NaN byte 0x7F (see the module docstring)."""
         return scaled.float().clamp(-self.max, self.max).nan_to_num_(nan=math.nan).to(self.dtype)
 
+    def decode(self, data: torch.Tensor) -> torch.Tensor:
+        """The float32 values of FP8 ``data`` (as ``FP4Format.decode`` for E2M1 codes)."""
+        return data.float()
+
     def count_overflows(self, scaled: torch.Tensor) -> torch.Tensor:
         """How many elements of ``scaled`` lie beyond ``±max`` (and so saturate): a 0-dim device tensor."""
         return (scaled.float().abs() > self.max).sum()

@@ -1,10 +1,13 @@
-"""One matrix-multiply entry point for high-precision and FP8 operands.
+"""One matrix-multiply entry point for high-precision, FP8 and block-scaled operands.
 
 ``gemm(a, b, out_dtype)`` computes ``a @ b`` for 2-D operands. Two ``Float8Tensor``s give an FP8
 GEMM: ``torch._scaled_mm`` on CUDA devices of compute capability 8.9 and later when the shapes allow,
 otherwise an emulation with the same numerics (exact products of the FP8 values summed in fp32, then
-scaled). If only one operand is FP8 it is dequantized and the GEMM runs in high precision, so both
-operands of a GEMM always share a precision.
+scaled). Two ``BlockScaledTensor``s (MXFP8, FP8 block scaling, NVFP4) give an emulated block-scaled
+GEMM: ``a``'s rowwise and ``b``'s columnwise quantization (both blocked along the inner dimension)
+dequantized to fp32 and multiplied with fp32 accumulation. If only one operand is quantized, or the
+two are of different kinds, each quantized one is dequantized (as the GEMM would read it) and the
+GEMM runs in high precision, so both operands of a GEMM always share a precision.
 
 The two agree to the accumulation, not bit for bit: products of FP8 values are exact in both, but
 Hopper's FP8 tensor cores add them with fewer bits than fp32 (about 14 significant bits for the
@@ -20,10 +23,12 @@ import logging
 
 import torch
 
+from lowprec.block_tensor import BlockScaledTensor
 from lowprec.formats import E5M2
 from lowprec.quantization import Float8Tensor
 
-Operand = torch.Tensor | Float8Tensor
+Operand = torch.Tensor | Float8Tensor | BlockScaledTensor
+Quantized = (Float8Tensor, BlockScaledTensor)
 
 logger = logging.getLogger("lowprec")
 ACCUMULATION_BOUND = 2.0**-11  # relative to the sum of |products|: 8x the ~14-bit partial sums' rounding
@@ -46,11 +51,31 @@ def gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
         if a.device.type == "cuda":
             _say_once(f"lowprec: FP8 GEMM emulated on {a.device}: {reason}")
         return emulated_fp8_gemm(a, b, out_dtype)
-    if a_fp8 or b_fp8:
-        _say_once("lowprec: a GEMM got one FP8 and one high-precision operand; it runs in high precision")
-        a = a.dequantize(out_dtype) if a_fp8 else a
-        b = b.dequantize(out_dtype) if b_fp8 else b
+    if isinstance(a, BlockScaledTensor) and isinstance(b, BlockScaledTensor):
+        return emulated_block_gemm(a, b, out_dtype)
+    a_quantized, b_quantized = isinstance(a, Quantized), isinstance(b, Quantized)
+    if a_quantized or b_quantized:
+        _say_once(
+            "lowprec: a GEMM got one quantized and one high-precision operand, or two of different formats; "
+            "it runs in high precision"
+        )
+        a = a.dequantize(out_dtype) if a_quantized else a
+        b = b.t().dequantize(out_dtype).t() if b_quantized else b  # a right operand as the GEMM reads it
     return torch.matmul(a.to(out_dtype), b.to(out_dtype))
+
+
+def emulated_block_gemm(a: BlockScaledTensor, b: BlockScaledTensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b`` from ``a``'s rowwise and ``b``'s columnwise quantization, dequantized to fp32, with fp32
+    accumulation. Operands that went through the same Hadamard transform (NVFP4's wgrad) are multiplied
+    as transformed, padding included, as the hardware does: the transform cancels in the product."""
+    left, right = a.gemm_rows(), b.t().gemm_rows()
+    seed = left.layout.hadamard_seed
+    if seed is not None and seed == right.layout.hadamard_seed and left.data.shape[1] == right.data.shape[1]:
+        rows, cols = left.layout.shape[0], right.layout.shape[0]
+        product = (left.values() @ right.values().t())[:rows, :cols]
+    else:
+        product = left.dequantize() @ right.dequantize().t()
+    return product.to(out_dtype)
 
 
 def emulated_fp8_gemm(a: Float8Tensor, b: Float8Tensor, out_dtype: torch.dtype) -> torch.Tensor:

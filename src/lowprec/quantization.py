@@ -14,6 +14,7 @@ import os
 
 import torch
 
+from lowprec.block_quantization import BlockQuantizer
 from lowprec.formats import FP8Format
 from lowprec.recipe import DelayedScaling
 
@@ -81,6 +82,10 @@ class Float8Tensor:
         """``(data, scale_inv, other_layout, scale)``: what autograd must save (and checkpointing may
         recompute) to rebuild this tensor with :meth:`from_tensors`."""
         return self.data, self.scale_inv, self.other_layout, self.scale
+
+    def metadata(self) -> tuple[FP8Format, torch.dtype]:
+        """What :meth:`from_tensors` needs besides :meth:`tensors`."""
+        return self.format, self.dtype
 
     @classmethod
     def from_tensors(cls, tensors: tuple[torch.Tensor | None, ...], fmt: FP8Format, dtype: torch.dtype) -> Float8Tensor:
@@ -282,4 +287,4 @@ class FixedScaleQuantizer:
         return quantize_with_scale(tensor.detach(), self.scale, self.format, transpose, self.scale_inv)
 
 
-Quantizer = CurrentScalingQuantizer | DelayedScalingQuantizer | FixedScaleQuantizer
+Quantizer = CurrentScalingQuantizer | DelayedScalingQuantizer | FixedScaleQuantizer | BlockQuantizer

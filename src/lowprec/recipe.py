@@ -1,4 +1,10 @@
-"""Scaling recipes: how a layer picks the scale that maps a tensor into an FP8 format's range."""
+"""Scaling recipes: how a layer picks the scales that map its tensors into a low-precision format's range.
+
+Per-tensor FP8: ``DelayedScaling``, ``Float8CurrentScaling``. Block-scaled (one scale per block of
+values along the GEMM's inner dimension, see ``block_scales.py``): ``MXFP8BlockScaling``,
+``Float8BlockScaling``, ``NVFP4BlockScaling``. Names, fields and defaults follow Transformer Engine's
+``transformer_engine.common.recipe``, so configs and code written for it carry over.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +13,28 @@ from enum import Enum
 
 from lowprec import formats
 from lowprec.formats import FP8Format
+from lowprec.fp4 import E2M1, FP4Format
 
 
 class Format(Enum):
-    """Which FP8 format the forward tensors (activations, weights) and the gradients use."""
+    """Which format the forward tensors (activations, weights) and the gradients use. ``E2M1`` is FP4,
+    only for ``NVFP4BlockScaling.fp4_format``."""
 
     E4M3 = (formats.E4M3, formats.E4M3)
     E5M2 = (formats.E5M2, formats.E5M2)
     HYBRID = (formats.E4M3, formats.E5M2)
+    E2M1 = (E2M1, E2M1)
 
     @property
-    def forward(self) -> FP8Format:
+    def forward(self) -> FP8Format | FP4Format:
         return self.value[0]
 
     @property
-    def backward(self) -> FP8Format:
+    def backward(self) -> FP8Format | FP4Format:
         return self.value[1]
+
+
+FP8_FORMATS = (Format.E4M3, Format.E5M2, Format.HYBRID)
 
 
 _AMAX_ALGOS = ("max", "most_recent")
@@ -62,12 +74,95 @@ class Float8CurrentScaling:
         _check_format(self.fp8_format)
 
 
-Recipe = DelayedScaling | Float8CurrentScaling
+@dataclass(frozen=True)
+class MXFP8BlockScaling:
+    """MXFP8 (OCP Microscaling): FP8 elements, one E8M0 (power-of-two) scale per 32 consecutive values
+    along the GEMM's inner dimension. ``fp8_format`` defaults to E4M3 for every tensor, as in Transformer
+    Engine (HYBRID: E5M2 gradients). ``enable_2d_quantization``: one scale per 32 x 32 block of the
+    weight, shared by its two orientations. ``margin`` is accepted for compatibility and, as in
+    Transformer Engine, unused."""
+
+    margin: int = 0
+    fp8_format: Format = Format.E4M3
+    enable_2d_quantization: bool = False
+
+    def __post_init__(self) -> None:
+        _check_margin(self.margin)
+        _check_format(self.fp8_format)
+        _check_bool("MXFP8BlockScaling.enable_2d_quantization", self.enable_2d_quantization)
+
+
+@dataclass(frozen=True)
+class Float8BlockScaling:
+    """FP8 with fp32 scales per block (Transformer Engine's "blockwise" recipe): ``1`` = 1 x 128 tiles
+    along the inner dimension, ``2`` = 128 x 128 blocks, per tensor (activations ``x``, weights ``w``,
+    gradients ``grad``). Scales are powers of two unless ``use_f32_scales``. Two 2-D operands may not
+    meet in one GEMM (as in Transformer Engine)."""
+
+    use_f32_scales: bool = False
+    fp8_format: Format = Format.E4M3
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
+
+    def __post_init__(self) -> None:
+        _check_bool("Float8BlockScaling.use_f32_scales", self.use_f32_scales)
+        _check_format(self.fp8_format)
+        dims = {"x": self.x_block_scaling_dim, "w": self.w_block_scaling_dim, "grad": self.grad_block_scaling_dim}
+        for name, dim in dims.items():
+            if isinstance(dim, bool) or dim not in (1, 2):
+                raise ValueError(f"Float8BlockScaling.{name}_block_scaling_dim must be 1 or 2, got {dim!r}")
+        two_d = [f"{name}_block_scaling_dim" for name, dim in dims.items() if dim == 2]
+        if len(two_d) > 1:
+            raise ValueError(
+                f"Float8BlockScaling: {' and '.join(two_d)} are both 2, but a GEMM cannot take two 2-D block-scaled "
+                "operands; set at most one of them to 2"
+            )
+
+
+@dataclass(frozen=True)
+class NVFP4BlockScaling:
+    """NVFP4: E2M1 elements, one E4M3 scale per 16 consecutive values along the inner dimension, and one
+    fp32 scale per tensor. As in Transformer Engine, by default weights use 16 x 16 blocks, gradients
+    stochastic rounding, and the wgrad operands (activation and gradient, columnwise) the random
+    Hadamard transform; each ``disable_*`` turns one off. ``seed`` (lowprec's, not Transformer
+    Engine's) draws the Hadamard signs and the stochastic-rounding noise, so runs are reproducible."""
+
+    disable_rht: bool = False
+    disable_stochastic_rounding: bool = False
+    disable_2d_quantization: bool = False
+    fp4_format: Format = Format.E2M1
+    fp8_format: Format = Format.E4M3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization"):
+            _check_bool(f"NVFP4BlockScaling.{name}", getattr(self, name))
+        if self.fp4_format is not Format.E2M1:
+            raise ValueError(f"NVFP4BlockScaling.fp4_format must be lowprec.Format.E2M1, got {self.fp4_format!r}")
+        if self.fp8_format is not Format.E4M3:
+            raise ValueError(
+                f"NVFP4BlockScaling.fp8_format (the format of the block scales) must be lowprec.Format.E4M3, "
+                f"got {self.fp8_format!r}"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"NVFP4BlockScaling.seed must be an integer in [0, 2**63), got {self.seed!r}")
+
+
+BlockRecipe = MXFP8BlockScaling | Float8BlockScaling | NVFP4BlockScaling
+Recipe = DelayedScaling | Float8CurrentScaling | BlockRecipe
+RECIPES = (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)
+BLOCK_RECIPES = (MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)
 
 
 def _check_format(fmt: object) -> None:
-    if not isinstance(fmt, Format):
-        raise ValueError(f"fp8_format must be a lowprec.Format ({', '.join(f.name for f in Format)}), got {fmt!r}")
+    if fmt not in FP8_FORMATS:
+        raise ValueError(f"fp8_format must be a lowprec.Format ({', '.join(f.name for f in FP8_FORMATS)}), got {fmt!r}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
 
 
 def _check_margin(margin: object) -> None:

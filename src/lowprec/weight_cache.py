@@ -6,6 +6,7 @@ import weakref
 
 import torch
 
+from lowprec.block_tensor import BlockScaledTensor
 from lowprec.quantization import Float8Tensor, Quantizer, uses_fused_kernels
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)  # how many hold a storage (a private torch function)
@@ -42,6 +43,14 @@ def owns_its_storage(weight: torch.Tensor) -> bool:
     return _storage_use_count(storage._cdata) <= _UNSHARED + (weight._base is not None)
 
 
+def lacks_transpose(cast: Float8Tensor | BlockScaledTensor, weight: torch.Tensor) -> bool:
+    """Whether ``cast`` cannot serve a GEMM that reads ``weight`` transposed: a block cast made without
+    its columnwise quantization, or a fused FP8 cast made without its other memory order."""
+    if isinstance(cast, BlockScaledTensor):
+        return cast.columnwise is None
+    return cast.other_layout is None and uses_fused_kernels(weight)
+
+
 class WeightCache:
     """A layer's last weight cast, reused while the weight is unchanged: across the micro-batches of
     a step (Transformer Engine's ``is_first_microbatch`` idea, decided here from the weight itself).
@@ -62,9 +71,9 @@ class WeightCache:
     def __init__(self) -> None:
         self._owner: weakref.ref[torch.Tensor] | None = None
         self._key: tuple | None = None
-        self._cast: Float8Tensor | None = None
+        self._cast: Float8Tensor | BlockScaledTensor | None = None
 
-    def quantize(self, weight: torch.Tensor, quantizer: Quantizer, transpose: bool) -> Float8Tensor:
+    def quantize(self, weight: torch.Tensor, quantizer: Quantizer, transpose: bool) -> Float8Tensor | BlockScaledTensor:
         if not owns_its_storage(weight):
             self.clear()
             return quantizer.quantize(weight, transpose)
@@ -72,7 +81,7 @@ class WeightCache:
         key = (weight.data_ptr(), weight._version, weight.shape, weight.stride(), weight.dtype, quantizer)
         cached = self._cast  # set together with the key and owner, so a matching key means a cast is there
         fresh = key != self._key or self._owner is None or self._owner() is not owner
-        if fresh or (transpose and cached.other_layout is None and uses_fused_kernels(weight)):
+        if fresh or (transpose and lacks_transpose(cached, weight)):
             cached = quantizer.quantize(weight, transpose)
             self._owner, self._key, self._cast = weakref.ref(owner), key, cached
         return cached

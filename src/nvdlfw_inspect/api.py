@@ -17,8 +17,10 @@ import torch
 from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.debug_manager import DebugManager
 from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError
+from nvdlfw_inspect.explain import feature_matches, plain_text, suggestion
 from nvdlfw_inspect.logging import MetricLogger, close_logger, get_logger, initialize_logger, print_rank_0, print_warning
 from nvdlfw_inspect.registry import Registry
+from nvdlfw_inspect.section_coverage import warn_sections_selecting_none_of
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger, get_distributed_world_size
 
@@ -91,8 +93,10 @@ def _warn_unknown_kwargs(kwargs: dict[str, Any]) -> None:
 
 
 def _log_failure(error: BaseException) -> None:
+    """The error in the debug log, with its notes (the other errors of an invalid config)."""
+    notes = "".join(f"\n{note}" for note in getattr(error, "__notes__", ()))
     try:
-        get_logger().log_message(f"initialize failed: {type(error).__name__}: {error}", logging.ERROR)
+        get_logger().log_message(f"initialize failed: {type(error).__name__}: {error}{notes}", logging.ERROR)
     except (RuntimeError, OSError):  # no log, or it cannot be written (strict_logging): the error is raised anyway
         pass
 
@@ -180,51 +184,79 @@ def list_features() -> list[str]:
 
 
 def explain_features(features: Any = None) -> None:
-    """Print the documentation of one feature (``"ns.Feature"``), a list of them, or ``"all"``."""
+    """Print the documentation of one feature, a list of them, or ``"all"``. A feature is ``"ns.Feature"``
+    or a bare ``"Feature"``, which explains the feature of that name of every namespace that has one."""
     explainer = _require_manager()._features_explainer
     if features is None:
         print_rank_0("No feature provided.", _EXPLAIN_HELP)
         return
-    if features == "all":
-        features = list(explainer)
-    elif isinstance(features, str):
+    if isinstance(features, str):
         features = [features]
     elif not isinstance(features, list):
         print_rank_0("Invalid type is provided to the features argument.", _EXPLAIN_HELP)
         return
     for name in features:
-        if name in explainer:
+        matches = feature_matches(name, explainer) if isinstance(name, str) else []
+        if not matches:
+            hint = suggestion(str(name), explainer)
+            print_rank_0(
+                f"feature: {name} is not supported in this tool.", _EXPLAIN_HELP + (f". Did you mean '{hint}'?" if hint else "")
+            )
+        for match in matches:
             print_rank_0("-----")
-            print_rank_0(f"feature: {name}")
-            print_rank_0(explainer[name].__doc__)
+            print_rank_0(f"feature: {match}")
+            print_rank_0(plain_text(explainer[match].__doc__))
             print_rank_0("*****")
-        else:
-            print_rank_0(f"feature: {name} is not supported in this tool.", _EXPLAIN_HELP)
 
 
 def infer_and_assign_layer_names(model: torch.nn.Module | list) -> None:
-    """Set ``module.name`` on every module: ``model``, ``model.<child>``, list items by ``layer_number`` or index."""
+    """Set ``module.name`` on every module: ``model``, ``model.<child>``, list items by ``layer_number`` or index.
+
+    Then warn about each config section that selects none of the names. A module that calls the debug API
+    under other names (``lowprec.LayerNormMLP``: ``<name>.fc1``, ``<name>.fc2``), or has types that
+    ``layer_types`` selectors match, says so with a method ``debug_layers()`` returning ``(name, types)`` pairs;
+    the types are declared with ``ConfigManager.set_layer_types``.
+    """
     models = model if isinstance(model, list) else [model]
+    named: list[torch.nn.Module] = []
     for item in models:
-        _assign_names(item, "model")
+        _assign_names(item, "model", named)
+    layers = _debug_layers(named)
+    for name, types in layers.items():
+        if types:
+            ConfigManager.set_layer_types(name, *types)
+    if DEBUG_MANAGER is not None:
+        warn_sections_selecting_none_of(layers)
 
 
-def _assign_names(obj: Any, prefix: str) -> None:
+def _assign_names(obj: Any, prefix: str, named: list[torch.nn.Module]) -> None:
     if isinstance(obj, torch.nn.ModuleList):
         for index, child in enumerate(obj):
-            _assign_names(child, f"{prefix}.{getattr(child, 'layer_number', index)}")
+            _assign_names(child, f"{prefix}.{getattr(child, 'layer_number', index)}", named)
         return
     if isinstance(obj, torch.nn.Module):
         obj.name = prefix
+        named.append(obj)
         if DEBUG_MANAGER is not None:
             get_logger().log_message(f"Assigned layer name: {prefix}")
         for child_name, child in obj.named_children():
-            _assign_names(child, f"{prefix}.{child_name}")
+            _assign_names(child, f"{prefix}.{child_name}", named)
         return
     inner = getattr(obj, "module", None)
     if inner is None:
         raise TypeError(f"cannot name layers of {type(obj).__name__}: it is not an nn.Module and has no .module")
-    _assign_names(inner, prefix)
+    _assign_names(inner, prefix, named)
+
+
+def _debug_layers(modules: list[torch.nn.Module]) -> dict[str, tuple[str, ...]]:
+    """Every name the named modules may call the debug API with, and the types each declares."""
+    layers: dict[str, tuple[str, ...]] = {}
+    for module in modules:
+        layers.setdefault(module.name, ())
+        debug_layers = getattr(module, "debug_layers", None)
+        if callable(debug_layers):
+            layers.update((name, tuple(types)) for name, types in debug_layers())
+    return layers
 
 
 def set_tensor_reduction_group(group: Any, layer_name: str | None = None) -> None:

@@ -1,24 +1,29 @@
-"""The nvdlfw-inspect command: validate configs, list and explain features, write reports, diagnose runs, run the demo.
+"""The framework's command line: validate configs, list and explain features, write reports, diagnose runs.
 
 Exit codes: 0 success, 1 a user error (invalid config, missing file or log), 2 a usage error.
+
+The installed ``nvdlfw-inspect`` command is ``lowprec.cli``: this command line with lowprec's features and its
+``demo``. A library extends it the same way, passing its ``Command``s to ``main``: the framework never imports
+a library, so ``python -m nvdlfw_inspect.cli`` knows only the features of the directories it is given.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import io
 import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.config_manager import config_line, find_config_errors
 from nvdlfw_inspect.diagnose.command import add_arguments as diagnose_arguments
-from nvdlfw_inspect.errors import NvdlfwInspectError
+from nvdlfw_inspect.errors import ConfigError, NvdlfwInspectError
+from nvdlfw_inspect.explain import ALL, explanation, feature_matches, suggestion
 from nvdlfw_inspect.reading import TornLineWarning
 from nvdlfw_inspect.registry import Registry
 
@@ -27,33 +32,59 @@ class UserError(Exception):
     """A problem with what the user gave the command: reported in one line, exit code 1."""
 
 
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its name, one line of help, a function adding its arguments, and one running it
+    (returning the exit code)."""
+
+    name: str
+    text: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
 @contextlib.contextmanager
 def loaded_features(feature_dirs: list[str]) -> Iterator[None]:
-    """Every namespace and feature loaded, as ``initialize`` loads them, with the logs in a scratch
-    directory. ``lowprec`` is imported when installed, so its ``transformer_engine`` features are there."""
-    dirs = list(feature_dirs)
-    with contextlib.suppress(ImportError):
-        dirs.append(importlib.import_module("lowprec").FEATURE_DIR)
+    """Every namespace and feature loaded, as ``initialize`` loads them (the built-in ones, those of the
+    libraries imported, and ``feature_dirs``), with the logs in a scratch directory."""
     quiet = io.StringIO()  # initialize's notes (no config given, where the logs are) are not for this command
     with tempfile.TemporaryDirectory() as log_dir, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-        debug_api.initialize(config_file="", feature_dirs=dirs or None, log_dir=log_dir)
+        debug_api.initialize(config_file="", feature_dirs=feature_dirs or None, log_dir=log_dir)
     try:
         yield
     finally:
         debug_api.end_debug()
 
 
-def validate(args: argparse.Namespace) -> int:
-    path = Path(args.config)
+def config_errors(path: Path, feature_dirs: list[str]) -> list[ConfigError]:
+    """Every error of the config file ``path`` against the loaded features; nothing is written."""
     if not path.is_file():
         raise UserError(f"config file not found: {str(path)!r}")
-    with loaded_features(args.feature_dirs):
-        errors = find_config_errors(path, Registry.data)
-    for error in errors:
-        line = config_line(path, error.key_path) if error.key_path else None
-        print(f"{path}:{line or 1}: {error}", file=sys.stderr)
+    with loaded_features(feature_dirs):
+        return find_config_errors(path, Registry.data)
+
+
+def print_config_errors(path: Path, errors: list[ConfigError]) -> None:
+    """Each error on stderr as ``file:line: message`` (``file:line:column:`` for YAML syntax) in the order of
+    their lines, then the count."""
+    located = sorted(((_position(path, error), error) for error in errors), key=lambda item: item[0])
+    for (line, column), error in located:
+        print(f"{path}:{line}:{f'{column}:' if column else ''} {error}", file=sys.stderr)
+    print(f"{path}: {len(errors)} error{'s' if len(errors) > 1 else ''}", file=sys.stderr)
+
+
+def _position(path: Path, error: ConfigError) -> tuple[int, int]:
+    """Where the parser stopped, for a syntax error; else the line of the error's key (column 0: none)."""
+    if error.line is not None:
+        return error.line, error.column or 0
+    return (config_line(path, error.key_path) if error.key_path else None) or 1, 0
+
+
+def validate(args: argparse.Namespace) -> int:
+    path = Path(args.config)
+    errors = config_errors(path, args.feature_dirs)
     if errors:
-        print(f"{path}: {len(errors)} error{'s' if len(errors) > 1 else ''}", file=sys.stderr)
+        print_config_errors(path, errors)
         return 1
     print(f"{path}: valid")
     return 0
@@ -67,14 +98,21 @@ def list_features(args: argparse.Namespace) -> int:
 
 
 def explain(args: argparse.Namespace) -> int:
+    """Each named feature's documentation as plain text; a bare name in several namespaces explains each."""
     with loaded_features(args.feature_dirs):
-        known = _feature_names()
-        if args.feature not in known:
-            matches = [name for name in known if name.split(".")[-1] == args.feature]
-            if len(matches) != 1:
-                raise UserError(f"unknown feature {args.feature!r}; known: {', '.join(known)}")
-            args.feature = matches[0]
-        debug_api.explain_features(args.feature)
+        features = {f"{ns}.{name}": feature for ns, data in Registry.data.items() for name, feature in data.features.items()}
+    explained = []
+    for name in args.features:
+        matches = feature_matches(name, features)
+        if not matches:
+            hint = suggestion(name, features)
+            raise UserError(
+                f"unknown feature {name!r}; known: {', '.join(features)}" + (f"; did you mean {hint!r}?" if hint else "")
+            )
+        if len(matches) > 1 and name != ALL:
+            explained.append(f"{name} is in {len(matches)} namespaces: {', '.join(matches)} (give namespace.{name} for one)")
+        explained += [explanation(match, features[match].__doc__) for match in matches]
+    print("\n\n".join(explained))
     return 0
 
 
@@ -115,56 +153,56 @@ def diagnose(args: argparse.Namespace) -> int:
     return code
 
 
-def demo(args: argparse.Namespace) -> int:
-    from lowprec.demo import run_demo
-
-    run_demo(steps=args.steps, size=args.size, config=args.config, log_dir=args.log_dir, device=args.device)
-    return 0
+def _feature_dirs_argument(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--feature-dirs", nargs="*", default=[], metavar="DIR", help="extra directories of features")
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="nvdlfw-inspect", description=__doc__.splitlines()[0], epilog=__doc__.splitlines()[2])
-    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, run: Callable[[argparse.Namespace], int], text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=text, description=text)
-        sub.set_defaults(run=run)
-        return sub
-
-    def feature_dirs(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--feature-dirs", nargs="*", default=[], metavar="DIR", help="extra directories of features")
-
-    sub = command("validate", validate, "Check a YAML config; print every error with its file, line and key path.")
+def _validate_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("config", help="the YAML config file")
-    feature_dirs(sub)
-    sub = command("list-features", list_features, "List every loaded feature as namespace.Feature.")
-    feature_dirs(sub)
-    sub = command("explain", explain, "Print a feature's documentation (namespace.Feature or Feature).")
-    sub.add_argument("feature")
-    feature_dirs(sub)
-    sub = command("report", report, "Write the HTML report of the statistics in a log directory.")
-    sub.add_argument("log_dir", help="the log_dir given to debug_api.initialize")
+    _feature_dirs_argument(sub)
+
+
+def _explain_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("features", nargs="+", metavar="FEATURE", help="namespace.Feature, Feature, or all")
+    _feature_dirs_argument(sub)
+
+
+def _report_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("log_dir", help="the log_dir given to debug_api.initialize (or its statistics directory)")
     sub.add_argument("-o", "--output", help="the HTML file (default: LOG_DIR/report.html)")
-    sub = command("diagnose", diagnose, "Say per layer and tensor what is wrong with a run, and write a config that fixes it.")
-    diagnose_arguments(sub)
-    sub = command("demo", demo, "Train a small GPT on text shipped with Python in emulated FP8, with statistics and a report.")
-    sub.add_argument("--steps", type=positive_int, default=300, help="training steps (default 300)")
-    sub.add_argument("--size", choices=["tiny", "small", "base"], default="small", help="model size (default small)")
-    sub.add_argument("--config", help="a YAML config instead of the demo's")
-    sub.add_argument("--log-dir", default="./demo_logs", help="where logs and the report go (default ./demo_logs)")
-    sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+COMMANDS = (
+    Command(
+        "validate", "Check a YAML config; print every error with its file, line and key path.", _validate_arguments, validate
+    ),
+    Command("list-features", "List every loaded feature as namespace.Feature.", _feature_dirs_argument, list_features),
+    Command("explain", "Print features' documentation (namespace.Feature, Feature, or all).", _explain_arguments, explain),
+    Command("report", "Write the HTML report of the statistics in a log directory.", _report_arguments, report),
+    Command(
+        "diagnose",
+        "Say per layer and tensor what is wrong with a run; write a config that fixes it.",
+        diagnose_arguments,
+        diagnose,
+    ),
+)
+
+
+def parser(extra: Sequence[Command] = (), description: str | None = None) -> argparse.ArgumentParser:
+    """The command line of ``COMMANDS`` and the ``extra`` commands a library adds (with its ``description``)."""
+    lines = __doc__.splitlines()
+    top = argparse.ArgumentParser(prog="nvdlfw-inspect", description=description or lines[0], epilog=lines[2])
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in (*COMMANDS, *extra):
+        sub = commands.add_parser(command.name, help=command.text, description=command.text)
+        command.arguments(sub)
+        sub.set_defaults(run=command.run)
     return top
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, extra: Sequence[Command] = (), description: str | None = None) -> int:
+    """Run the command line, with the ``extra`` commands of a library (``lowprec.cli.main`` passes ``demo``)."""
+    args = parser(extra, description).parse_args(argv)
     try:
         return args.run(args)
     except (UserError, NvdlfwInspectError, FileNotFoundError) as error:

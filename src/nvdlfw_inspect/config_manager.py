@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from nvdlfw_inspect.errors import ConfigError, ConfigLocation
+from nvdlfw_inspect.errors import ConfigError, ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry
 
 BASE_NAMESPACE = "base"
@@ -102,11 +102,6 @@ class LayerSpec:
     def __init__(self, layers: Any, location: ConfigLocation):
         if not isinstance(layers, dict):
             raise location.error("must be a mapping of layer selectors", layers, SELECTOR_KEYS)
-        for key in layers:
-            if key not in SELECTOR_KEYS:
-                raise location.child(key).error("unknown layer selector", key, SELECTOR_KEYS)
-        if not any(key in layers for key in SELECTOR_KEYS[:4]):
-            raise location.error("needs at least one layer selector", layers, SELECTOR_KEYS[:4])
         self.raw = dict(layers)
         self.exact_layer_names: frozenset[str] | None = None
         self.name_regex: re.Pattern | None = None
@@ -115,14 +110,28 @@ class LayerSpec:
         self.type_regex: re.Pattern | None = None
         self.type_names: frozenset[str] | None = None
         self.all_types = False
+        collector = ErrorCollector()
+        for key in layers:
+            if key not in SELECTOR_KEYS:
+                collector.add(location.child(key).error("unknown layer selector", key, SELECTOR_KEYS))
+        if not collector.errors and not any(key in layers for key in SELECTOR_KEYS[:4]):  # a misspelt one says it all
+            collector.add(location.error("needs at least one layer selector", layers, SELECTOR_KEYS[:4]))
+        with collector.check():
+            if "exact_layer_names" in layers:
+                names = _as_string_list(layers["exact_layer_names"], location.child("exact_layer_names"), "layer name")
+                self.exact_layer_names = frozenset(names)
+        with collector.check():
+            if "layer_name_regex_pattern" in layers:
+                self.name_regex = _compile(layers["layer_name_regex_pattern"], location.child("layer_name_regex_pattern"))
+        with collector.check():
+            if "layer_numbers" in layers:
+                self._parse_numbers(layers["layer_numbers"], location.child("layer_numbers"))
+        with collector.check():
+            self._parse_types(layers, location)
+        collector.raise_errors()
+        self.ignored_keys = self._ignored_keys()
 
-        if "exact_layer_names" in layers:
-            names = _as_string_list(layers["exact_layer_names"], location.child("exact_layer_names"), "layer name")
-            self.exact_layer_names = frozenset(names)
-        if "layer_name_regex_pattern" in layers:
-            self.name_regex = _compile(layers["layer_name_regex_pattern"], location.child("layer_name_regex_pattern"))
-        if "layer_numbers" in layers:
-            self._parse_numbers(layers["layer_numbers"], location.child("layer_numbers"))
+    def _parse_types(self, layers: dict, location: ConfigLocation) -> None:
         if "layer_types" in layers and "layer_type_regex_pattern" in layers:
             raise location.error(
                 "give either 'layer_types' or 'layer_type_regex_pattern', not both",
@@ -135,7 +144,6 @@ class LayerSpec:
             self.type_regex = re.compile("|".join(re.escape(t) for t in types))
         if "layer_type_regex_pattern" in layers:
             self.type_regex = _compile(layers["layer_type_regex_pattern"], location.child("layer_type_regex_pattern"))
-        self.ignored_keys = self._ignored_keys()
 
     def _parse_numbers(self, value: Any, location: ConfigLocation) -> None:
         items = value if isinstance(value, list) else [value]
@@ -326,11 +334,20 @@ def _load_yaml(path: Path, source: str) -> Any:
     except _ExpansionError as err:
         raise ConfigError(f"{source}: {err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: not valid YAML: {err}") from None
+        raise _syntax_error(f"{source}: not valid YAML: {err}", err) from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{source}: not UTF-8 text: {err}") from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
+
+
+def _syntax_error(message: str, err: yaml.YAMLError) -> ConfigError:
+    """A ConfigError at the line and column where the parser found the problem (or, lacking that, its context)."""
+    error = ConfigError(message)
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    if mark is not None:
+        error.line, error.column = mark.line + 1, mark.column + 1
+    return error
 
 
 def _read_sections(config: Any) -> tuple[str, dict, ConfigLocation]:
@@ -347,24 +364,18 @@ def _read_sections(config: Any) -> tuple[str, dict, ConfigLocation]:
 def _parse_sections(
     raw: dict, top: ConfigLocation, registry_data: dict, warnings: list[str]
 ) -> tuple[list[ConfigSpec], list[ConfigError]]:
-    """The enabled sections' specs and every error: sections are checked independently (the first
-    error of each), then, when they are all valid, the conflicts between them."""
+    """The enabled sections' specs and every error: each section, feature and key is checked on its own,
+    then the conflicts between the sections without errors."""
     specs: list[ConfigSpec] = []
-    errors: list[ConfigError] = []
+    collector = ErrorCollector()
     for name, section in raw.items():
-        try:
+        with collector.check():
             spec = _parse_section(str(name), section, top.child(name), registry_data, warnings)
-        except ConfigError as error:
-            errors.append(error)
-            continue
-        if spec is not None:
-            specs.append(spec)
-    if not errors:
-        try:
-            _check_static_conflicts(specs, top)
-        except ConfigError as error:
-            errors.append(error)
-    return specs, errors
+            if spec is not None:
+                specs.append(spec)
+    with collector.check():
+        _check_static_conflicts(specs, top)
+    return specs, collector.errors
 
 
 def find_config_errors(config: Any, registry_data: dict) -> list[ConfigError]:
@@ -374,6 +385,15 @@ def find_config_errors(config: Any, registry_data: dict) -> list[ConfigError]:
     except ConfigError as error:
         return [error]
     return _parse_sections(raw, top, registry_data, [])[1]
+
+
+def _first_with_the_others(errors: list[ConfigError]) -> ConfigError:
+    """The first error, raised by ``initialize`` as ever, with the others in a note of its traceback."""
+    first = errors[0]
+    if len(errors) > 1:
+        others = "\n".join(f"  {error}" for error in errors[1:])
+        first.add_note(f"{len(errors) - 1} more error{'s' if len(errors) > 2 else ''} in the config:\n{others}")
+    return first
 
 
 def config_line(path: str | os.PathLike, key_path: tuple[str, ...]) -> int | None:
@@ -406,6 +426,10 @@ class ConfigManager:
     source: str = ""
     section_names: list[str] = []
     warnings: list[str] = []
+    # What routing learned (``section_coverage`` warns about sections that select no layer):
+    routed_layers: dict[str, tuple[str, ...]] = {}  # layers that asked which features apply -> their types
+    matched_sections: set[str] = set()  # sections that selected one of them
+    warned_sections: set[str] = set()  # sections already warned about
 
     @classmethod
     def load_config(cls, config: Any, registry_data: dict) -> None:
@@ -414,7 +438,7 @@ class ConfigManager:
         warnings: list[str] = []
         specs, errors = _parse_sections(raw, top, registry_data, warnings)
         if errors:
-            raise errors[0]
+            raise _first_with_the_others(errors)
         if not specs:
             warnings.append(f"{source}: every section is disabled; no feature is active")
         cls.configs = {spec.name: spec for spec in specs}
@@ -422,6 +446,7 @@ class ConfigManager:
         cls.source = source
         cls.section_names = [str(name) for name in raw]
         cls.warnings = warnings
+        cls.routed_layers, cls.matched_sections, cls.warned_sections = {}, set(), set()
 
     _load_config = load_config
 
@@ -442,11 +467,13 @@ class ConfigManager:
         if cached is not None:
             return cached
         types = cls.layer_types.get(layer_name, ())
+        cls.routed_layers[layer_name] = types
         merged: dict[str, dict[str, dict]] = {}
         owner: dict[tuple[str, str], str] = {}
         for spec in cls.configs.values():
             if not spec.layer_spec.matches(layer_name, types):
                 continue
+            cls.matched_sections.add(spec.name)
             for namespace, features in spec.extension_config.items():
                 for feature, feature_cfg in features.items():
                     previous = owner.get((namespace, feature))
@@ -469,6 +496,7 @@ class ConfigManager:
         cls.source = ""
         cls.section_names = []
         cls.warnings = []
+        cls.routed_layers, cls.matched_sections, cls.warned_sections = {}, set(), set()
 
 
 def is_layer_in_cfg(layer_name: str, spec: ConfigSpec) -> bool:
@@ -486,44 +514,62 @@ def is_layer_in_cfg(layer_name: str, spec: ConfigSpec) -> bool:
 def _parse_section(
     name: str, section: Any, location: ConfigLocation, registry_data: dict, warnings: list[str]
 ) -> ConfigSpec | None:
+    """The section's spec, None when it is disabled; raises every error of its keys (a section whose
+    ``enabled`` is missing or not a boolean is checked as if it were enabled)."""
     if not isinstance(section, dict):
         raise location.error("a section must be a mapping with 'enabled', 'layers' and features", section)
+    collector = ErrorCollector()
     if "enabled" not in section:
-        raise location.error("missing required key 'enabled'")
-    if not require_bool(section["enabled"], location.child("enabled")):
+        collector.add(location.error("missing required key 'enabled'"))
+    elif section["enabled"] is False:
         return None
+    with collector.check():
+        if "enabled" in section:
+            require_bool(section["enabled"], location.child("enabled"))
+    layer_spec = None
     if "layers" not in section:
-        raise location.error("missing required key 'layers'")
-    layer_spec = LayerSpec(section["layers"], location.child("layers"))
+        collector.add(location.error("missing required key 'layers'"))
+    with collector.check():
+        if "layers" in section:
+            layer_spec = LayerSpec(section["layers"], location.child("layers"))
+    extension_config: dict[str, dict[str, dict]] = {}
+    for key, value in section.items():
+        if key not in SECTION_KEYS:
+            with collector.check():
+                _parse_section_key(extension_config, str(key), value, location.child(key), registry_data)
+    collector.raise_errors()
     if layer_spec.ignored_keys:
         warnings.append(
             f"{location.source}: key '{location.child('layers').key_path}': selectors {layer_spec.ignored_keys} "
             "are ignored because a stronger selector (exact_layer_names, then layer_name_regex_pattern) is given"
         )
-    base_features = registry_data[BASE_NAMESPACE].features if BASE_NAMESPACE in registry_data else {}
-    extension_config: dict[str, dict[str, dict]] = {}
-    for key, value in section.items():
-        if key in SECTION_KEYS:
-            continue
-        key_loc = location.child(key)
-        if key in registry_data:
-            if not isinstance(value, dict) or not value:
-                raise key_loc.error(f"namespace '{key}' must map feature names to feature configs", value)
-            for feature, feature_cfg in value.items():
-                _add_feature(extension_config, key, str(feature), feature_cfg, key_loc.child(feature), registry_data)
-        elif key in base_features:
-            _add_feature(extension_config, BASE_NAMESPACE, key, value, key_loc, registry_data)
-        elif key in Registry.unusable:
-            raise key_loc.error(f"namespace set aside at loading: {Registry.unusable[key]}", key)
-        else:
-            allowed = [*SECTION_KEYS, *sorted(registry_data), *sorted(base_features)]
-            raise key_loc.error("not a namespace nor a feature of the base namespace", key, allowed)
     return ConfigSpec(name, layer_spec, extension_config)
+
+
+def _parse_section_key(extension_config: dict, key: str, value: Any, location: ConfigLocation, registry_data: dict) -> None:
+    """A section key besides ``enabled`` and ``layers``: a namespace of features, or a base-namespace feature."""
+    base_features = registry_data[BASE_NAMESPACE].features if BASE_NAMESPACE in registry_data else {}
+    if key in registry_data:
+        if not isinstance(value, dict) or not value:
+            raise location.error(f"namespace '{key}' must map feature names to feature configs", value)
+        collector = ErrorCollector()
+        for feature, feature_cfg in value.items():
+            with collector.check():
+                _add_feature(extension_config, key, str(feature), feature_cfg, location.child(feature), registry_data)
+        collector.raise_errors()
+    elif key in base_features:
+        _add_feature(extension_config, BASE_NAMESPACE, key, value, location, registry_data)
+    elif key in Registry.unusable:
+        raise location.error(f"namespace set aside at loading: {Registry.unusable[key]}", key)
+    else:
+        allowed = [*SECTION_KEYS, *sorted(registry_data), *sorted(base_features)]
+        raise location.error("not a namespace nor a feature of the base namespace", key, allowed)
 
 
 def _add_feature(
     extension_config: dict, namespace: str, feature: str, cfg: Any, location: ConfigLocation, registry_data: dict
 ) -> None:
+    """Check one feature's config (one without ``enabled`` is checked as if enabled) and add it."""
     ns = registry_data[namespace]
     if feature not in ns.features:
         raise location.error(f"unknown feature of namespace '{namespace}'", feature, sorted(ns.features))
@@ -531,15 +577,22 @@ def _add_feature(
         raise location.error(f"feature {namespace}.{feature} is configured twice in this section")
     if not isinstance(cfg, dict):
         raise location.error("a feature config must be a mapping with at least 'enabled'", cfg)
+    collector = ErrorCollector()
     if "enabled" not in cfg:
-        raise location.error("missing required key 'enabled'")
-    if require_bool(cfg["enabled"], location.child("enabled")):
-        ns.api.validate_feature_config(feature, ns.features[feature], cfg, location)
+        collector.add(location.error("missing required key 'enabled'"))
+    with collector.check():
+        if "enabled" in cfg:
+            require_bool(cfg["enabled"], location.child("enabled"))
+    if cfg.get("enabled") is not False:
+        with collector.check():
+            ns.api.validate_feature_config(feature, ns.features[feature], cfg, location)
+    collector.raise_errors()
     extension_config.setdefault(namespace, {})[feature] = cfg
 
 
 def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation) -> None:
-    """Reject two sections that configure the same feature for layers known to overlap."""
+    """Reject each two sections that configure the same feature for layers known to overlap."""
+    collector = ErrorCollector()
     for i, first in enumerate(specs):
         for second in specs[i + 1 :]:
             shared = [
@@ -559,7 +612,10 @@ def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation) -> Non
             )
             if same_layers or common_names:
                 which = sorted(common_names) if common_names else "the same layers"
-                raise top.error(
-                    f"sections '{first.name}' and '{second.name}' both configure {shared} for {which}; "
-                    "a layer may get each feature from one section only"
+                collector.add(
+                    top.error(
+                        f"sections '{first.name}' and '{second.name}' both configure {shared} for {which}; "
+                        "a layer may get each feature from one section only"
+                    )
                 )
+    collector.raise_errors()

@@ -19,6 +19,7 @@ from nvdlfw_inspect.logging import (
     wrap_tensorboard_writer,
 )
 from nvdlfw_inspect.registry import Registry
+from nvdlfw_inspect.section_coverage import warn_sections_never_matched
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 
 
@@ -44,6 +45,7 @@ class DebugManager:
         self._trainer_iteration_count = init_training_step
         self._step_lock = threading.Lock()  # step, close and set_iteration: the counter and the flush in one piece
         self._tensor_reduction_group: Any = None
+        self._first_step_done = False
         self._initialize_loggers(statistics_logger, tb_writer, default_logging_enabled)
         self._load_namespace_apis_and_features(normalize_feature_dirs(feature_dirs))
 
@@ -118,7 +120,8 @@ class DebugManager:
     def step(self) -> None:
         """Advance the counter, then log the finished iteration's statistics and step the namespaces.
         Counting first makes a call of another thread that starts meanwhile part of the next iteration.
-        A ``DistributedDesyncError`` comes after all of it, so a caller that catches it can go on."""
+        A ``DistributedDesyncError`` comes after all of it, so a caller that catches it can go on. The first
+        step ends with a warning about each config section that no layer matched."""
         with self._step_lock:
             finished = self._trainer_iteration_count
             self._trainer_iteration_count += 1
@@ -127,6 +130,9 @@ class DebugManager:
             finally:
                 for api in self._namespace_apis.values():
                     api.step()
+                if not self._first_step_done:
+                    self._first_step_done = True
+                    warn_sections_never_matched()
 
     def set_iteration(self, iteration: int) -> None:
         """Set the counter (``initialize_training_step``), never in the middle of a ``step``."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import itertools
 import reprlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 _NO_VALUE = object()
@@ -65,6 +66,47 @@ class ConfigError(NvdlfwInspectError, ValueError):
     """A config file or dict is invalid; the message names the source, key path, value and what is allowed."""
 
     key_path: tuple[str, ...] = ()  # where in the config, when known
+    line: int | None = None  # 1-based line and column where the YAML parser stopped, for a syntax error
+    column: int | None = None
+
+
+class ConfigErrors(ConfigError):
+    """Several independent mistakes of one config found in one pass; ``errors`` holds each, in the order found."""
+
+    def __init__(self, errors: list[ConfigError]):
+        super().__init__(f"{len(errors)} errors in the config:\n" + "\n".join(f"  {error}" for error in errors))
+        self.errors = errors
+        self.key_path = errors[0].key_path
+
+
+class ErrorCollector:
+    """Runs independent checks of a config, each up to its first error, and raises what they found together,
+    so that a config with six mistakes is fixed in one round instead of six."""
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    def add(self, error: ConfigError) -> None:
+        """Keep ``error`` (each of them, for a ``ConfigErrors``) unless the same message is already kept: options
+        shared by several tensors or GEMMs are checked once per tensor, and reported once."""
+        for one in error.errors if isinstance(error, ConfigErrors) else [error]:
+            if all(str(one) != str(kept) for kept in self.errors):
+                self.errors.append(one)
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        """One independent check: a ``ConfigError`` it raises is kept, and the caller goes on."""
+        try:
+            yield
+        except ConfigError as error:
+            self.add(error)
+
+    def raise_errors(self) -> None:
+        """Raise the one error kept, or a ``ConfigErrors`` of all of them; nothing if none."""
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise ConfigErrors(self.errors)
 
 
 class FeatureLoadError(NvdlfwInspectError, ImportError):
@@ -111,21 +153,25 @@ class ConfigLocation:
         problem: str,
         value: Any = _NO_VALUE,
         allowed: Iterable[Any] | str | None = None,
+        suggestions: Iterable[str] = (),
     ) -> ConfigError:
-        """Build (not raise) a ConfigError for this location."""
+        """Build (not raise) a ConfigError for this location. A string ``value`` close to one of the allowed
+        strings, or of ``suggestions`` (for ``allowed`` given as a pattern), gets a "did you mean"."""
         parts = [f"{self.source}: key '{self.key_path}': {problem}"]
         if value is not _NO_VALUE:
             parts.append(f"got {short_repr(value)}")
+        candidates = list(suggestions)
         if allowed is not None:
             if isinstance(allowed, str):
                 parts.append(f"allowed: {allowed}")
             else:
                 allowed = list(allowed)
                 parts.append("allowed: " + ", ".join(short_repr(a) for a in allowed))
-                if value is not _NO_VALUE and isinstance(value, str):
-                    hint = closest(value, [a for a in allowed if isinstance(a, str)])
-                    if hint is not None:
-                        parts.append(f"did you mean {hint!r}?")
+                candidates += [a for a in allowed if isinstance(a, str)]
+        if value is not _NO_VALUE and isinstance(value, str) and candidates:
+            hint = closest(value, candidates)
+            if hint is not None and hint != value:
+                parts.append(f"did you mean {hint!r}?")
         error = ConfigError("; ".join(parts))
         error.key_path = self.path
         return error

@@ -17,7 +17,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
+from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
 
 TENSOR_NAMES = ("activation", "gradient", "weight", "output", "wgrad", "dgrad")
 _TEXT_LINE = re.compile(r"^\S+ \S+ - \w+ - (\S+) \t\t\t\t iteration=(\d+) \t\t\t\t value=(\S+)$")
@@ -39,9 +39,22 @@ class TornLineWarning(UserWarning):
     """A statistics file ends in an incomplete line, which was skipped."""
 
 
+def run_directory(path: str | Path) -> Path:
+    """The ``log_dir`` of a run, given it or one of the directories the run writes in it (the demo prints
+    where the statistics are, and that path is the one people copy): a directory named as those, holding no
+    statistics directory of its own, stands for its parent."""
+    path = Path(path)
+    if path.name in (STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, MAIN_LOG_DIR) and not any(
+        (path / name).is_dir() for name in (STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR)
+    ):
+        return path.parent
+    return path
+
+
 def statistics_files(log_dir: str | Path) -> list[Path]:
     """The statistics files of a run, one per rank: structured ones where they exist (the current layout
-    first, then the old one), else text."""
+    first, then the old one), else text. ``log_dir`` may also be one of the run's own directories."""
+    log_dir = run_directory(log_dir)
     text_dir, records_dir = Path(log_dir) / STATISTICS_LOG_DIR, Path(log_dir) / STATISTICS_RECORDS_DIR
     if not text_dir.is_dir() and not records_dir.is_dir():
         raise FileNotFoundError(f"no statistics in '{log_dir}': neither '{records_dir}' nor '{text_dir}' exists")

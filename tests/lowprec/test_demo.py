@@ -4,12 +4,15 @@ the report; the command line runs it too."""
 from __future__ import annotations
 
 import math
+import re
+import sys
+from pathlib import Path
 
 import pytest
 
 import nvdlfw_inspect
-from lowprec.demo import DEMO_CONFIG, corpus, run_demo
-from nvdlfw_inspect.cli import main
+from lowprec.cli import main
+from lowprec.demo import DEMO_CONFIG, TimeLeft, corpus, run_demo
 
 
 def test_corpus_is_real_text():
@@ -55,3 +58,28 @@ def test_bad_demo_arguments_are_clear_errors(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         run_demo(log_dir=tmp_path, **kwargs)
     assert not (tmp_path / "nvdlfw_inspect_logs").exists()  # refused before anything started
+
+
+def test_time_left_shrugs_off_one_slow_step_and_follows_a_lasting_change():
+    steady, stalled = TimeLeft(), TimeLeft()
+    for seconds in [0.1, 0.1, 0.1, 0.1, 0.2] * 6:  # every fifth step logs statistics and takes twice as long
+        steady.add(seconds)
+        stalled.add(seconds)
+    assert steady.seconds(100) == pytest.approx(12.0)  # the mean step, slow ones included
+    stalled.add(30.0)  # one step stalled by another process
+    assert stalled.seconds(100) == pytest.approx(12.0, rel=0.1)
+    for _ in range(16):  # the machine stays busy
+        stalled.add(0.5)
+    assert stalled.seconds(100) > 30
+    assert TimeLeft().seconds(100) == 0.0
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib")
+def test_dev_extra_holds_what_the_demo_installs():
+    """scripts/env.sh skips the demo's installation after the tests' one."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    names = {extra: {re.match(r"[\w.-]+", requirement).group() for requirement in extras[extra]} for extra in ("demo", "dev")}
+    assert names["demo"] <= names["dev"]

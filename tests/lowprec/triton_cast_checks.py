@@ -173,7 +173,7 @@ def train(fused: bool, recipe) -> dict[str, torch.Tensor]:
         out[f"dw{step}"] = layer.weight.grad.clone()
         optimizer.step()
         optimizer.zero_grad()
-    for name, quantizer in layer.gemm_unit.quantizers(recipe).items():
+    for name, quantizer in layer.gemm_unit.quantizers(recipe, layer.name).items():
         if hasattr(quantizer, "amax_history"):
             out[f"history {name}"] = quantizer.amax_history
     return out

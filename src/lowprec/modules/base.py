@@ -20,6 +20,9 @@ def default_name() -> str:
 class NamedModule(torch.nn.Module):
     """A module with a debug ``name``; renaming a composite layer renames the layers inside it."""
 
+    #: type names that config ``layer_types`` selectors match besides substrings of the name
+    layer_types: tuple[str, ...] = ()
+
     def __init__(self, name: str | None):
         super().__init__()
         if name is not None and not isinstance(name, str):
@@ -39,6 +42,11 @@ class NamedModule(torch.nn.Module):
 
     def _name_children(self, name: str) -> None:
         """Composite layers derive their children's names from ``name``."""
+
+    def debug_layers(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The names this module calls the debug API with and the types they declare, so that
+        ``debug_api.infer_and_assign_layer_names`` can tell which config sections select none of them."""
+        return [(self.name, self.layer_types)]
 
     def set_tensor_parallel_group(self, group: Any) -> None:
         """The process group this layer's (and its sublayers') weights are sharded over: weight

@@ -15,26 +15,36 @@ import torch.nn.functional as F
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import active_recipe
+from lowprec.block_quantization import block_quantizers
 from lowprec.debug.layer_state import DebugLayerState
 from lowprec.debug.quantizer import DebugProcessing
 from lowprec.modules.linear_function import LinearFunction, PlainProcessing
 from lowprec.modules.recompute import ForwardHistory, in_backward, replay_quantizers
 from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer
-from lowprec.recipe import DelayedScaling, Recipe
+from lowprec.recipe import BLOCK_RECIPES, DelayedScaling, Recipe
 from lowprec.weight_cache import WeightCache
 
 
 @torch._disable_dynamo  # torch.compiler.disable, but importing torch._dynamo (1.3 s) only when first called
 def run_eagerly(function: Any, *args: Any) -> Any:
     """A graph break under ``torch.compile``: what the compiler cannot trace runs as in eager mode.
-    Debug features (host-side routing, logging) and delayed scaling (its amax history is state that
-    the autograd function would have to update from inside a graph) take this path."""
+    Debug features (host-side routing, logging), delayed scaling (its amax history is state that the
+    autograd function would have to update from inside a graph) and the block recipes (emulated, some
+    with a stochastic-rounding stream that advances on the host) take this path."""
     return function(*args)
 
 
-def make_quantizers(recipe: Recipe) -> dict[str, Quantizer]:
+def runs_eagerly(recipe: Recipe | None) -> bool:
+    """Whether a layer under ``recipe`` breaks a ``torch.compile`` graph (see ``run_eagerly``)."""
+    return isinstance(recipe, (DelayedScaling, *BLOCK_RECIPES))
+
+
+def make_quantizers(recipe: Recipe, layer_name: str) -> dict[str, Quantizer]:
     """One quantizer per input tensor: the forward format for activation and weight, the backward
-    format for the gradient."""
+    format for the gradient; block recipes configure each tensor as Transformer Engine does
+    (``layer_name`` keys their stochastic-rounding noise)."""
+    if isinstance(recipe, BLOCK_RECIPES):
+        return block_quantizers(recipe, layer_name)
     fmt = recipe.fp8_format
     formats = {"activation": fmt.forward, "weight": fmt.forward, "gradient": fmt.backward}
     if isinstance(recipe, DelayedScaling):
@@ -54,17 +64,17 @@ class GemmUnit:
         self.weight_cache = WeightCache()
         self.forwards = ForwardHistory()
 
-    def quantizers(self, recipe: Recipe | None) -> dict[str, Quantizer]:
+    def quantizers(self, recipe: Recipe | None, layer_name: str) -> dict[str, Quantizer]:
         if recipe is None:
             return {}
         if recipe != self._recipe:
             self._recipe = recipe
-            self._quantizers = make_quantizers(recipe)
+            self._quantizers = make_quantizers(recipe, layer_name)
         return self._quantizers
 
     def linear(self, layer_name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            if debug_api.DEBUG_MANAGER is not None or isinstance(active_recipe(), DelayedScaling):
+            if debug_api.DEBUG_MANAGER is not None or runs_eagerly(active_recipe()):
                 return run_eagerly(self.linear, layer_name, x, weight, bias)
             return self._forward(layer_name, x, weight, bias, traced=True)
         if in_backward():
@@ -78,7 +88,7 @@ class GemmUnit:
         plan = self.debug.plan_for(layer_name, recipe is not None, self.layer_types)
         if recipe is None and plan is None:
             return F.linear(x, weight, bias)
-        quantizers = self.quantizers(recipe)
+        quantizers = self.quantizers(recipe, layer_name)
         if plan is not None:
             processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group)
         else:
@@ -94,7 +104,7 @@ class GemmUnit:
         original = self.forwards.oldest()
         if original is None:
             return F.linear(x, weight, bias)
-        quantizers = replay_quantizers(self.quantizers(original.recipe), getattr(original.node, "cast_scales", {}))
+        quantizers = replay_quantizers(self.quantizers(original.recipe, layer_name), getattr(original.node, "cast_states", {}))
         if original.plan is not None:
             processing = DebugProcessing(layer_name, quantizers, original.plan, self.tp_group, inspect=False)
         else:

@@ -75,6 +75,10 @@ class LayerNormMLP(NamedModule):
         self.fc1_unit = GemmUnit(self.layer_types)
         self.fc2_unit = GemmUnit(self.layer_types)
 
+    def debug_layers(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Its two GEMM layers, not the module itself, call the debug API."""
+        return [(f"{self.name}.{gemm}", self.layer_types) for gemm in ("fc1", "fc2")]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.fc1_unit.linear(f"{self.name}.fc1", self.norm(x), self.fc1_weight, self.fc1_bias)
         return self.fc2_unit.linear(f"{self.name}.fc2", self._activation(hidden), self.fc2_weight, self.fc2_bias)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
-from lowprec.formats import FP8Format
+from lowprec.block_tensor import BlockScaledTensor
 from lowprec.gemm import Operand, gemm
 from lowprec.quantization import Float8Tensor, Quantizer
 from lowprec.weight_cache import WeightCache
@@ -48,8 +48,9 @@ class PlainProcessing:
         return tensor
 
 
-OperandKind = tuple[FP8Format, torch.dtype] | None
-"""How to rebuild a saved operand: a ``Float8Tensor``'s format and dtype, or None for a plain tensor."""
+QUANTIZED = (Float8Tensor, BlockScaledTensor)
+OperandKind = tuple[type, tuple] | None
+"""How to rebuild a saved operand: a quantized tensor's class and ``metadata()``, or None for a plain tensor."""
 
 
 def save_operands(ctx: Any, *operands: Operand) -> list[OperandKind]:
@@ -58,9 +59,9 @@ def save_operands(ctx: Any, *operands: Operand) -> list[OperandKind]:
     tensors: list[torch.Tensor | None] = []
     kinds: list[OperandKind] = []
     for operand in operands:
-        if isinstance(operand, Float8Tensor):
+        if isinstance(operand, QUANTIZED):
             tensors.extend(operand.tensors())
-            kinds.append((operand.format, operand.dtype))
+            kinds.append((type(operand), operand.metadata()))
         else:
             tensors.append(operand)
             kinds.append(None)
@@ -76,21 +77,30 @@ def saved_operands(ctx: Any) -> list[Operand]:
         if kind is None:
             operands.append(next(tensors))
         else:
-            components = tuple(next(tensors) for _ in range(Float8Tensor.TENSOR_COUNT))
-            operands.append(Float8Tensor.from_tensors(components, *kind))
+            cls, metadata = kind
+            components = tuple(next(tensors) for _ in range(cls.TENSOR_COUNT))
+            operands.append(cls.from_tensors(components, *metadata))
     return operands
 
 
-def cast_scales(*operands: Operand) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """The (scale, scale_inv) of the activation and weight casts among a forward's operands (activation
-    fprop and wgrad operands, then weight fprop and dgrad ones): what a recomputation casts with."""
-    scales = {}
+CastState = tuple[torch.Tensor, torch.Tensor] | int | None
+"""What a recomputation needs to repeat a cast: a per-tensor cast's (scale, scale_inv), a block cast's
+stochastic-rounding offset (None: it used none)."""
+
+
+def cast_states(*operands: Operand) -> dict[str, CastState]:
+    """The cast states of the activation and weight among a forward's operands (activation fprop and
+    wgrad operands, then weight fprop and dgrad ones): what a recomputation casts with."""
+    states: dict[str, CastState] = {}
     for name, pair in (("activation", operands[:2]), ("weight", operands[2:])):
         for operand in pair:
             if isinstance(operand, Float8Tensor) and operand.scale is not None:
-                scales[name] = (operand.scale, operand.scale_inv)
+                states[name] = (operand.scale, operand.scale_inv)
                 break
-    return scales
+            if isinstance(operand, BlockScaledTensor):
+                states[name] = operand.rounding_offset
+                break
+    return states
 
 
 class LinearFunction(torch.autograd.Function):
@@ -109,7 +119,7 @@ class LinearFunction(torch.autograd.Function):
             out = out + bias.to(out.dtype)
         out = processing.output("output", out)
         ctx.processing = processing
-        ctx.cast_scales = cast_scales(activation_fprop, activation_wgrad, weight_fprop, weight_dgrad)
+        ctx.cast_states = cast_states(activation_fprop, activation_wgrad, weight_fprop, weight_dgrad)
         ctx.operand_kinds = save_operands(ctx, activation_wgrad, weight_dgrad)
         ctx.x_shape, ctx.weight_dtype, ctx.has_bias = x.shape, weight.dtype, bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None

@@ -6,10 +6,12 @@ quantizers have moved to the next scale and the debug session may have logged th
 would run in high precision, cast with other scales, record amaxes twice and log statistics twice.
 
 So a ``GemmUnit`` remembers each of its forwards whose autograd graph may still need it (the recipe and
-debug plan it ran with, and its autograd node, which knows the scales of its casts), and a forward that
+debug plan it ran with, and its autograd node, which knows the state of its casts), and a forward that
 runs inside a backward replays the oldest unfinished one: micro-batches and pipeline schedules run their
-backwards in the order of their forwards. The replay casts with the original scales, records no amax and
-inspects nothing; ``modify_tensor`` features run again, as they must to give the same tensors.
+backwards in the order of their forwards. The replay casts with the original scales (block recipes
+compute theirs from the tensor, which is the same again) and the original stochastic-rounding noise,
+records no amax, advances no noise stream and inspects nothing; ``modify_tensor`` features run again,
+as they must to give the same tensors.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from lowprec.block_quantization import BlockQuantizer
 from lowprec.debug.plan import LayerPlan
+from lowprec.modules.linear_function import CastState
 from lowprec.quantization import DelayedScalingQuantizer, FixedScaleQuantizer, Quantizer
 from lowprec.recipe import Recipe
 
@@ -69,17 +73,17 @@ class ForwardHistory:
         return len(self._entries)
 
 
-def replay_quantizers(
-    live: dict[str, Quantizer], cast_scales: dict[str, tuple[torch.Tensor, torch.Tensor]]
-) -> dict[str, Quantizer]:
-    """Quantizers that repeat a forward's casts: each input cast with the scale the original used.
-    An input the original did not cast keeps a quantizer that records nothing (``modify_tensor``
-    features may still ask for it)."""
+def replay_quantizers(live: dict[str, Quantizer], cast_states: dict[str, CastState]) -> dict[str, Quantizer]:
+    """Quantizers that repeat a forward's casts: each input cast with the scale (or the noise) the
+    original used. An input the original did not cast keeps a quantizer that records nothing
+    (``modify_tensor`` features may still ask for it)."""
     replay: dict[str, Quantizer] = {}
     for name, quantizer in live.items():
-        scales = cast_scales.get(name)
-        if scales is not None:
-            replay[name] = FixedScaleQuantizer(quantizer.format, *scales)
+        state = cast_states.get(name)
+        if isinstance(quantizer, BlockQuantizer):
+            replay[name] = quantizer.replaying(state)
+        elif state is not None:
+            replay[name] = FixedScaleQuantizer(quantizer.format, *state)
         elif isinstance(quantizer, DelayedScalingQuantizer):
             replay[name] = FixedScaleQuantizer(quantizer.format, quantizer.scale, quantizer.scale_inv)
         else:

@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from nvdlfw_inspect.base import BaseConfigAPIMapper, BaseNamespaceAPI
-from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry
 
 
@@ -37,27 +37,39 @@ class GenericConfigAPIMapper(BaseConfigAPIMapper):
         return True, processed
 
     def validate_config(self, config: dict, location: ConfigLocation) -> None:
-        check_keys(config, self.config_keys, location)
-        for view, where in tensor_views(config, location):
-            check_keys(view, self.tensor_struct_keys, where, ignore=set(config) | {"tensor"})
-            self.validate_tensor_config(view, where)
+        collector = ErrorCollector()
+        with collector.check():
+            check_keys(config, self.config_keys, location)
+        with collector.check():
+            for view, where in tensor_views(config, location, collector):
+                with collector.check():
+                    check_keys(view, self.tensor_struct_keys, where, ignore=set(config) | {"tensor"})
+                with collector.check():
+                    self.validate_tensor_config(view, where)
+        collector.raise_errors()
 
     def validate_tensor_config(self, config: dict, location: ConfigLocation) -> None:
         """Validate the options one tensor resolves to; features override this."""
 
 
 def check_keys(config: dict, allowed: frozenset[str] | None, location: ConfigLocation, ignore: set = frozenset()) -> None:
+    """Raise for every key of ``config`` outside ``allowed`` (None: any key) and ``ignore``."""
     if allowed is None:
         return
+    collector = ErrorCollector()
     for key in config:
         if key not in allowed and key not in ignore:
-            raise location.child(key).error("unknown key", key, sorted(allowed))
+            collector.add(location.child(key).error("unknown key", key, sorted(allowed)))
+    collector.raise_errors()
 
 
-def tensor_views(config: dict, location: ConfigLocation) -> list[tuple[dict, ConfigLocation]]:
+def tensor_views(
+    config: dict, location: ConfigLocation, collector: ErrorCollector | None = None
+) -> list[tuple[dict, ConfigLocation]]:
     """Validate the ``tensors``/``tensors_struct`` grammar; return each tensor's resolved options and location.
 
-    A ``tensors_struct`` item's view reports its own keys at the item's location.
+    A ``tensors_struct`` item's view reports its own keys at the item's location. Errors of single items go
+    to ``collector`` when one is given (the other items' views are still returned), else they are raised.
     """
     if "tensors_struct" in config and "tensors" in config:
         raise location.error("give either 'tensors' or 'tensors_struct', not both", sorted(config))
@@ -68,13 +80,17 @@ def tensor_views(config: dict, location: ConfigLocation) -> list[tuple[dict, Con
             raise struct_loc.error("must be a non-empty list of mappings, each with a 'tensor' key", items)
         shared = {k: v for k, v in config.items() if k not in ("tensors_struct", "tensors", "enabled")}
         views = []
+        own = collector or ErrorCollector()
         for i, item in enumerate(items):
             item_loc = struct_loc.child(i)
             if not isinstance(item, dict) or not isinstance(item.get("tensor"), str):
-                raise item_loc.error("each item must be a mapping with a string 'tensor' key", item)
-            if any(other.get("tensor") == item["tensor"] for other in items[:i]):
-                raise item_loc.child("tensor").error("this tensor already has an item in tensors_struct", item["tensor"])
-            views.append(({**shared, **item}, _ItemLocation(item_loc, location, set(item))))
+                own.add(item_loc.error("each item must be a mapping with a string 'tensor' key", item))
+            elif any(isinstance(other, dict) and other.get("tensor") == item["tensor"] for other in items[:i]):
+                own.add(item_loc.child("tensor").error("this tensor already has an item in tensors_struct", item["tensor"]))
+            else:
+                views.append(({**shared, **item}, ItemLocation(item_loc, location, set(item))))
+        if collector is None:
+            own.raise_errors()
         return views
     if "tensors" in config:
         tensors = config["tensors"]
@@ -86,8 +102,9 @@ def tensor_views(config: dict, location: ConfigLocation) -> list[tuple[dict, Con
     raise location.error("needs 'tensors: [names]' or 'tensors_struct: [{tensor: name, ...}]'")
 
 
-class _ItemLocation(ConfigLocation):
-    """Location of one ``tensors_struct`` item: keys it defines are reported there, others at the feature."""
+class ItemLocation(ConfigLocation):
+    """Location of one ``tensors_struct`` (or ``gemms_struct``) item: keys it defines are reported there, others at
+    the feature."""
 
     def __init__(self, item: ConfigLocation, feature: ConfigLocation, own_keys: set[str]):
         super().__init__(item.source, item.path)

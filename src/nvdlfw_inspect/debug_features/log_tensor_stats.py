@@ -11,7 +11,7 @@ import torch
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.debug_features.generic_feature_api import GenericConfigAPIMapper
-from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
@@ -25,26 +25,30 @@ WINDOW_KEYS = frozenset({"freq", "start_step", "end_step", "start_end_list"})
 
 def validate_window(config: dict, location: ConfigLocation, closed: bool = False) -> None:
     """Check ``freq`` (int > 0), ``start_step`` (int >= 0), ``end_step`` (int >= -1) and ``start_end_list``
-    (half-open ``[start, end)`` windows, or closed ``[start, end]`` ones with ``closed``)."""
+    (half-open ``[start, end)`` windows, or closed ``[start, end]`` ones with ``closed``); raises every error."""
+    collector = ErrorCollector()
     if "freq" in config:
         freq = config["freq"]
         if isinstance(freq, bool) or not isinstance(freq, int) or freq <= 0:
-            raise location.child("freq").error("must be a positive integer (log every freq steps)", freq)
-    if "start_step" in config:
-        start = config["start_step"]
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise location.child("start_step").error("must be a non-negative integer", start)
+            collector.add(location.child("freq").error("must be a positive integer (log every freq steps)", freq))
+    start = config.get("start_step", 0)
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        collector.add(location.child("start_step").error("must be a non-negative integer", start))
+        start = 0
     if "end_step" in config:
         end = config["end_step"]
         if isinstance(end, bool) or not isinstance(end, int) or end < -1:
-            raise location.child("end_step").error("must be an integer >= 0, or -1 for no end", end)
-        start = config.get("start_step", 0)
-        if end != -1 and end < start:
-            raise location.child("end_step").error(
-                f"is before start_step {start}, so nothing would be logged", end, f"-1 (no end) or an integer >= {start}"
+            collector.add(location.child("end_step").error("must be an integer >= 0, or -1 for no end", end))
+        elif end != -1 and end < start:
+            collector.add(
+                location.child("end_step").error(
+                    f"is before start_step {start}, so nothing would be logged", end, f"-1 (no end) or an integer >= {start}"
+                )
             )
     if "start_end_list" in config:
-        _validate_start_end_list(config["start_end_list"], location.child("start_end_list"), closed)
+        with collector.check():
+            _validate_start_end_list(config["start_end_list"], location.child("start_end_list"), closed)
+    collector.raise_errors()
 
 
 def window_key(config: dict) -> tuple:
@@ -185,9 +189,14 @@ class LogTensorStats(GenericConfigAPIMapper):
 
     def validate_tensor_config(self, config: dict, location: ConfigLocation) -> None:
         supported = sorted(self._get_supported_stats_list())
-        for i, stat in enumerate(stats_list(config, location, supported)):
-            self._validate_stat(stat, location.child("stats").child(i), supported)
-        validate_window(config, location)
+        collector = ErrorCollector()
+        with collector.check():
+            for i, stat in enumerate(stats_list(config, location, supported)):
+                with collector.check():
+                    self._validate_stat(stat, location.child("stats").child(i), supported)
+        with collector.check():
+            validate_window(config, location)
+        collector.raise_errors()
 
     def _validate_stat(self, stat: Any, location: ConfigLocation, supported: list[str]) -> None:
         """Raise unless this class takes ``stat``, asking the first hook it defines (see the class docstring)."""

@@ -18,7 +18,7 @@ from nvdlfw_inspect.diagnose.findings import Finding, detect
 from nvdlfw_inspect.diagnose.remedies import Remedy, choose
 from nvdlfw_inspect.diagnose.series import Run, collect
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
-from nvdlfw_inspect.reading import Statistic, iter_statistics
+from nvdlfw_inspect.reading import Statistic, iter_statistics, run_directory
 
 __all__ = ["Diagnosis", "Finding", "Remedy", "Thresholds", "diagnose", "diagnose_run", "diagnose_statistics"]
 
@@ -65,7 +65,9 @@ def diagnose_statistics(
 
 def diagnose(log_dir: str | Path, thresholds: Thresholds | None = None, **overrides: Any) -> Diagnosis:
     """Read every rank's statistics in ``log_dir`` and diagnose them. Thresholds: ``thresholds``, or the
-    defaults with ``overrides`` (``diagnose(log_dir, underflow_pct=5)``); see ``Thresholds``."""
+    defaults with ``overrides`` (``diagnose(log_dir, underflow_pct=5)``); see ``Thresholds``. ``log_dir`` may
+    also be one of the run's statistics directories (see ``run_directory``)."""
+    log_dir = run_directory(log_dir)
     if thresholds is not None and overrides:
         raise ValueError("give thresholds or keyword overrides of the defaults, not both")
     try:

@@ -11,6 +11,7 @@ from typing import TextIO
 
 from nvdlfw_inspect.diagnose import Diagnosis, Thresholds, diagnose
 from nvdlfw_inspect.diagnose.thresholds import RECIPE_FORMATS
+from nvdlfw_inspect.reading import run_directory
 
 CONFIG_NAME = "diagnose_config.yaml"
 FLAGS = {
@@ -46,10 +47,11 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Diagnose, write the config when there is something to change, print. Bad thresholds and a config
     that cannot be written raise ValueError."""
     thresholds = Thresholds(**{name: getattr(args, name) for name in [*FLAGS, "fp8_format"]})
-    diagnosis = diagnose(args.log_dir, thresholds)
+    log_dir = run_directory(args.log_dir)
+    diagnosis = diagnose(log_dir, thresholds)
     path = None
     if diagnosis.config_yaml is not None:
-        path = Path(args.output) if args.output else Path(args.log_dir) / CONFIG_NAME
+        path = Path(args.output) if args.output else log_dir / CONFIG_NAME
         try:
             path.write_text(diagnosis.config_yaml, encoding="utf-8")
         except OSError as error:
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         out.write(json.dumps({**diagnosis.as_dict(), "config_file": str(path) if path else None}) + "\n")
     else:
-        out.write(text(diagnosis, args.log_dir, path))
+        out.write(text(diagnosis, str(log_dir), path))
     return 0
 
 

@@ -14,6 +14,11 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.names import TENSOR_GEMMS
 
 RECIPES = {"current": lowprec.Float8CurrentScaling(), "delayed": lowprec.DelayedScaling(amax_history_len=4)}
+BLOCK_RECIPES = {
+    "mxfp8": lowprec.MXFP8BlockScaling(),
+    "float8-block": lowprec.Float8BlockScaling(),
+    "nvfp4": lowprec.NVFP4BlockScaling(),  # stochastic rounding and the Hadamard transform included
+}
 
 
 class Model(torch.nn.Module):
@@ -89,7 +94,7 @@ def assert_same(run_a, run_b):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("recipe", RECIPES.values(), ids=RECIPES.keys())
+@pytest.mark.parametrize("recipe", {**RECIPES, **BLOCK_RECIPES}.values(), ids={**RECIPES, **BLOCK_RECIPES}.keys())
 @pytest.mark.parametrize("interleave", [False, True], ids=["micro-batches", "pipelined"])
 def test_checkpointed_training_equals_plain_training(recipe, interleave):
     data = batches(steps=3, micro=2)
@@ -147,11 +152,14 @@ def _stats_config(features: dict) -> dict:
     return {"sec": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
 
 
-@pytest.mark.parametrize("recipe", RECIPES.values(), ids=RECIPES.keys())
+@pytest.mark.parametrize("recipe", {**RECIPES, **BLOCK_RECIPES}.values(), ids={**RECIPES, **BLOCK_RECIPES}.keys())
 def test_checkpointed_debug_run_logs_the_plain_statistics_once_and_modifies_the_same(tmp_path, recipe):
+    # statistics of the layer's own recipe exist for the per-tensor recipes; block recipes get what-if ones
+    own = recipe in RECIPES.values()
+    fp8_stats = ["underflows%", "scale_inv_min"] if own else ["mxfp8_underflows%", "fp8_current_scaling_mse"]
     features = {
         "LogTensorStats": {"enabled": True, "tensors": list(TENSOR_GEMMS), "stats": ["min", "max", "l2_norm"]},
-        "LogFp8TensorStats": {"enabled": True, "tensors": ["activation", "weight"], "stats": ["underflows%", "scale_inv_min"]},
+        "LogFp8TensorStats": {"enabled": True, "tensors": ["activation", "weight"], "stats": fp8_stats},
         "FakeQuant": {"enabled": True, "gemms": ["wgrad"], "tensors": ["activation"], "quant_format": "FP8E5M2"},
     }
     data = batches(steps=2, micro=2)

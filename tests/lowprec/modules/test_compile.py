@@ -1,5 +1,5 @@
 """torch.compile over lowprec layers: one graph (fullgraph) in high precision and with current scaling,
-forward and backward equal to eager; delayed scaling and debug features run their layers eagerly
+forward and backward equal to eager; delayed scaling, block recipes and debug features run their layers eagerly
 (a graph break each) and give exactly the eager numbers and statistics."""
 
 from __future__ import annotations
@@ -64,9 +64,12 @@ def test_inductor_fullgraph_step_equals_eager_within_float_rounding():
         assert torch.allclose(a, b, rtol=2e-2, atol=1e-3)
 
 
-def test_delayed_scaling_compiles_with_a_graph_break_per_layer_and_trains_exactly_as_eager():
+@pytest.mark.parametrize(
+    "recipe", [lowprec.DelayedScaling(amax_history_len=4), lowprec.NVFP4BlockScaling()], ids=["delayed", "nvfp4"]
+)
+def test_stateful_recipes_compile_with_a_graph_break_per_layer_and_train_exactly_as_eager(recipe):
+    """Delayed scaling (an amax history) and the block recipes (emulated; NVFP4's noise stream) run eagerly."""
     torch._dynamo.reset()
-    recipe = lowprec.DelayedScaling(amax_history_len=4)
     eager, compiled = compiled_and_eager(recipe, "aot_eager", fullgraph=False)
     for a, b in zip(eager, compiled, strict=True):
         assert torch.equal(a, b)

@@ -81,7 +81,7 @@ def test_delayed_scaling_first_step_uses_scale_one_then_the_amax():
     xq, wq = e4m3_both(x, w)
     assert torch.allclose(second, xq @ with_scale(w, 1.0).t() + ours.bias.detach(), rtol=1e-5, atol=1e-6)
     assert torch.allclose(third, xq @ wq.t() + ours.bias.detach(), rtol=1e-5, atol=1e-6)
-    quantizers = ours.gemm_unit.quantizers(recipe)
+    quantizers = ours.gemm_unit.quantizers(recipe, ours.name)
     assert quantizers["activation"].amax_history[:3].tolist() == pytest.approx([x.abs().max().item()] * 3)
     assert quantizers["weight"].amax_history[:3].tolist() == pytest.approx([w.abs().max().item()] * 2 + [0.0])
 

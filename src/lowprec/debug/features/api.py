@@ -18,8 +18,8 @@ import torch
 from lowprec.debug.names import GEMMS, TENSORS
 from lowprec.quantization import Float8Tensor
 from nvdlfw_inspect.base import BaseConfigAPIMapper, BaseNamespaceAPI
-from nvdlfw_inspect.debug_features.generic_feature_api import check_keys, tensor_views
-from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.debug_features.generic_feature_api import ItemLocation, check_keys, tensor_views
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry, api_method
 
 Answer = tuple[bool, int | None]
@@ -79,38 +79,54 @@ class TEConfigAPIMapper(BaseConfigAPIMapper):
             selection |= {"gemms", "gemms_struct"}
         if self.uses_tensors:
             selection |= {"tensors", "tensors_struct"}
-        check_keys(config, frozenset({"enabled"} | selection | self.option_keys), location)
-        for view, where in self.resolved_views(config, location):
-            self.validate_options(view, where)
+        collector = ErrorCollector()
+        with collector.check():
+            check_keys(config, frozenset({"enabled"} | selection | self.option_keys), location)
+        for view, where in self.resolved_views(config, location, collector):
+            with collector.check():
+                self.validate_options(view, where)
+        collector.raise_errors()
 
-    def resolved_views(self, config: dict, location: ConfigLocation) -> list[tuple[dict, ConfigLocation]]:
-        """Every (GEMM, tensor) selection the config makes, as the options it resolves to and where they are."""
-        gemm_views = self._gemm_views(config, location) if self.uses_gemms else [(config, location)]
+    def resolved_views(
+        self, config: dict, location: ConfigLocation, collector: ErrorCollector
+    ) -> list[tuple[dict, ConfigLocation]]:
+        """Every (GEMM, tensor) selection the config makes, as the options it resolves to and where they are, so
+        that each is checked; errors of the selection itself (unknown GEMM or tensor) go to ``collector``."""
+        gemm_views = [(config, location)]
+        if self.uses_gemms:
+            if "gemms_struct" in config:  # a broken list of items: their tensors cannot be checked
+                gemm_views = []
+            with collector.check():
+                gemm_views = self._gemm_views(config, location, collector)
         if not self.uses_tensors:
             return gemm_views
         views = []
         for view, where in gemm_views:
-            for tensor_view, tensor_where in tensor_views(view, where):
-                self._check_tensor_names(tensor_view, tensor_where)
-                views.append((tensor_view, tensor_where))
+            with collector.check():
+                for tensor_view, tensor_where in tensor_views(view, where, collector):
+                    with collector.check():
+                        self._check_tensor_names(tensor_view, tensor_where)
+                    views.append((tensor_view, tensor_where))
         return views
 
-    def _gemm_views(self, config: dict, location: ConfigLocation) -> list[tuple[dict, ConfigLocation]]:
+    def _gemm_views(self, config: dict, location: ConfigLocation, collector: ErrorCollector) -> list[tuple[dict, ConfigLocation]]:
         if "gemms_struct" in config:
             items, where = config["gemms_struct"], location.child("gemms_struct")
             if not isinstance(items, list) or not items:
                 raise where.error("must be a non-empty list of mappings, each with a 'gemm' key", items)
             shared = {k: v for k, v in config.items() if k not in ("gemms_struct", "gemms", "enabled")}
             views = []
+            allowed = frozenset({"gemm"} | self.option_keys | ({"tensors", "tensors_struct"} if self.uses_tensors else set()))
             for i, item in enumerate(items):
                 item_loc = where.child(i)
                 if not isinstance(item, dict) or "gemm" not in item:
-                    raise item_loc.error("each item must be a mapping with a 'gemm' key", item)
+                    collector.add(item_loc.error("each item must be a mapping with a 'gemm' key", item))
+                    continue
                 if item["gemm"] not in GEMMS:
-                    raise item_loc.child("gemm").error("unknown GEMM", item["gemm"], GEMMS)
-                allowed = {"gemm"} | self.option_keys | ({"tensors", "tensors_struct"} if self.uses_tensors else set())
-                check_keys(item, frozenset(allowed), item_loc)
-                views.append((merge_gemm_item(shared, item), item_loc))
+                    collector.add(item_loc.child("gemm").error("unknown GEMM", item["gemm"], GEMMS))
+                with collector.check():
+                    check_keys(item, allowed, item_loc)
+                views.append((merge_gemm_item(shared, item), ItemLocation(item_loc, location, set(item))))
             return views
         if "gemms" in config:
             gemms = config["gemms"]
@@ -119,7 +135,7 @@ class TEConfigAPIMapper(BaseConfigAPIMapper):
                 raise where.error("must be a non-empty list of GEMM names", gemms, GEMMS)
             for i, gemm in enumerate(gemms):
                 if gemm not in GEMMS:
-                    raise where.child(i).error("unknown GEMM", gemm, GEMMS)
+                    collector.add(where.child(i).error("unknown GEMM", gemm, GEMMS))
             return [(config, location)]
         raise location.error("needs 'gemms: [names]' or 'gemms_struct: [{gemm: name, ...}]'", allowed=GEMMS)
 
@@ -130,9 +146,11 @@ class TEConfigAPIMapper(BaseConfigAPIMapper):
             named = [(name, location.child("tensors").child(i)) for i, name in enumerate(view["tensors"])]
         else:
             named = [(view["tensors"], location.child("tensors"))]
+        collector = ErrorCollector()
         for name, where in named:
             if name not in self.allowed_tensors:
-                raise where.error(f"tensor not supported by {type(self).__name__}", name, self.allowed_tensors)
+                collector.add(where.error(f"tensor not supported by {type(self).__name__}", name, self.allowed_tensors))
+        collector.raise_errors()
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
         """Check the options one (GEMM, tensor) resolves to; features override this."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEConfigAPIMapper
-from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry, api_method
 
 
@@ -43,9 +43,11 @@ class DisableQuantizationLayer(TEConfigAPIMapper):
         return True, {}
 
     def validate_config(self, config: dict, location: ConfigLocation) -> None:
+        collector = ErrorCollector()
         for key in config:
             if key != "enabled":
-                raise location.child(key).error(f"{type(self).__name__} takes no keys besides 'enabled'", key)
+                collector.add(location.child(key).error(f"{type(self).__name__} takes no keys besides 'enabled'", key))
+        collector.raise_errors()
 
     @api_method
     def fp8_gemm_enabled(self, config: dict, layer_name: str, gemm: str, iteration: int) -> tuple[bool, int]:

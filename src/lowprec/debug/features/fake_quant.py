@@ -9,7 +9,7 @@ from lowprec.debug.features.api import ModifiesSelectedTensors
 from lowprec.debug.features.per_tensor_scaling import validate_margin
 from lowprec.formats import FP8_FORMATS
 from lowprec.quantization import CurrentScalingQuantizer
-from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry, api_method
 
 
@@ -31,11 +31,14 @@ class FakeQuant(ModifiesSelectedTensors):
     option_keys = frozenset({"quant_format", "margin"})
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
+        collector = ErrorCollector()
         if "quant_format" not in view:
-            raise location.error("FakeQuant needs 'quant_format'", allowed=sorted(FP8_FORMATS))
-        if view["quant_format"] not in FP8_FORMATS:
-            raise location.child("quant_format").error("unsupported format", view["quant_format"], sorted(FP8_FORMATS))
-        validate_margin(view, location)
+            collector.add(location.error("FakeQuant needs 'quant_format'", allowed=sorted(FP8_FORMATS)))
+        elif view["quant_format"] not in FP8_FORMATS:
+            collector.add(location.child("quant_format").error("unsupported format", view["quant_format"], sorted(FP8_FORMATS)))
+        with collector.check():
+            validate_margin(view, location)
+        collector.raise_errors()
 
     @api_method
     def fp8_gemm_enabled(self, config: dict, layer_name: str, gemm: str, iteration: int) -> tuple[bool, int]:

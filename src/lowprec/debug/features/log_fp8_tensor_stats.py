@@ -17,7 +17,7 @@ import torch
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.block_scaling import block_scaling_quantize, mxfp8_quantize
-from lowprec.debug.features.log_tensor_stats import ScheduledStats, schedule, stats_reduction
+from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, schedule, stats_reduction
 from lowprec.formats import E4M3, E5M2, FP8Format
 from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Float8Tensor, Quantizer
 from lowprec.recipe import DelayedScaling
@@ -44,9 +44,32 @@ class Fp8Stat:
     columnwise: bool
 
 
+def _problem(recipe: str | None, name: str, columnwise: bool) -> str | None:
+    """Why no recipe defines this combination, or None when it is a statistic."""
+    if name == "overflows%" and recipe not in (None, DELAYED):
+        return "overflows% exists only under delayed scaling (fp8_delayed_scaling_ or no prefix)"
+    if columnwise and recipe in PER_TENSOR:
+        return "per-tensor recipes have one scale: columnwise statistics equal the rowwise ones"
+    return None
+
+
+def _spelled(recipe: str | None, name: str, columnwise: bool) -> str:
+    return f"{recipe + '_' if recipe else ''}{name}{COLUMNWISE if columnwise else ''}"
+
+
+# Every statistic name the feature takes, for "did you mean" (``underflow%`` -> ``underflows%``).
+ALL_STATS = tuple(
+    _spelled(recipe, name, columnwise)
+    for recipe in (None, *RECIPES)
+    for name in NAMES
+    for columnwise in (False, True)
+    if _problem(recipe, name, columnwise) is None
+)
+
+
 def parse_fp8_stat(written: Any, location: ConfigLocation) -> Fp8Stat:
     """Split ``[recipe_]name[_columnwise]`` and reject combinations no recipe defines."""
-    allowed = [f"[{'|'.join(RECIPES)}_]{{{'|'.join(NAMES)}}}[{COLUMNWISE}]"]
+    allowed = f"[{'|'.join(RECIPES)}_]{{{'|'.join(NAMES)}}}[{COLUMNWISE}]"
     if not isinstance(written, str):
         raise location.error("must be a statistic name", written, allowed)
     stat = written.lower()
@@ -55,17 +78,16 @@ def parse_fp8_stat(written: Any, location: ConfigLocation) -> Fp8Stat:
     columnwise = rest.endswith(COLUMNWISE)
     name = rest.removesuffix(COLUMNWISE)
     if name not in NAMES:
-        raise location.error("unsupported statistic", written, allowed)
-    if name == "overflows%" and recipe not in (None, DELAYED):
-        raise location.error("overflows% exists only under delayed scaling (fp8_delayed_scaling_ or no prefix)", written)
-    if columnwise and recipe in PER_TENSOR:
-        raise location.error("per-tensor recipes have one scale: columnwise statistics equal the rowwise ones", written)
+        raise location.error("unsupported statistic", written, allowed, suggestions=ALL_STATS)
+    problem = _problem(recipe, name, columnwise)
+    if problem is not None:
+        raise location.error(problem, written)
     return Fp8Stat(stat, recipe, name, columnwise)
 
 
 def parse_fp8_stats(config: dict, location: ConfigLocation) -> list[Fp8Stat]:
     stats = stats_list(config, location, list(NAMES))
-    return [parse_fp8_stat(entry, location.child("stats").child(i)) for i, entry in enumerate(stats)]
+    return parse_each(stats, location.child("stats"), parse_fp8_stat)
 
 
 def recipe_of(quantizer: Quantizer | None) -> str | None:

@@ -7,8 +7,9 @@ reduced and logged by ``debug_api.step()`` as ``{layer}_{tensor}_{stat}``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -17,12 +18,13 @@ from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.schedule import next_enabled_iter
 from lowprec.quantization import Float8Tensor
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, stats_list, validate_window, window_key
-from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.blockwise import max_blockwise_dynamic_range
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.partials import empty_partials, set_fields
 
+T = TypeVar("T")
 STATS = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range")
 BLOCKWISE = "max_blockwise_dynamic_range"
 BLOCKWISE_KEYS = {"block_size": "a positive integer (default 32)", "dims": "1 or 2 (default 1)"}
@@ -77,7 +79,18 @@ def parse_stat(entry: Any, location: ConfigLocation) -> str | BlockwiseRange:
 
 def parse_stats(config: dict, location: ConfigLocation) -> list[str | BlockwiseRange]:
     stats = stats_list(config, location, list(STATS))
-    return [parse_stat(entry, location.child("stats").child(i)) for i, entry in enumerate(stats)]
+    return parse_each(stats, location.child("stats"), parse_stat)
+
+
+def parse_each(entries: list, location: ConfigLocation, parse: Callable[[Any, ConfigLocation], T]) -> list[T]:
+    """``parse`` of every entry of a ``stats`` list, raising the errors of all the bad ones together."""
+    collector = ErrorCollector()
+    parsed = []
+    for i, entry in enumerate(entries):
+        with collector.check():
+            parsed.append(parse(entry, location.child(i)))
+    collector.raise_errors()
+    return parsed
 
 
 class ScheduledStats(TEConfigAPIMapper):
@@ -102,8 +115,12 @@ class ScheduledStats(TEConfigAPIMapper):
         return cached[1]
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
-        self.parse_stats(view, location)
-        validate_window(view, location, closed=True)
+        collector = ErrorCollector()
+        with collector.check():
+            self.parse_stats(view, location)
+        with collector.check():
+            validate_window(view, location, closed=True)
+        collector.raise_errors()
 
     @api_method
     def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int) -> tuple[bool, int | None]:

@@ -1,0 +1,139 @@
+"""Quantizers of the block-scaled recipes, with the interface of the per-tensor ones.
+
+``quantize(tensor, transpose)`` returns a ``BlockScaledTensor``: always the rowwise quantization
+(blocks along the last dimension, the GEMM operand as laid out), and with ``transpose`` the
+columnwise one too (the operand of the GEMM that reads the tensor transposed), each made from the
+high-precision values. For ``y = x W^T``: fprop reads x and W rowwise (blocks along K), dgrad
+``dy W`` reads dy rowwise and W columnwise (blocks along N), wgrad ``dy^T x`` reads dy and x
+columnwise (blocks along the tokens). Everything is emulated with torch operations on the tensor's
+device; the stored values and scales are bit for bit those the format defines (``block_scales.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lowprec import hadamard
+from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ScaleRule
+from lowprec.block_tensor import BlockLayout, BlockScaledData, BlockScaledTensor, ElementFormat
+from lowprec.formats import FP8Format
+from lowprec.fp4 import E2M1, FP4Format
+from lowprec.recipe import BlockRecipe, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
+from lowprec.seeding import RoundingStream
+
+MX_BLOCK, FLOAT8_BLOCK, NVFP4_BLOCK = 32, 128, 16
+
+
+class BlockQuantizer:
+    """Casts to one block-scaled format: ``rule`` makes the scales from block amaxes, ``element`` holds
+    the scaled values, ``block`` is ``(height, width)`` with width along the GEMM's inner dimension.
+    ``hadamard_seed``: the columnwise quantization first goes through the random Hadamard transform.
+    ``rounding``: stochastic rounding with that noise stream (E2M1 elements only); ``fixed_offset``
+    replays one earlier cast's noise (see :meth:`replaying`)."""
+
+    def __init__(
+        self,
+        rule: ScaleRule,
+        element: ElementFormat,
+        block: tuple[int, int],
+        fmt: FP8Format,
+        hadamard_seed: int | None = None,
+        rounding: RoundingStream | None = None,
+        fixed_offset: int | None = None,
+    ):
+        if rounding is not None and not isinstance(element, FP4Format):
+            raise ValueError(f"stochastic rounding is implemented for E2M1 elements only, got element format {element.name}")
+        self.rule = rule
+        self.element = element
+        self.block = block
+        self.format = fmt
+        self.hadamard_seed = hadamard_seed
+        self.rounding = rounding
+        self.fixed_offset = fixed_offset
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the FP8 format features cast this tensor to (see ``BlockScaledTensor.format``)."""
+        return self.format.dtype
+
+    def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> BlockScaledTensor:
+        """``tensor`` viewed as 2-D (``[-1, last_dim]``), rowwise and, with ``transpose``, columnwise."""
+        tensor = tensor.detach()
+        x = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
+        x = x.float()
+        offset = None
+        if self.rounding is not None:
+            offset = self.fixed_offset if self.fixed_offset is not None else self.rounding.take()
+        rowwise = self._orientation(x, None, offset, "rowwise")
+        columnwise = self._orientation(x.t(), self.hadamard_seed, offset, "columnwise") if transpose else None
+        return BlockScaledTensor(rowwise, columnwise, self.format, tensor.dtype, offset)
+
+    def replaying(self, offset: int | None) -> BlockQuantizer:
+        """A quantizer that repeats a cast of this one (a recomputed forward): stochastic rounding with the
+        noise of cast ``offset`` (None: of the next cast), without advancing the stream. Without
+        stochastic rounding the casts are deterministic and this quantizer itself repeats them."""
+        if self.rounding is None:
+            return self
+        fixed = offset if offset is not None else self.rounding.next_offset
+        return BlockQuantizer(self.rule, self.element, self.block, self.format, self.hadamard_seed, self.rounding, fixed)
+
+    def _orientation(self, x: torch.Tensor, hadamard_seed: int | None, offset: int | None, part: str) -> BlockScaledData:
+        rows, cols = x.shape
+        height, width = self.block
+        padded = F.pad(x, (0, -cols % width, 0, -rows % height))
+        if hadamard_seed is not None:
+            padded = hadamard.transform(padded, hadamard.random_hadamard(hadamard_seed, padded.device))
+        padded_rows, padded_cols = padded.shape
+        tiles = padded.reshape(padded_rows // height, height, padded_cols // width, width)
+        magnitude = tiles.abs()
+        nan = magnitude.isnan()
+        has_nan = nan.any(dim=3).any(dim=1)
+        amax = torch.where(nan, 0.0, magnitude).amax(dim=(1, 3))
+        scales = self.rule.scales(amax, has_nan)
+        scaled = tiles * scales.multiplier[:, None, :, None]
+        if offset is None:
+            data = self.element.cast(scaled)
+        else:
+            data = self.element.cast(scaled, self.rounding.noise(offset, part, scaled.shape, scaled.device))
+        layout = BlockLayout(self.element, self.block, (rows, cols), hadamard_seed)
+        return BlockScaledData(data.reshape(padded_rows, padded_cols), scales.stored, scales.tensor_scale_inv, layout)
+
+
+def block_quantizers(recipe: BlockRecipe, layer_name: str) -> dict[str, BlockQuantizer]:
+    """The quantizers of one layer's activation, weight and gradient under a block recipe, as
+    Transformer Engine configures them (``layer_name`` keys the stochastic-rounding noise)."""
+    if isinstance(recipe, MXFP8BlockScaling):
+        fwd, bwd = recipe.fp8_format.forward, recipe.fp8_format.backward
+        weight_block = (MX_BLOCK, MX_BLOCK) if recipe.enable_2d_quantization else (1, MX_BLOCK)
+        return {
+            "activation": BlockQuantizer(MXScaleRule(fwd), fwd, (1, MX_BLOCK), fwd),
+            "weight": BlockQuantizer(MXScaleRule(fwd), fwd, weight_block, fwd),
+            "gradient": BlockQuantizer(MXScaleRule(bwd), bwd, (1, MX_BLOCK), bwd),
+        }
+    if isinstance(recipe, Float8BlockScaling):
+        fwd, bwd = recipe.fp8_format.forward, recipe.fp8_format.backward
+        power_2 = not recipe.use_f32_scales
+
+        def quantizer(fmt: FP8Format, dim: int) -> BlockQuantizer:
+            block = (FLOAT8_BLOCK, FLOAT8_BLOCK) if dim == 2 else (1, FLOAT8_BLOCK)
+            return BlockQuantizer(Float8BlockScaleRule(fmt, power_2), fmt, block, fmt)
+
+        return {
+            "activation": quantizer(fwd, recipe.x_block_scaling_dim),
+            "weight": quantizer(fwd, recipe.w_block_scaling_dim),
+            "gradient": quantizer(bwd, recipe.grad_block_scaling_dim),
+        }
+    if isinstance(recipe, NVFP4BlockScaling):
+        fmt, rule, row = recipe.fp8_format.forward, NVFP4ScaleRule(), (1, NVFP4_BLOCK)
+        rht = None if recipe.disable_rht else recipe.seed
+        weight_block = row if recipe.disable_2d_quantization else (NVFP4_BLOCK, NVFP4_BLOCK)
+        rounding = None if recipe.disable_stochastic_rounding else RoundingStream(recipe.seed, f"{layer_name}.gradient")
+        return {
+            "activation": BlockQuantizer(rule, E2M1, row, fmt, hadamard_seed=rht),
+            "weight": BlockQuantizer(rule, E2M1, weight_block, fmt),
+            "gradient": BlockQuantizer(rule, E2M1, row, fmt, hadamard_seed=rht, rounding=rounding),
+        }
+    raise TypeError(
+        f"recipe must be one of MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling, got {type(recipe).__name__}"
+    )

@@ -1,0 +1,58 @@
+"""The installed ``nvdlfw-inspect`` command: ``nvdlfw_inspect``'s command line with lowprec's features loaded
+(``transformer_engine`` configs validate as they are) and lowprec's ``demo``.
+
+It lives here, above both packages, because ``nvdlfw_inspect`` never imports ``lowprec``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import lowprec  # noqa: F401  (importing it makes every initialize load its features)
+from nvdlfw_inspect import cli
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def demo_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--steps", type=positive_int, default=300, help="training steps (default 300)")
+    sub.add_argument("--size", choices=["tiny", "small", "base"], default="small", help="model size (default small)")
+    sub.add_argument("--config", help="a YAML config instead of the demo's")
+    sub.add_argument("--log-dir", default="./demo_logs", help="where logs and the report go (default ./demo_logs)")
+    sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Check the given config first, as ``validate`` does: a bad one is reported once, and no log is started."""
+    if args.config is not None:
+        path = Path(args.config)
+        errors = cli.config_errors(path, [])
+        if errors:
+            cli.print_config_errors(path, errors)
+            return 1
+    from lowprec.demo import run_demo
+
+    run_demo(steps=args.steps, size=args.size, config=args.config, log_dir=args.log_dir, device=args.device)
+    return 0
+
+
+DEMO = cli.Command(
+    "demo", "Train a small GPT on text shipped with Python in emulated FP8, with statistics and a report.", demo_arguments, demo
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    description = "Validate configs, list and explain features, write reports, diagnose runs, run the demo."
+    return cli.main(argv, extra=[DEMO], description=description)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

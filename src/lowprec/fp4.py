@@ -1,0 +1,56 @@
+"""FP4 E2M1, the element format of NVFP4: 1 sign bit, 2 exponent bits, 1 mantissa bit, no inf or NaN.
+
+Its magnitudes are 0, 0.5, 1, 1.5, 2, 3, 4 and 6. There is no torch dtype to compute with, so values
+are kept as 4-bit codes, one per ``uint8`` (bit 3 the sign, bits 0-2 the index of the magnitude in
+``MAGNITUDES``): the code of a value is its bit pattern, as in a packed hardware tensor.
+
+Casts saturate at ±6 and round to nearest, ties to even (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4), or,
+given uniform noise in [0, 1), stochastically: up with probability equal to the distance from the
+lower neighbour in units of the step, so the expected value is the input. NaN has no code; casts map
+it to +0 and leave marking the block to the caller (NVFP4 gives such a block a NaN scale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+SIGN_BIT = 8
+
+
+@dataclass(frozen=True)
+class FP4Format:
+    """The E2M1 grid (see the module docstring): its name in messages and its largest magnitude."""
+
+    name: str = "FP4E2M1"
+    max: float = 6.0
+
+    def cast(self, scaled: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """E2M1 codes of ``scaled`` (already multiplied by its scale): round to nearest even, or
+        stochastically with ``noise`` (uniform in [0, 1), ``scaled``'s shape)."""
+        x = scaled.float()
+        magnitude = x.abs().nan_to_num(nan=0.0).clamp(max=self.max)
+        # binade 0 (below 2, subnormals included) has steps of 0.5, binade 1 ([2, 4)) of 1, binade 2 ([4, 6]) of 2
+        binade = (magnitude >= 2).to(torch.uint8) + (magnitude >= 4).to(torch.uint8)
+        step = torch.exp2(binade.float()) * 0.5
+        units = magnitude / step  # exact: a power-of-two division
+        if noise is None:
+            units = torch.round(units)  # half to even: an even number of steps has mantissa bit 0
+        else:
+            units = torch.floor(units.double() + noise.double()).float()  # float64: the sum is exact
+        # a binade's first value has code 2 * binade (0, 2 or 4 steps into it: 0, 1.0 (2 half steps), ...)
+        index = units.to(torch.uint8) + 2 * binade
+        return index + SIGN_BIT * (x.signbit() & ~x.isnan()).to(torch.uint8)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """The float32 values of E2M1 ``codes``: exponent bits ``e``, mantissa bit ``m``: ``m / 2`` when
+        ``e`` is 0, else ``2**(e-1) * (1 + m/2)``."""
+        exponent = ((codes >> 1) & 3).float()
+        mantissa = (codes & 1).float()
+        magnitude = torch.where(exponent == 0, mantissa * 0.5, torch.exp2(exponent - 1) * (1 + mantissa * 0.5))
+        return torch.where(codes >= SIGN_BIT, -magnitude, magnitude)
+
+
+E2M1 = FP4Format()

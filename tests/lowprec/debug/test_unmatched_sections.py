@@ -1,0 +1,73 @@
+"""A config section that selects no layer of a lowprec model is warned about once, naming the section and its
+selectors: when ``infer_and_assign_layer_names`` names the model, else at the end of the first step."""
+
+from __future__ import annotations
+
+import torch
+from debugrun import section, start
+
+import lowprec
+import nvdlfw_inspect
+import nvdlfw_inspect.api as debug_api
+
+STATS = {"LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]}}
+
+
+def sequential() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(lowprec.Linear(16, 16), torch.nn.ReLU(), lowprec.Linear(16, 16))
+
+
+def train(model: torch.nn.Module, steps: int = 2) -> None:
+    for _ in range(steps):
+        with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+            model(torch.randn(4, 16)).sum().backward()
+        debug_api.step()
+
+
+def warnings_in(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "selects no layer" in line]
+
+
+def test_a_section_for_layers_the_model_lacks_is_warned_about_when_the_model_is_named(log_dir, capsys):
+    start(section(STATS, {"layer_types": ["fc1"]}), log_dir)
+    model = sequential()
+    debug_api.infer_and_assign_layer_names(model)
+    (warning,) = warnings_in(capsys.readouterr().err)
+    assert "section 'sec' selects no layer: its selectors {'layer_types': ['fc1']} match none of the 4 layers" in warning
+    assert "(model, model.0 [linear], model.1, model.2 [linear]); its features do nothing" in warning
+    train(model)
+    debug_api.end_debug()
+    assert warnings_in(capsys.readouterr().err) == []  # once: not again at the first step
+    assert warning.split(" - WARNING - ")[1] in (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    assert nvdlfw_inspect.read_stats(log_dir).empty
+
+
+def test_without_naming_the_first_step_warns_with_the_layers_that_called(log_dir, capsys):
+    start(section(STATS, {"layer_types": ["fc1"]}), log_dir)
+    model = sequential()
+    model[0].name, model[2].name = "model.0", "model.2"
+    train(model, steps=1)
+    (warning,) = warnings_in(capsys.readouterr().err)
+    assert (
+        "match none of the 2 layers that called the debug API in the first step (model.0 [linear], model.2 [linear])" in warning
+    )
+    train(model, steps=2)
+    assert warnings_in(capsys.readouterr().err) == []
+
+
+def test_sections_that_select_a_layer_by_name_or_declared_type_are_not_warned_about(log_dir, capsys):
+    config = {
+        **section(STATS, {"layer_types": ["fc1"]}),
+        "linear": {
+            "enabled": True,
+            "layers": {"layer_types": ["linear"]},
+            "transformer_engine": {"DisableFP8GEMM": {"enabled": True, "gemms": ["wgrad"]}},
+        },
+    }
+    start(config, log_dir)
+    model = torch.nn.Sequential(lowprec.LayerNormMLP(16, 32), lowprec.Linear(16, 16))  # its fc1 and fc2 are debug layers
+    debug_api.infer_and_assign_layer_names(model)
+    train(model)
+    assert warnings_in(capsys.readouterr().err) == []
+    assert set(nvdlfw_inspect.read_stats(log_dir).layer) == {"model.0.fc1"}
