@@ -92,6 +92,11 @@ def check_fp8_debugging(directory: Path, stdout: str) -> None:
     assert "transformer_layer.layernorm_mlp.fc1: Tensor: activation, gemm fprop - High precision" in plan
 
 
+def check_compare(directory: Path, stdout: str) -> None:
+    assert stdout.strip().endswith("compare.html") and (directory / "compare_logs" / "compare.html").exists()
+    assert {run.name for run in (directory / "compare_logs").iterdir() if run.is_dir()} == {"bf16", "delayed", "mxfp8"}
+
+
 CHECKS = {
     "Quick start": check_quick_start,
     "Logs": check_wandb,
@@ -99,6 +104,7 @@ CHECKS = {
     "Diagnose a run: what is wrong, and a config that fixes it": check_diagnose,
     "FP8 layers: `lowprec`": None,  # its assertion is appended to the snippet
     "Converting an existing model: `lowprec.convert`": check_convert,
+    "Comparing formats: `nvdlfw-inspect compare`": check_compare,
     "Debugging FP8 training (config namespace `transformer_engine`)": check_fp8_debugging,
 }
 APPENDED = {

@@ -1,5 +1,5 @@
 """The installed ``nvdlfw-inspect`` command: ``nvdlfw_inspect``'s command line with lowprec's features loaded
-(``transformer_engine`` configs validate as they are) and lowprec's ``demo``.
+(``transformer_engine`` configs validate as they are), lowprec's ``demo`` and ``compare``.
 
 It lives here, above both packages, because ``nvdlfw_inspect`` never imports ``lowprec``.
 """
@@ -19,6 +19,13 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
     return value
 
 
@@ -49,9 +56,51 @@ DEMO = cli.Command(
 )
 
 
+def recipe_names(text: str) -> list[str]:
+    from lowprec.compare import parse_recipes
+
+    try:
+        return parse_recipes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def compare_arguments(sub: argparse.ArgumentParser) -> None:
+    from lowprec.compare import RECIPES
+    from lowprec.demo import SIZES
+
+    known = ",".join(RECIPES)
+    sub.add_argument("--recipes", type=recipe_names, default=list(RECIPES), help=f"comma-separated, from {known} (default: all)")
+    sub.add_argument("--steps", type=positive_int, default=100, help="training steps per recipe (default 100)")
+    sub.add_argument("--size", choices=list(SIZES), default="tiny", help="model size (default tiny)")
+    sub.add_argument("--out", default="./compare_logs", help="where the runs and compare.html go (default ./compare_logs)")
+    sub.add_argument("--seed", type=non_negative_int, default=0, help="weights and batch order, the same for every recipe")
+    sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def compare(args: argparse.Namespace) -> int:
+    """A run directory that already holds logs is a user error, found before any training."""
+    from lowprec.compare import compare_formats
+
+    try:
+        page = compare_formats(args.recipes, args.steps, args.size, args.out, args.seed, args.device)
+    except ValueError as error:
+        raise cli.UserError(str(error)) from None
+    print(f"page: {page}")
+    return 0
+
+
+COMPARE = cli.Command(
+    "compare",
+    "Train the demo GPT once per recipe (high precision, FP8, MXFP8, NVFP4...) from one seed; one page compares them.",
+    compare_arguments,
+    compare,
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    description = "Validate configs, list and explain features, write reports, diagnose runs, run the demo."
-    return cli.main(argv, extra=[DEMO], description=description)
+    description = "Validate configs, list and explain features, write reports, diagnose runs, run the demo, compare formats."
+    return cli.main(argv, extra=[DEMO, COMPARE], description=description)
 
 
 if __name__ == "__main__":

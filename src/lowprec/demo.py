@@ -2,11 +2,13 @@
 
 The text is ``pydoc_data.topics`` (the help texts that ship with CPython), read as bytes. The config
 (``demo_config.yaml`` unless another is given) logs tensor and FP8 statistics and runs one GEMM in
-high precision. At the end the demo writes the HTML report and prints where everything is.
+high precision. At the end the demo writes the HTML report and the loss of every step (``loss.json``, which
+``nvdlfw-inspect compare`` reads back) and prints where everything is.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -20,9 +22,12 @@ import torch.nn.functional as F
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
+from lowprec.recipe import Recipe
 from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
 
 DEMO_CONFIG = Path(__file__).resolve().parent / "demo_config.yaml"
+LOSS_FILE = "loss.json"
+DEMO_RECIPE = lowprec.DelayedScaling()
 
 
 @dataclass(frozen=True)
@@ -105,14 +110,30 @@ def progress(step: int, steps: int, loss: float, left: float) -> None:
     sys.stderr.flush()
 
 
+def read_losses(log_dir: str | Path) -> list[float]:
+    """The loss of every step of the demo run in ``log_dir``, as the run wrote it."""
+    path = Path(log_dir) / LOSS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no demo losses in {str(log_dir)!r} (expected {LOSS_FILE})")
+    return json.loads(path.read_text())["loss"]
+
+
 def run_demo(
     steps: int = 300,
     size: str = "small",
     config: str | Path | None = None,
     log_dir: str | Path = "./demo_logs",
     device: str | None = None,
+    recipe: Recipe | None = DEMO_RECIPE,
+    seed: int = 0,
 ) -> dict:
-    """Train, log, write the report; returns the first and last losses and the paths written."""
+    """Train, log, write the report; returns the first and last losses, every step's loss and the paths written.
+
+    ``recipe`` None trains in high precision (no FP8 autocast). ``seed`` fixes the initial weights (``seed``)
+    and the order of the batches (``seed + 1``), so runs with different recipes see the same data.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     if size not in SIZES:
         raise ValueError(f"size must be one of {list(SIZES)}, got {size!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -122,20 +143,20 @@ def run_demo(
     log_dir = Path(log_dir)
     debug_api.initialize(config_file=str(config or DEMO_CONFIG), feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
     try:
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         text = corpus().to(device)
         model = GPT(shape).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))
         )
-        generator = torch.Generator().manual_seed(1)
+        generator = torch.Generator().manual_seed(seed + 1)
         losses, started, time_left = [], time.perf_counter(), TimeLeft()
         for step in range(steps):
             step_started = time.perf_counter()
             starts = torch.randint(0, len(text) - shape.seq - 1, (shape.batch,), generator=generator).tolist()
             window = torch.stack([text[s : s + shape.seq + 1] for s in starts])
-            with lowprec.fp8_autocast(fp8_recipe=lowprec.DelayedScaling()):
+            with lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
                 logits = model(window[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, 256), window[:, 1:].reshape(-1))
             optimizer.zero_grad(set_to_none=True)
@@ -153,7 +174,9 @@ def run_demo(
     from nvdlfw_inspect.report import write_report
 
     report = write_report(log_dir)
+    (log_dir / LOSS_FILE).write_text(json.dumps({"loss": losses}))
     result = {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "report": report}
+    result["losses"] = losses
     result["statistics"] = log_dir / STATISTICS_LOG_DIR
     result["records"] = log_dir / STATISTICS_RECORDS_DIR
     result["debug_log"] = log_dir / MAIN_LOG_DIR

@@ -52,6 +52,7 @@ def test_demo_from_the_command_line(tmp_path, capsys):
         ({"size": "huge"}, r"size must be one of \['tiny', 'small', 'base'\], got 'huge'"),
         ({"steps": 0}, "steps must be a positive integer, got 0"),
         ({"steps": True}, "steps must be a positive integer, got True"),
+        ({"seed": -1}, "seed must be a non-negative integer, got -1"),
     ],
 )
 def test_bad_demo_arguments_are_clear_errors(tmp_path, kwargs, message):

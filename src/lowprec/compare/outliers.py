@@ -1,0 +1,71 @@
+"""The layers whose quantization stands out in one run: per statistic, the tensors with the highest median
+over the last quarter of the logged iterations (what the run settled into, not warm-up transients).
+
+``mse`` is ranked relative to the tensor's variance (``mse / std**2``, ``std`` from ``LogTensorStats``), so
+gradients, whose values are tiny, compete with activations on equal terms.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+
+from nvdlfw_inspect.reading import Statistic
+
+TOP = 5
+RANKED = ("underflows%", "overflows%", "relative mse")
+
+Series = dict[tuple[str, str], dict[int, float]]  # (layer, tensor) -> iteration -> value
+
+
+def collect(stats: Iterable[Statistic], prefix: str) -> dict[str, Series]:
+    """Series per statistic name, ``prefix`` stripped (``mxfp8_mse`` -> ``mse``), the worst rank per iteration."""
+    series: dict[str, Series] = defaultdict(lambda: defaultdict(dict))
+    for stat in stats:
+        name = stat.stat.removeprefix(prefix) if prefix else stat.stat
+        points = series[name][(stat.layer, stat.tensor)]
+        points[stat.iteration] = max(points.get(stat.iteration, -math.inf), stat.value)
+    return series
+
+
+def relative_mse(series: dict[str, Series]) -> Series:
+    """``mse / std**2`` where both were logged at the same iteration and the variance is not zero."""
+    result: Series = {}
+    for key, mse in series.get("mse", {}).items():
+        std = series.get("std", {}).get(key, {})
+        points = {it: value / std[it] ** 2 for it, value in mse.items() if std.get(it)}
+        if points:
+            result[key] = points
+    return result
+
+
+def settled(points: dict[int, float]) -> float:
+    """The median of the last quarter of the iterations (at least one)."""
+    values = [points[it] for it in sorted(points)]
+    return statistics.median(values[-max(1, len(values) // 4) :])
+
+
+def top_tensors(series: Series, top: int = TOP) -> list[dict]:
+    """The ``top`` tensors by settled value (NaN or infinite first), with their worst value and its iteration."""
+    rows = []
+    for (layer, tensor), points in series.items():
+        worst = max(points, key=lambda it: points[it])
+        rows.append(
+            {"layer": layer, "tensor": tensor, "settled": settled(points), "worst": points[worst], "worst_iteration": worst}
+        )
+    rows.sort(key=lambda row: (not math.isfinite(row["settled"]), _finite(row["settled"])), reverse=True)
+    return rows[:top]
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else 0.0
+
+
+def outliers(stats: Iterable[Statistic], prefix: str = "") -> dict[str, list[dict]]:
+    """Per ranked statistic that the run logged, its top tensors."""
+    series = collect(stats, prefix)
+    ranked = {"underflows%": series.get("underflows%", {}), "overflows%": series.get("overflows%", {})}
+    ranked["relative mse"] = relative_mse(series)
+    return {name: top_tensors(ranked[name]) for name in RANKED if ranked[name]}

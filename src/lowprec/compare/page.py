@@ -1,0 +1,155 @@
+"""The comparison page: one self-contained HTML file (no script, no network) with the loss curves of every
+recipe drawn as inline SVG on shared axes, a table of losses, and per recipe the tensors that stand out.
+The data it shows is embedded as JSON (``<script type="application/json" id="compare-data">``) for tools."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from typing import Any
+
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 780, 380, 80, 170, 20, 40
+
+STYLE = """
+body { font: 14px system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.note { color: #666; }
+svg text { font: 12px system-ui, sans-serif; }
+"""
+
+
+def _json_safe(value: Any) -> Any:
+    """JSON has no NaN or infinity: NaN becomes null, infinities the strings "inf" and "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(item) for item in value]
+    return value
+
+
+def script_json(data: Any) -> str:
+    """``data`` as JSON a ``<script>`` element holds as is (``<``, ``>``, ``&`` escaped); floats exact."""
+    text = json.dumps(_json_safe(data), separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _ticks(low: float, high: float, count: int = 5) -> list[float]:
+    return [low + (high - low) * i / (count - 1) for i in range(count)]
+
+
+def chart(series: list[tuple[str, list[float]]], label: str) -> str:
+    """Each named series per step as one line, on shared axes; non-finite values break the line."""
+    finite = [loss for _, values in series for loss in values if math.isfinite(loss)]
+    steps = max(len(values) for _, values in series)
+    low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    high = high if high > low else low + 1.0
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x(step: float) -> float:
+        return LEFT + plot_w * step / max(1, steps - 1)
+
+    def y(loss: float) -> float:
+        return TOP + plot_h * (high - loss) / (high - low)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" role="img">']
+    parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>')
+    for value in _ticks(low, high):
+        parts.append(f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{value:.3g}</text>')
+        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#eee"/>')
+    for step in sorted({round(value) for value in _ticks(0, steps - 1)}):
+        parts.append(f'<text x="{x(step):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{step}</text>')
+    parts.append(f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 6}" text-anchor="middle">step</text>')
+    middle = TOP + plot_h / 2
+    parts.append(
+        f'<text x="14" y="{middle}" transform="rotate(-90 14 {middle})" text-anchor="middle">{html.escape(label)}</text>'
+    )
+    for i, (name, values) in enumerate(series):
+        colour = COLOURS[i % len(COLOURS)]
+        for segment in _segments(values):
+            points = " ".join(f"{x(step):.1f},{y(loss):.1f}" for step, loss in segment)
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
+        legend_y = TOP + 16 + 18 * i
+        ends = f'x1="{WIDTH - RIGHT + 12}" x2="{WIDTH - RIGHT + 32}" y1="{legend_y}" y2="{legend_y}"'
+        parts.append(f'<line {ends} stroke="{colour}" stroke-width="3"/>')
+        parts.append(f'<text x="{WIDTH - RIGHT + 38}" y="{legend_y + 4}">{html.escape(name)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def loss_charts(runs: list[dict]) -> str:
+    """The losses; with several runs also each one's difference from the first run's, which the eye cannot
+    read off curves that nearly coincide."""
+    drawn = chart([(run["name"], run["loss"]) for run in runs], "loss")
+    if len(runs) < 2:
+        return drawn
+    reference = runs[0]["loss"]
+    differences = [(run["name"], [a - b for a, b in zip(run["loss"], reference, strict=True)]) for run in runs]
+    return drawn + "\n" + chart(differences, f"loss - {runs[0]['name']} loss")
+
+
+def _segments(losses: list[float]) -> list[list[tuple[int, float]]]:
+    """Runs of consecutive finite losses (a single point draws nothing)."""
+    segments: list[list[tuple[int, float]]] = [[]]
+    for step, loss in enumerate(losses):
+        if math.isfinite(loss):
+            segments[-1].append((step, loss))
+        elif segments[-1]:
+            segments.append([])
+    return [segment for segment in segments if len(segment) > 1]
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+def _loss_table(runs: list[dict]) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(run['name'])}</td><td>{html.escape(run['label'])}</td>"
+        f"<td class=num>{_number(run['loss'][0])}</td><td class=num>{_number(run['last_loss'])}</td>"
+        f'<td class=num>{run["seconds"]:.1f}</td><td><a href="{html.escape(run["report"])}">report</a></td></tr>'
+        for run in runs
+    )
+    head = (
+        "<tr><th>recipe</th><th>format</th><th>first loss</th><th>last loss (mean of last 10)</th><th>seconds</th><th></th></tr>"
+    )
+    return f"<table>{head}{rows}</table>"
+
+
+def _outlier_tables(run: dict) -> str:
+    if not run["outliers"]:
+        return f"<p class=note>No FP8 statistics for {html.escape(run['name'])} (no statistic of its format exists yet).</p>"
+    parts = []
+    for stat, rows in run["outliers"].items():
+        body = "".join(
+            f"<tr><td>{html.escape(row['layer'])}</td><td>{html.escape(row['tensor'])}</td>"
+            f"<td class=num>{_number(row['settled'])}</td>"
+            f"<td class=num>{_number(row['worst'])} at {row['worst_iteration']}</td></tr>"
+            for row in rows
+        )
+        head = f"<tr><th>layer</th><th>tensor</th><th>{html.escape(stat)}, last quarter (median)</th><th>worst</th></tr>"
+        parts.append(f"<h4>{html.escape(stat)}</h4><table>{head}{body}</table>")
+    return "".join(parts)
+
+
+def render(data: dict) -> str:
+    """The page for ``data`` (``compare_formats`` makes it): title, runs, each with its losses and outliers."""
+    runs = data["runs"]
+    sections = "".join(
+        f"<h3>{html.escape(run['name'])}: {html.escape(run['label'])}</h3>"
+        f"<p class=note>statistics: {html.escape(', '.join(run['fp8_stats']) or 'LogTensorStats only')}</p>{_outlier_tables(run)}"
+        for run in runs
+    )
+    title = html.escape(data["title"])
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{STYLE}</style></head>\n'
+        f"<body><h1>{title}</h1><p class=note>{html.escape(data['setup'])}</p>\n"
+        f"<h2>Loss</h2>{loss_charts(runs)}{_loss_table(runs)}\n"
+        f"<h2>Tensors that stand out, per format</h2><p class=note>{html.escape(data['ranking'])}</p>{sections}\n"
+        f'<script type="application/json" id="compare-data">{script_json(data)}</script>\n</body></html>\n'
+    )

@@ -1,0 +1,111 @@
+"""``nvdlfw-inspect compare``: the demo GPT trained once per recipe from one seed, and the page comparing
+the runs (its embedded data is what the runs logged)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lowprec.cli import main
+from lowprec.compare import RECIPES, compare_formats, parse_recipes, statistics_config
+from lowprec.compare.outliers import outliers, settled
+from lowprec.demo import read_losses, run_demo
+from nvdlfw_inspect.reading import Statistic
+
+STEPS, SEED = 4, 3
+
+
+def page_data(page: Path) -> dict:
+    match = re.search(r'<script type="application/json" id="compare-data">(.*?)</script>', page.read_text(), re.S)
+    return json.loads(match.group(1))
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("compare")
+    page = compare_formats(["bf16", "delayed", "mxfp8"], steps=STEPS, size="tiny", out=out, seed=SEED, device="cpu")
+    return page, page_data(page)
+
+
+def test_the_page_holds_every_runs_logged_losses(compared):
+    page, data = compared
+    assert page.name == "compare.html" and page.read_text().startswith("<!DOCTYPE html>")
+    assert [run["name"] for run in data["runs"]] == ["bf16", "delayed", "mxfp8"]
+    for run in data["runs"]:
+        assert run["loss"] == read_losses(page.parent / run["name"]) and len(run["loss"]) == STEPS
+        assert (page.parent / run["report"]).is_file()
+    first = [run["loss"][0] for run in data["runs"]]
+    assert max(first) - min(first) < 0.02 * min(first)  # same weights, same batch: only the format differs
+    assert page.read_text().count("<polyline") == 6  # the losses, and their differences from bf16's
+
+
+def test_the_page_is_offline(compared):
+    text = compared[0].read_text()
+    assert "<script src" not in text and "<link" not in text
+    assert set(re.findall(r"https?://[^\"' ]+", text)) <= {"http://www.w3.org/2000/svg"}
+
+
+def test_each_format_ranks_what_it_logged(compared):
+    runs = {run["name"]: run for run in compared[1]["runs"]}
+    assert runs["bf16"]["outliers"] == {}
+    assert set(runs["delayed"]["outliers"]) == {"underflows%", "overflows%", "relative mse"}
+    assert set(runs["mxfp8"]["outliers"]) == {"underflows%", "relative mse"}  # mxfp8_ prefix stripped
+    rows = runs["delayed"]["outliers"]["underflows%"]
+    assert 0 < len(rows) <= 5 and [row["settled"] for row in rows] == sorted((row["settled"] for row in rows), reverse=True)
+
+
+def test_the_same_seed_gives_the_plain_demos_loss(compared, tmp_path):
+    config = tmp_path / "stats.yaml"
+    config.write_text(yaml.safe_dump(statistics_config(RECIPES["bf16"], 5)))
+    bf16 = next(run for run in compared[1]["runs"] if run["name"] == "bf16")
+    plain = run_demo(steps=STEPS, size="tiny", config=config, log_dir=tmp_path / "plain", device="cpu", recipe=None, seed=SEED)
+    assert plain["losses"] == bf16["loss"]
+    other = run_demo(steps=2, size="tiny", config=config, log_dir=tmp_path / "other", device="cpu", recipe=None, seed=SEED + 1)
+    assert other["losses"] != bf16["loss"][:2]
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        ("bf16,fp9", r"unknown recipe 'fp9'; known: bf16, delayed, current, mxfp8, block, nvfp4"),
+        (["fp9", "x"], r"unknown recipes 'fp9', 'x'"),
+        ("delayed,delayed", r"recipe given twice: delayed"),
+        ("", r"recipes must be names from"),
+        ("bf16,", r"recipes must be names from"),
+    ],
+)
+def test_bad_recipe_names_are_clear_errors(tmp_path, names, message):
+    with pytest.raises(ValueError, match=message):
+        parse_recipes(names)
+    with pytest.raises(ValueError, match=message):
+        compare_formats(names, steps=1, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_the_command_line(tmp_path, capsys):
+    assert main(["compare", "--recipes", "current", "--steps", "2", "--out", str(tmp_path), "--device", "cpu"]) == 0
+    assert f"page: {tmp_path / 'compare.html'}" in capsys.readouterr().out
+    assert main(["compare", "--recipes", "current", "--steps", "2", "--out", str(tmp_path)]) == 1  # runs already there
+    assert "already holds runs of current" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "--recipes", "bf16,fp9"])
+    assert exit_info.value.code == 2 and "argument --recipes: unknown recipe 'fp9'" in capsys.readouterr().err
+
+
+def test_outliers_rank_the_settled_value_and_relate_mse_to_the_variance():
+    assert settled({0: 90.0, 1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 5: 5.0, 6: 6.0, 7: 7.0}) == 6.5  # last quarter: 6, 7
+    stats = [
+        Statistic(0, layer, "gradient", "mxfp8_underflows%", it, value)
+        for layer, value in (("a", 1.0), ("b", 3.0))
+        for it in range(4)
+    ]
+    stats += [Statistic(0, "a", "activation", "mxfp8_mse", 0, 0.5), Statistic(0, "a", "activation", "std", 0, 2.0)]
+    ranked = outliers(stats, "mxfp8_")
+    assert [row["layer"] for row in ranked["underflows%"]] == ["b", "a"]
+    assert ranked["relative mse"] == [
+        {"layer": "a", "tensor": "activation", "settled": 0.125, "worst": 0.125, "worst_iteration": 0}
+    ]
