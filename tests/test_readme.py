@@ -132,3 +132,17 @@ def test_snippet_runs_as_written(heading, tmp_path, request):
     assert result.returncode == 0, result.stderr
     if CHECKS.get(heading):
         CHECKS[heading](tmp_path, result.stdout)
+
+
+def test_every_transformer_engine_config_in_the_readme_initializes(tmp_path):
+    """The feature examples are configs users copy: each must pass validation as written."""
+    import lowprec
+    import nvdlfw_inspect.api as debug_api
+
+    configs = [text for language, _, _, text in BLOCKS if language == "yaml" and "transformer_engine:" in text]
+    assert len(configs) >= 3
+    for i, text in enumerate(configs):
+        path = tmp_path / f"config{i}.yaml"
+        path.write_text(text)
+        debug_api.initialize(config_file=str(path), feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(tmp_path / f"log{i}"))
+        debug_api.end_debug()

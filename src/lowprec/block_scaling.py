@@ -37,9 +37,19 @@ def as_2d(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
 
 
+def mxfp8_quantizer(fmt: FP8Format) -> BlockQuantizer:
+    """What-if MXFP8: blocks of 32 along the rows (``transpose``: also down the columns)."""
+    return BlockQuantizer(MXScaleRule(fmt), fmt, (1, MX_BLOCK), fmt)
+
+
+def block_scaling_quantizer(fmt: FP8Format) -> BlockQuantizer:
+    """What-if FP8 block scaling: 128 x 128 tiles with power-of-two scales."""
+    return BlockQuantizer(Float8BlockScaleRule(fmt), fmt, (FLOAT8_BLOCK, FLOAT8_BLOCK), fmt)
+
+
 def mxfp8_quantize(tensor: torch.Tensor, fmt: FP8Format, columnwise: bool = False) -> BlockQuantized:
     """MXFP8 of ``tensor`` viewed as 2-D; ``columnwise`` takes blocks down the columns."""
-    quantizer = BlockQuantizer(MXScaleRule(fmt), fmt, (1, MX_BLOCK), fmt)
+    quantizer = mxfp8_quantizer(fmt)
     x = as_2d(tensor.detach())
     part = quantizer.quantize(x.t() if columnwise else x).rowwise
     dequantized = part.dequantize()
@@ -49,6 +59,5 @@ def mxfp8_quantize(tensor: torch.Tensor, fmt: FP8Format, columnwise: bool = Fals
 
 def block_scaling_quantize(tensor: torch.Tensor, fmt: FP8Format) -> BlockQuantized:
     """128 x 128-tile FP8 of ``tensor`` viewed as 2-D (its transpose has the same tiles and values)."""
-    quantizer = BlockQuantizer(Float8BlockScaleRule(fmt), fmt, (FLOAT8_BLOCK, FLOAT8_BLOCK), fmt)
-    part = quantizer.quantize(as_2d(tensor.detach())).rowwise
+    part = block_scaling_quantizer(fmt).quantize(as_2d(tensor.detach())).rowwise
     return BlockQuantized(part.data, part.scales.reshape(-1), part.dequantize())

@@ -64,6 +64,7 @@ _DERIVATIONS: dict[str, tuple[Callable[[Columns], torch.Tensor], tuple[str, ...]
     "scale_inv_min": (_nan_if_empty(lambda p: p["scale_inv_min"]), ()),
     "scale_inv_max": (_nan_if_empty(lambda p: p["scale_inv_max"]), ()),
     "max_blockwise_dynamic_range": (_nan_if_empty(lambda p: p["blockwise_dr"]), ()),
+    "count": (lambda p: p["count"], ()),  # how many values were fed: summed over micro-batches and ranks
 }
 STAT_PARTIALS = {name: fields for name, (_, fields) in _DERIVATIONS.items()}
 BASE_STATS = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range")

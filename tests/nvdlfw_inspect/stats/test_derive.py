@@ -13,7 +13,7 @@ from nvdlfw_inspect.stats.partials import FIELDS, empty_partials
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 EVERY = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
-FP8 = ["underflows%", "overflows%", "mse", "scale_inv_min", "scale_inv_max", "max_blockwise_dynamic_range"]
+FP8 = ["underflows%", "overflows%", "mse", "scale_inv_min", "scale_inv_max", "max_blockwise_dynamic_range", "count"]
 REL = 2e-6  # sums accumulate in float32
 
 

@@ -1,41 +1,60 @@
-"""``FakeQuant``: round chosen GEMM operands to an FP8 format and back, then run the GEMM in high precision."""
+"""``FakeQuant``: round chosen GEMM operands to a low-precision format and back, then run the GEMM in high precision."""
 
 from __future__ import annotations
 
 import torch
 
 import nvdlfw_inspect.api as debug_api
+from lowprec.block_quantization import MX_BLOCK, NVFP4_BLOCK, BlockQuantizer
+from lowprec.block_scales import MXScaleRule, NVFP4ScaleRule
 from lowprec.debug.features.api import ModifiesSelectedTensors
 from lowprec.debug.features.per_tensor_scaling import validate_margin
-from lowprec.formats import FP8_FORMATS
+from lowprec.formats import E4M3, E5M2, FP8_FORMATS
+from lowprec.fp4 import E2M1
 from lowprec.quantization import CurrentScalingQuantizer
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry, api_method
 
+# Block formats quantize along the tensor's last dimension (its rows), as Transformer Engine's FakeQuant does
+# with MXFP8; NVFP4 without the random Hadamard transform or stochastic rounding, so the rounding is repeatable.
+BLOCK_FORMATS = {
+    "MXFP8E4M3": BlockQuantizer(MXScaleRule(E4M3), E4M3, (1, MX_BLOCK), E4M3),
+    "MXFP8E5M2": BlockQuantizer(MXScaleRule(E5M2), E5M2, (1, MX_BLOCK), E5M2),
+    "NVFP4": BlockQuantizer(NVFP4ScaleRule(), E2M1, (1, NVFP4_BLOCK), E4M3),
+}
+QUANT_FORMATS = (*FP8_FORMATS, *BLOCK_FORMATS)
+
 
 def fake_quantize(tensor: torch.Tensor, quant_format: str, margin: int = 0) -> torch.Tensor:
-    """``dequantize(quantize(tensor))`` with per-tensor current scaling, in ``tensor``'s dtype."""
+    """``dequantize(quantize(tensor))`` in ``tensor``'s dtype and shape: per-tensor current scaling for the
+    FP8 formats, one scale per block of the last dimension for MXFP8 (32) and NVFP4 (16)."""
+    if quant_format in BLOCK_FORMATS:
+        return BLOCK_FORMATS[quant_format].quantize(tensor).dequantize(tensor.dtype).reshape(tensor.shape)
     return CurrentScalingQuantizer(FP8_FORMATS[quant_format], margin).quantize(tensor).dequantize(tensor.dtype)
 
 
 @Registry.register_feature(namespace="transformer_engine")
 class FakeQuant(ModifiesSelectedTensors):
-    """Fake-quantizes the selected (GEMM, tensor) operands with per-tensor current scaling,
-    ``scale = fp8_max / (amax * 2**margin)``, and runs the listed GEMMs in high precision (so the other
-    operand of each is not quantized unless FakeQuant selects it too).
+    """Fake-quantizes the selected (GEMM, tensor) operands and runs the listed GEMMs in high precision (so the
+    other operand of each is not quantized unless FakeQuant selects it too). FP8 formats use per-tensor
+    current scaling, ``scale = fp8_max / (amax * 2**margin)``; MXFP8 and NVFP4 scale blocks of the last dimension.
 
-    Keys: ``gemms``/``gemms_struct``, ``tensors``/``tensors_struct``, ``quant_format`` (FP8E4M3 or
-    FP8E5M2, required), ``margin`` (default 0).
+    Keys: ``gemms``/``gemms_struct``, ``tensors``/``tensors_struct``, ``quant_format`` (FP8E4M3, FP8E5M2,
+    MXFP8E4M3, MXFP8E5M2 or NVFP4, required), ``margin`` (default 0; FP8 formats only).
     """
 
     option_keys = frozenset({"quant_format", "margin"})
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
         collector = ErrorCollector()
+        quant_format = view.get("quant_format")
         if "quant_format" not in view:
-            collector.add(location.error("FakeQuant needs 'quant_format'", allowed=sorted(FP8_FORMATS)))
-        elif view["quant_format"] not in FP8_FORMATS:
-            collector.add(location.child("quant_format").error("unsupported format", view["quant_format"], sorted(FP8_FORMATS)))
+            collector.add(location.error("FakeQuant needs 'quant_format'", allowed=list(QUANT_FORMATS)))
+        elif quant_format not in QUANT_FORMATS:
+            collector.add(location.child("quant_format").error("unsupported format", quant_format, list(QUANT_FORMATS)))
+        elif quant_format in BLOCK_FORMATS and "margin" in view:
+            problem = f"block formats take no margin ({quant_format} scales each block)"
+            collector.add(location.child("margin").error(problem, view["margin"]))
         with collector.check():
             validate_margin(view, location)
         collector.raise_errors()

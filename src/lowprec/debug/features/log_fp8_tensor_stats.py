@@ -2,8 +2,10 @@
 
 A stat is ``[recipe_]name[_columnwise]``: ``underflows%`` (non-zero values that become zero),
 ``overflows%`` (values beyond the FP8 range under delayed scaling, which then saturate),
-``scale_inv_min``, ``scale_inv_max`` and ``mse`` (mean squared quantization error). Without a recipe
-prefix the stat describes the layer's own recipe; with ``fp8_current_scaling_``,
+``scale_inv_min``, ``scale_inv_max``, ``mse`` (mean squared quantization error), and for block recipes
+``scale_inv_std`` and ``scale_exp_hist`` (``block_scale_stats``). Without a recipe
+prefix the stat describes the layer's own recipe (any of lowprec's, NVFP4 and the block recipes
+included: their own operands, blockwise scales and, with ``_columnwise``, the transposed copy); with ``fp8_current_scaling_``,
 ``fp8_delayed_scaling_``, ``mxfp8_`` or ``fp8_block_scaling_`` it is computed as if that recipe were
 in use ("what-if"), whatever the run uses and whatever the layer's plan (FP8 or high precision).
 """
@@ -16,8 +18,13 @@ from typing import Any
 import torch
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.block_scaling import block_scaling_quantize, mxfp8_quantize
+from lowprec.block_quantization import BlockQuantizer
+from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
+from lowprec.block_scaling import block_scaling_quantizer, mxfp8_quantizer
+from lowprec.block_tensor import BlockScaledTensor
+from lowprec.debug.features.block_scale_stats import SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, schedule, stats_reduction
+from lowprec.debug.features.quantized_stats import Quantized, from_block, per_tensor, quantization_fields
 from lowprec.formats import E4M3, E5M2, FP8Format
 from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Float8Tensor, Quantizer
 from lowprec.recipe import DelayedScaling
@@ -28,9 +35,11 @@ from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.partials import empty_partials, set_fields
 
 DELAYED, CURRENT, MXFP8, BLOCK = "fp8_delayed_scaling", "fp8_current_scaling", "mxfp8", "fp8_block_scaling"
+NVFP4 = "nvfp4"  # a layer's own recipe only; what-if NVFP4 is LogNvfp4TensorStats
 RECIPES = (DELAYED, CURRENT, MXFP8, BLOCK)
+BLOCK_RULES = {MXScaleRule: MXFP8, Float8BlockScaleRule: BLOCK, NVFP4ScaleRule: NVFP4}
 PER_TENSOR = (DELAYED, CURRENT)
-NAMES = ("underflows%", "overflows%", "scale_inv_min", "scale_inv_max", "mse")
+NAMES = ("underflows%", "overflows%", "scale_inv_min", "scale_inv_max", "mse", *SCALE_STATS)
 COLUMNWISE = "_columnwise"
 
 
@@ -48,6 +57,8 @@ def _problem(recipe: str | None, name: str, columnwise: bool) -> str | None:
     """Why no recipe defines this combination, or None when it is a statistic."""
     if name == "overflows%" and recipe not in (None, DELAYED):
         return "overflows% exists only under delayed scaling (fp8_delayed_scaling_ or no prefix)"
+    if name in SCALE_STATS and recipe in PER_TENSOR:
+        return f"{name} describes block scales: per-tensor recipes have one scale"
     if columnwise and recipe in PER_TENSOR:
         return "per-tensor recipes have one scale: columnwise statistics equal the rowwise ones"
     return None
@@ -90,11 +101,14 @@ def parse_fp8_stats(config: dict, location: ConfigLocation) -> list[Fp8Stat]:
     return parse_each(stats, location.child("stats"), parse_fp8_stat)
 
 
-def recipe_of(quantizer: Quantizer | None) -> str | None:
+def recipe_of(quantizer: Quantizer | BlockQuantizer | None) -> str | None:
+    """The recipe a layer's quantizer belongs to (None: no quantizer, the layer runs without a recipe)."""
     if isinstance(quantizer, DelayedScalingQuantizer):
         return DELAYED
     if isinstance(quantizer, CurrentScalingQuantizer):
         return CURRENT
+    if isinstance(quantizer, BlockQuantizer):
+        return BLOCK_RULES[type(quantizer.rule)]
     return None
 
 
@@ -108,46 +122,15 @@ class Variant:
     key: tuple
 
 
-@dataclass
-class Quantized:
-    """What the statistics need from one quantization: the FP8 bytes, every scale_inv, the dequantized
-    values, and for per-tensor FP8 the format and the single scale_inv (for overflows)."""
-
-    data: torch.Tensor
-    scale_inv: torch.Tensor
-    dequantized: torch.Tensor
-    fp8: Float8Tensor | None = None
-
-
-def _per_tensor(q: Float8Tensor) -> Quantized:
-    return Quantized(q.data, q.scale_inv.reshape(-1), q.dequantize(torch.float32), q)
-
-
-def quantization_fields(tensor: torch.Tensor, q: Quantized, overflows: bool) -> dict[str, Any]:
-    """Partial fields of one quantization of ``tensor``, all computed on its device."""
-    x = tensor.detach().float()
-    zero_bytes = q.data.view(torch.uint8) & 0x7F == 0  # +0 and -0
-    nonzero_scales = q.scale_inv.masked_fill(q.scale_inv == 0, float("inf"))
-    fields: dict[str, Any] = {
-        "count": x.numel(),
-        "underflows": torch.count_nonzero(x) - (~zero_bytes).sum(),
-        "sq_err": (x - q.dequantized.reshape(x.shape)).square().sum(),
-        "scale_inv_min": torch.where(nonzero_scales.isinf().all(), 0.0, nonzero_scales.amin()),
-        "scale_inv_max": q.scale_inv.amax(),
-    }
-    if overflows:
-        limit = q.fp8.format.max * q.fp8.scale_inv
-        fields["overflows"] = (x.abs() > limit).sum()
-    return fields
-
-
 @Registry.register_feature(namespace="transformer_engine")
 class LogFp8TensorStats(ScheduledStats):
     """Logs quantization statistics of activation, gradient and weight.
 
     ``stats``: ``[recipe_]name[_columnwise]`` with name ``underflows%``, ``overflows%`` (delayed scaling
-    only), ``scale_inv_min``, ``scale_inv_max`` or ``mse``, and recipe ``fp8_current_scaling``,
-    ``fp8_delayed_scaling``, ``mxfp8`` or ``fp8_block_scaling`` (none: the layer's own recipe).
+    only), ``scale_inv_min``, ``scale_inv_max``, ``mse``, ``scale_inv_std`` or ``scale_exp_hist`` (block recipes
+    only: a count per power of two, see ``block_scale_stats``), and recipe ``fp8_current_scaling``,
+    ``fp8_delayed_scaling``, ``mxfp8`` or ``fp8_block_scaling`` (none: the layer's own recipe, also
+    MXFP8BlockScaling, Float8BlockScaling and NVFP4BlockScaling, where ``_columnwise`` reads the transposed copy).
     Other keys: ``tensors``/``tensors_struct``, ``freq``, ``start_step``, ``end_step``,
     ``start_end_list``. What-if casts use the layer's FP8 format, or E4M3 (E5M2 for gradients) when the
     layer runs without one; what-if delayed scaling keeps its own amax history per layer and tensor.
@@ -191,8 +174,15 @@ class LogFp8TensorStats(ScheduledStats):
                         self._pending_amax[(layer_name, tensor_name, fmt)] = amax_out
                     continue
             q = self._quantize(variant.recipe, variant.columnwise, tensor, fmt, own)
-            fields = quantization_fields(tensor, q, overflows=variant.recipe == DELAYED)
-            STATS_BUFFERS.feed(variant.key, partials=set_fields(empty_partials(tensor.device), fields), **request)
+            plain = [stat for stat in variant.stats if stat[1] not in SCALE_STATS]
+            if plain:
+                fields = quantization_fields(tensor, q, overflows=variant.recipe == DELAYED)
+                request["stats"] = plain
+                STATS_BUFFERS.feed(variant.key, partials=set_fields(empty_partials(tensor.device), fields), **request)
+            scale_stats = [stat for stat in variant.stats if stat[1] in SCALE_STATS]
+            if scale_stats:
+                request.pop("stats")
+                feed_scale_stats(variant.key, q.scale_inv, q.block_scales, scale_stats, **request)
 
     def _plan(self, config: dict, layer_name: str, tensor_name: str, own_recipe: str | None) -> list[Variant]:
         """The stats grouped by the cast they need, worked out once per config and layer recipe."""
@@ -241,11 +231,10 @@ class LogFp8TensorStats(ScheduledStats):
     ) -> Quantized:
         """The tensor as ``recipe`` quantizes it (block recipes, and own operands without a scale)."""
         if own is not None:
-            for operand in (own.get("rowwise_quantized_tensor"), own.get("columnwise_quantized_tensor")):
-                if isinstance(operand, Float8Tensor):
-                    return _per_tensor(operand)
-        block = mxfp8_quantize(tensor, fmt, columnwise) if recipe == MXFP8 else block_scaling_quantize(tensor, fmt)
-        return Quantized(block.data, block.scale_inv, block.dequantized)
+            return own_quantization(tensor, columnwise, own)
+        quantizer = mxfp8_quantizer(fmt) if recipe == MXFP8 else block_scaling_quantizer(fmt)
+        quantized = quantizer.quantize(tensor, transpose=columnwise)
+        return from_block(quantized.columnwise if columnwise else quantized.rowwise, columnwise)
 
     @staticmethod
     def _own_recipe(stat: Fp8Stat, own_recipe: str | None, layer_name: str, tensor_name: str) -> str:
@@ -258,6 +247,24 @@ class LogFp8TensorStats(ScheduledStats):
             )
         if stat.name == "overflows%" and own_recipe != DELAYED:
             raise ValueError(f"{where}: overflows% exists only under delayed scaling; the layer uses {own_recipe}")
+        if stat.name in SCALE_STATS and own_recipe in PER_TENSOR:
+            raise ValueError(f"{where}: {stat.name} describes block scales; {own_recipe} has one scale per tensor")
         if stat.columnwise and own_recipe in PER_TENSOR:
             raise ValueError(f"{where}: {own_recipe} has one scale per tensor; drop '{COLUMNWISE}'")
         return own_recipe
+
+
+def own_quantization(tensor: torch.Tensor, columnwise: bool, own: dict[str, Any]) -> Quantized:
+    """The layer's own cast of ``tensor``: its operand when a GEMM reads it quantized (per-tensor FP8, or the
+    block orientation asked for), otherwise the cast its block quantizer would make (per-tensor recipes
+    without an FP8 operand go through the statistics kernel instead). A stochastically rounding quantizer
+    replays the noise of its next cast without taking it, so inspecting changes no training number."""
+    for operand in (own.get("rowwise_quantized_tensor"), own.get("columnwise_quantized_tensor")):
+        if isinstance(operand, Float8Tensor):
+            return per_tensor(operand)
+        if isinstance(operand, BlockScaledTensor):
+            part = operand.columnwise if columnwise else operand.rowwise
+            if part is not None:
+                return from_block(part, columnwise)
+    quantized = own["quantizer"].replaying(None).quantize(tensor, transpose=columnwise)
+    return from_block(quantized.columnwise if columnwise else quantized.rowwise, columnwise)

@@ -1,0 +1,111 @@
+"""``DumpTensors``: save chosen GEMM tensors with ``torch.save``, as Transformer Engine's feature does, to
+``{log_dir}/tensor_dumps/rank_{rank}/iter_{iteration:06d}/{layer}_{tensor}.pt``.
+
+A file holds a dict: ``high_precision`` (the tensor before quantization) and ``quantized`` (the operand
+the GEMMs read, as a dict of plain tensors with its format name). Unlike TE's pickled quantized tensor,
+everything in it is a torch tensor, string, int or tuple, so ``torch.load(path)`` (``weights_only``
+included) needs neither lowprec nor its version.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import torch
+
+import nvdlfw_inspect.api as debug_api
+from lowprec.block_tensor import BlockScaledData, BlockScaledTensor
+from lowprec.debug.features.api import TEConfigAPIMapper
+from lowprec.debug.features.log_tensor_stats import schedule
+from lowprec.quantization import Float8Tensor
+from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_window
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
+from nvdlfw_inspect.logging import get_logger
+from nvdlfw_inspect.registry import Registry, api_method
+from nvdlfw_inspect.utils import get_distributed_rank
+
+DUMP_KEYS = ("high_precision_tensor", "quantized_tensor")
+
+
+def dump_path(root_log_dir: str, rank: int, iteration: int, layer_name: str, tensor_name: str) -> str:
+    """Where one tensor goes; names lose the characters TE replaces (``.``, ``/``, spaces, ...) for ``_``."""
+    name = re.sub(r'[/\\:*?"<>| .]', "_", f"{layer_name}_{tensor_name}")
+    return os.path.join(root_log_dir, "tensor_dumps", f"rank_{rank}", f"iter_{iteration:06d}", f"{name}.pt")
+
+
+def _block_part(part: BlockScaledData) -> dict[str, Any]:
+    out = {"data": part.data.clone(), "scales": part.scales.clone(), "block": part.layout.block, "shape": part.layout.shape}
+    if part.tensor_scale_inv is not None:
+        out["tensor_scale_inv"] = part.tensor_scale_inv.clone()
+    if part.layout.hadamard_seed is not None:
+        out["hadamard_seed"] = part.layout.hadamard_seed
+    return out
+
+
+def plain_quantized(operand: Float8Tensor | BlockScaledTensor) -> dict[str, Any]:
+    """A quantized operand as plain tensors. FP8 per tensor: ``data`` (a torch float8 tensor) times
+    ``scale_inv``. Block formats: ``rowwise`` and ``columnwise`` (the transpose, blocked along its rows),
+    each with padded ``data`` (FP8, or E2M1 codes: bit 3 the sign, bits 0-2 the index into 0, 0.5, 1,
+    1.5, 2, 3, 4, 6), one of ``scales`` per ``block`` (height, width) and NVFP4's ``tensor_scale_inv``."""
+    if isinstance(operand, Float8Tensor):
+        return {"format": operand.format.name, "data": operand.data.clone(), "scale_inv": operand.scale_inv.clone()}
+    element = (operand.rowwise or operand.columnwise).layout.element.name
+    out: dict[str, Any] = {"format": f"block_scaled_{element}"}
+    for name, part in (("rowwise", operand.rowwise), ("columnwise", operand.columnwise)):
+        if part is not None:
+            out[name] = _block_part(part)
+    return out
+
+
+@Registry.register_feature(namespace="transformer_engine")
+class DumpTensors(TEConfigAPIMapper):
+    """Saves the selected tensors (module docstring). Keys: ``tensors``/``tensors_struct``,
+    ``high_precision_tensor`` and ``quantized_tensor`` (booleans, one of them true), ``freq``, ``start_step``,
+    ``end_step`` and ``start_end_list`` (closed windows ``[start, end]``; -1: no end)."""
+
+    uses_gemms = False
+    option_keys = frozenset(DUMP_KEYS) | WINDOW_KEYS
+
+    def validate_options(self, view: dict, location: ConfigLocation) -> None:
+        collector = ErrorCollector()
+        for key in DUMP_KEYS:
+            if key in view and not isinstance(view[key], bool):
+                collector.add(location.child(key).error("must be True or False", view[key], [True, False]))
+        if not any(view.get(key) is True for key in DUMP_KEYS):
+            collector.add(location.error("DumpTensors dumps nothing: set high_precision_tensor or quantized_tensor to True"))
+        with collector.check():
+            validate_window(view, location, closed=True)
+        collector.raise_errors()
+
+    @api_method
+    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int) -> tuple[bool, int | None]:
+        return schedule(config, iteration)
+
+    @api_method
+    def inspect_tensor(
+        self, config: dict, layer_name: str, tensor_name: str, tensor: torch.Tensor | None, iteration: int, **kwargs: Any
+    ) -> None:
+        if not schedule(config, iteration)[0]:
+            return
+        dump: dict[str, Any] = {}
+        if config.get("high_precision_tensor") and tensor is not None:
+            dump["high_precision"] = tensor.detach().clone()
+        if config.get("quantized_tensor"):
+            operands = (kwargs.get("rowwise_quantized_tensor"), kwargs.get("columnwise_quantized_tensor"))
+            operand = next((o for o in operands if isinstance(o, (Float8Tensor, BlockScaledTensor))), None)
+            if operand is not None:
+                dump["quantized"] = plain_quantized(operand)
+            else:
+                debug_api.log_message(
+                    f"DumpTensors: {tensor_name} is not quantized this iteration; no quantized tensor", layer_name
+                )
+        if not dump:
+            return
+        path = dump_path(get_logger().root_log_dir, get_distributed_rank(), iteration, layer_name, tensor_name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(dump, path)
+        debug_api.log_message(
+            f"Feature=DumpTensors: {tensor_name} at iteration {iteration} to {path} ({sorted(dump)})", layer_name
+        )

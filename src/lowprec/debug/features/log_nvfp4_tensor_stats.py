@@ -1,0 +1,89 @@
+"""``LogNvfp4TensorStats``: how well a tensor survives NVFP4 (E2M1 values, E4M3 scales per 16 values, an fp32
+scale per tensor), under ``NVFP4BlockScaling`` or as if the layer used it (what-if), whatever the run uses.
+
+Logged as Transformer Engine names them: ``{layer}_{tensor}_nvfp4_{stat}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import nvdlfw_inspect.api as debug_api
+from lowprec.block_quantization import BlockQuantizer, block_quantizers
+from lowprec.debug.features.block_scale_stats import SCALE_STATS, feed_scale_stats
+from lowprec.debug.features.log_fp8_tensor_stats import NVFP4, own_quantization, recipe_of
+from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, schedule, stats_reduction
+from lowprec.debug.features.quantized_stats import Quantized, from_block, quantization_fields
+from lowprec.quantization import Float8Tensor
+from lowprec.recipe import NVFP4BlockScaling
+from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_key
+from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.registry import Registry, api_method
+from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
+from nvdlfw_inspect.stats.partials import empty_partials, set_fields
+
+STATS = ("underflows%", "mse", "scale_inv_min", "scale_inv_max", *SCALE_STATS)
+PREFIX = "nvfp4_"
+# What-if casts: NVFP4BlockScaling's quantizers (16 x 16 weight blocks) rounding to nearest, so that the
+# statistics repeat; the rowwise copy never goes through the Hadamard transform.
+WHAT_IF = NVFP4BlockScaling(disable_stochastic_rounding=True)
+
+
+def parse_nvfp4_stat(entry: Any, location: ConfigLocation) -> str:
+    if not isinstance(entry, str) or entry.lower() not in STATS:
+        raise location.error("unsupported statistic", entry, list(STATS))
+    return entry.lower()
+
+
+def parse_nvfp4_stats(config: dict, location: ConfigLocation) -> list[str]:
+    return parse_each(stats_list(config, location, list(STATS)), location.child("stats"), parse_nvfp4_stat)
+
+
+def nvfp4_quantization(tensor: torch.Tensor, tensor_name: str, layer_name: str, own: dict[str, Any]) -> Quantized:
+    """The layer's own NVFP4 cast (rowwise) when it runs NVFP4BlockScaling, else the what-if cast."""
+    if recipe_of(own.get("quantizer")) == NVFP4:
+        return own_quantization(tensor, False, own)
+    quantizer: BlockQuantizer = block_quantizers(WHAT_IF, layer_name)[tensor_name]
+    return from_block(quantizer.quantize(tensor).rowwise, False)
+
+
+@Registry.register_feature(namespace="transformer_engine")
+class LogNvfp4TensorStats(ScheduledStats):
+    """Logs NVFP4 quantization statistics of activation, gradient and weight.
+
+    ``stats``: ``underflows%`` (non-zero values whose E2M1 code is +0 or -0), ``mse`` (mean squared
+    quantization error), ``scale_inv_min`` (smallest non-zero E4M3 block scale), ``scale_inv_max``,
+    ``scale_inv_std`` and ``scale_exp_hist`` (see ``block_scale_stats``). Layers
+    under ``NVFP4BlockScaling`` report their own operands; others the cast NVFP4BlockScaling would make,
+    rounding to nearest. Other keys: ``tensors``/``tensors_struct``, ``freq``, ``start_step``,
+    ``end_step``, ``start_end_list``.
+    """
+
+    allowed_tensors = ("activation", "gradient", "weight")
+    parse_stats = staticmethod(parse_nvfp4_stats)
+
+    @api_method
+    def inspect_tensor(
+        self, config: dict, layer_name: str, tensor_name: str, tensor: torch.Tensor | None, iteration: int, **kwargs: Any
+    ) -> None:
+        if not schedule(config, iteration)[0]:
+            return
+        debug_api.log_message(
+            f"Feature=LogNvfp4TensorStats, API=inspect_tensor: {tensor_name}", layer_name, extra_cachable_args=(tensor_name,)
+        )
+        if tensor is None or isinstance(tensor, Float8Tensor) or tensor.numel() == 0:
+            return
+        stats = self.parsed_stats(config)
+        q = nvfp4_quantization(tensor, tensor_name, layer_name, kwargs)
+        key = (layer_name, tensor_name, "LogNvfp4TensorStats", tuple(stats), window_key(config))
+        request = dict(layer_name=layer_name, tensor_name=tensor_name, iteration=iteration)
+        request |= stats_reduction(tensor_name, kwargs.get("tp_group"), kwargs.get("tp_size", 1))
+        plain = [(PREFIX + stat, stat) for stat in stats if stat not in SCALE_STATS]
+        if plain:
+            partials = set_fields(empty_partials(tensor.device), quantization_fields(tensor, q, overflows=False))
+            STATS_BUFFERS.feed(key, stats=plain, partials=partials, **request)
+        scale_stats = [(PREFIX + stat, stat) for stat in stats if stat in SCALE_STATS]
+        if scale_stats:
+            feed_scale_stats(key, q.scale_inv, q.block_scales, scale_stats, **request)

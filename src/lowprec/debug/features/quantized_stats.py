@@ -1,0 +1,86 @@
+"""What the quantization statistics read from one cast, whatever the format: FP8 bytes or E2M1 codes,
+the scale_inv of every block (or the one of the tensor), and the dequantized values.
+
+E2M1 has two zero codes, 0 (+0) and 8 (-0), and no NaN: a NaN input becomes code 0 (its block scale
+is NaN), so it is not counted as an underflow. FP8 zeros are the bytes 0x00 and 0x80.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lowprec.block_scaling import as_2d
+from lowprec.block_tensor import BlockScaledData
+from lowprec.fp4 import SIGN_BIT, FP4Format
+from lowprec.quantization import Float8Tensor
+
+
+@dataclass
+class Quantized:
+    """``data``: FP8 bytes or E2M1 codes (padded for block formats); ``scale_inv``: every scale_inv, flat;
+    ``dequantized``: the values in the tensor's 2-D shape (fp32); ``fp8``: the per-tensor cast, for overflows;
+    ``fp4``: E2M1 codes; ``block_scales``: each block's whole dequantization scale (fp32), None per tensor."""
+
+    data: torch.Tensor
+    scale_inv: torch.Tensor
+    dequantized: torch.Tensor
+    fp8: Float8Tensor | None = None
+    fp4: bool = False
+    block_scales: torch.Tensor | None = None
+
+
+def per_tensor(q: Float8Tensor) -> Quantized:
+    return Quantized(q.data, q.scale_inv.reshape(-1), q.dequantize(torch.float32), q)
+
+
+def logged_scale_inv(scales: torch.Tensor) -> torch.Tensor:
+    """Block scales as the statistics log them, as Transformer Engine does: the raw E8M0 byte for MXFP8, the
+    value otherwise (E4M3 for NVFP4, fp32 for FP8 block scaling)."""
+    if scales.dtype == torch.float8_e8m0fnu:
+        return scales.view(torch.uint8).reshape(-1).float()
+    return scales.reshape(-1).float()
+
+
+def from_block(part: BlockScaledData, columnwise: bool) -> Quantized:
+    """One orientation of a block-scaled cast; ``columnwise``: ``part`` quantizes the transpose."""
+    dequantized = part.dequantize()
+    block_scales = part.scales.float().reshape(-1)
+    if part.tensor_scale_inv is not None:
+        block_scales = block_scales * part.tensor_scale_inv
+    return Quantized(
+        part.data,
+        logged_scale_inv(part.scales),
+        dequantized.t() if columnwise else dequantized,
+        fp4=isinstance(part.layout.element, FP4Format),
+        block_scales=block_scales,
+    )
+
+
+def nonzero_codes(q: Quantized) -> torch.Tensor:
+    """How many stored elements are not a zero code (padding is zeros, so it counts nothing)."""
+    if q.fp4:
+        return torch.count_nonzero(q.data & (SIGN_BIT - 1))
+    return torch.count_nonzero(q.data.view(torch.uint8) & 0x7F)
+
+
+def quantization_fields(tensor: torch.Tensor, q: Quantized, overflows: bool) -> dict[str, Any]:
+    """Partial fields of one quantization of ``tensor``, all computed on its device."""
+    x = tensor.detach().float()
+    nonzero_inputs = torch.count_nonzero(x)
+    if q.fp4:
+        nonzero_inputs = nonzero_inputs - x.isnan().sum()
+    nonzero_scales = q.scale_inv.masked_fill(q.scale_inv == 0, float("inf"))
+    fields: dict[str, Any] = {
+        "count": x.numel(),
+        "underflows": nonzero_inputs - nonzero_codes(q),
+        "sq_err": (as_2d(x) - q.dequantized.reshape(as_2d(x).shape)).square().sum(),
+        "scale_inv_min": torch.where(nonzero_scales.isinf().all(), 0.0, nonzero_scales.amin()),
+        "scale_inv_max": q.scale_inv.amax(),
+    }
+    if overflows:
+        limit = q.fp8.format.max * q.fp8.scale_inv
+        fields["overflows"] = (x.abs() > limit).sum()
+    return fields
