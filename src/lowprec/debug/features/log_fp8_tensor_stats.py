@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 
-import nvdlfw_inspect.api as debug_api
 from lowprec.block_quantization import BlockQuantizer
 from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
 from lowprec.block_scaling import block_scaling_quantizer, mxfp8_quantizer
 from lowprec.block_tensor import BlockScaledTensor
 from lowprec.debug.features.block_scale_stats import SCALE_STATS, feed_scale_stats
-from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, schedule, stats_reduction
+from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
 from lowprec.debug.features.quantized_stats import Quantized, from_block, per_tensor, quantization_fields
 from lowprec.formats import E4M3, E5M2, FP8Format
 from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Float8Tensor, Quantizer
@@ -149,11 +148,8 @@ class LogFp8TensorStats(ScheduledStats):
     def inspect_tensor(
         self, config: dict, layer_name: str, tensor_name: str, tensor: torch.Tensor | None, iteration: int, **kwargs: Any
     ) -> None:
-        if not schedule(config, iteration)[0]:
+        if not self.due(config, layer_name, tensor_name, iteration):
             return
-        debug_api.log_message(
-            f"Feature=LogFp8TensorStats, API=inspect_tensor: {tensor_name}", layer_name, extra_cachable_args=(tensor_name,)
-        )
         if tensor is None or isinstance(tensor, Float8Tensor) or tensor.numel() == 0:
             return
         quantizer = kwargs.get("quantizer")

@@ -10,11 +10,10 @@ from typing import Any
 
 import torch
 
-import nvdlfw_inspect.api as debug_api
 from lowprec.block_quantization import BlockQuantizer, block_quantizers
 from lowprec.debug.features.block_scale_stats import SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_fp8_tensor_stats import NVFP4, own_quantization, recipe_of
-from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, schedule, stats_reduction
+from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
 from lowprec.debug.features.quantized_stats import Quantized, from_block, quantization_fields
 from lowprec.quantization import Float8Tensor
 from lowprec.recipe import NVFP4BlockScaling
@@ -68,11 +67,8 @@ class LogNvfp4TensorStats(ScheduledStats):
     def inspect_tensor(
         self, config: dict, layer_name: str, tensor_name: str, tensor: torch.Tensor | None, iteration: int, **kwargs: Any
     ) -> None:
-        if not schedule(config, iteration)[0]:
+        if not self.due(config, layer_name, tensor_name, iteration):
             return
-        debug_api.log_message(
-            f"Feature=LogNvfp4TensorStats, API=inspect_tensor: {tensor_name}", layer_name, extra_cachable_args=(tensor_name,)
-        )
         if tensor is None or isinstance(tensor, Float8Tensor) or tensor.numel() == 0:
             return
         stats = self.parsed_stats(config)

@@ -126,6 +126,15 @@ class ScheduledStats(TEConfigAPIMapper):
     def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int) -> tuple[bool, int | None]:
         return schedule(config, iteration)
 
+    def due(self, config: dict, layer_name: str, tensor_name: str, iteration: int, api: str = "inspect_tensor") -> bool:
+        """Whether this feature's own schedule is due (another feature may have asked for the inspection);
+        if so, the call is noted once per layer and tensor in the debug log."""
+        if not schedule(config, iteration)[0]:
+            return False
+        message = f"Feature={type(self).__name__}, API={api}: {tensor_name}"
+        debug_api.log_message(message, layer_name, extra_cachable_args=(tensor_name,))
+        return True
+
 
 @Registry.register_feature(namespace="transformer_engine")
 class LogTensorStats(ScheduledStats):
@@ -144,13 +153,8 @@ class LogTensorStats(ScheduledStats):
     def inspect_tensor(
         self, config: dict, layer_name: str, tensor_name: str, tensor: torch.Tensor | None, iteration: int, **kwargs: Any
     ) -> None:
-        if not schedule(config, iteration)[0]:
-            return  # another feature asked for this inspection, not this one
-        debug_api.log_message(
-            f"Feature=LogTensorStats, API=look_at_tensor_before_process: {tensor_name}",
-            layer_name,
-            extra_cachable_args=(tensor_name,),
-        )
+        if not self.due(config, layer_name, tensor_name, iteration, api="look_at_tensor_before_process"):
+            return
         if tensor is None or isinstance(tensor, Float8Tensor):
             debug_api.log_message(
                 f"LogTensorStats needs the high-precision {tensor_name}; none was given, nothing is logged",
