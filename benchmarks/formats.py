@@ -1,0 +1,101 @@
+"""What trying a number format costs: each recipe's emulated training step next to high precision, and
+the bandwidth of quantizing one tensor in each format, measured side by side in one run.
+
+1. A training step (forward, backward) of an MLP of ``lowprec.Linear`` under each recipe (FP8 delayed
+   and current scaling, MXFP8, FP8 block scaling, NVFP4) as a ratio to the same step in high precision.
+   On the CPU every recipe is emulated; on a CUDA GPU per-tensor FP8 runs ``torch._scaled_mm`` and the
+   block recipes are emulated (quantize, dequantize, GEMM in high precision).
+2. Quantizing a bf16 tensor (128 MiB on CUDA, 8 MiB on the CPU) with each format's quantizer, as GB/s
+   of bytes read next to a plain copy's.
+
+Run: ``python benchmarks/formats.py [--steps N] [--repeats R] [--width W] [--depth D] [--tokens T]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from harness import InProcess, interleave, mean_seconds, print_ratio_table, synchronize
+
+import lowprec
+from lowprec.modules.gemm_unit import make_quantizers
+
+RECIPES = {
+    "high precision": None,
+    "FP8 delayed": lowprec.DelayedScaling(),
+    "FP8 current": lowprec.Float8CurrentScaling(),
+    "MXFP8": lowprec.MXFP8BlockScaling(),
+    "FP8 block scaling": lowprec.Float8BlockScaling(),
+    "NVFP4": lowprec.NVFP4BlockScaling(),
+}
+
+
+def mlp(width: int, depth: int, device: str, dtype: torch.dtype) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    layers = [lowprec.Linear(width, width, name=f"mlp.{i}", device=device, params_dtype=dtype) for i in range(depth)]
+    return torch.nn.Sequential(*layers)
+
+
+def training_table(args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict[str, float]:
+    model = mlp(args.width, args.depth, device, dtype)
+    batch = torch.randn(args.tokens, args.width, device=device, dtype=dtype)
+
+    def run(label: str) -> float:
+        recipe = RECIPES[label]
+
+        def one_step():
+            with lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
+                model(batch).float().square().mean().backward()
+
+        return mean_seconds(one_step, args.steps, device)
+
+    worker = InProcess(run)
+    fastest = interleave([(label, worker, label) for label in RECIPES], args.repeats)
+    title = f"\n{args.depth} x lowprec.Linear({args.width}), {args.tokens} tokens, {dtype}, {device}: training step per recipe"
+    print_ratio_table(title, fastest, "high precision", {})
+    return fastest
+
+
+def quantize_table(args: argparse.Namespace, device: str) -> dict[str, float]:
+    """Seconds per quantization of one bf16 tensor by each recipe's activation quantizer, and a copy's."""
+    side = 8192 if device == "cuda" else 2048
+    x = torch.randn(side, side, device=device, dtype=torch.bfloat16)
+    size = x.numel() * x.element_size()
+    work = {"copy (ceiling)": lambda: x.clone()}
+    for label, recipe in RECIPES.items():
+        if recipe is not None:
+            quantizer = make_quantizers(recipe, "bench")["activation"]
+            work[label] = lambda quantizer=quantizer: quantizer.quantize(x)
+    seconds = {}
+    for label, fn in work.items():
+        seconds[label] = min(mean_seconds(fn, args.steps, device) for _ in range(args.repeats))
+        synchronize(device)
+    print(f"\nQuantizing a {size >> 20} MiB bf16 tensor ({side}x{side}), {device}")
+    print(f"{'variant':<24} {'ms':>9} {'GB/s read':>10} {'of copy':>8}")
+    copy_rate = size / seconds["copy (ceiling)"]
+    for label, value in seconds.items():
+        print(f"{label:<24} {value * 1e3:>9.2f} {size / value / 1e9:>10.2f} {size / value / copy_rate:>8.2f}")
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=256)
+    args = parser.parse_args()
+    training_table(args, "cpu", torch.float32)
+    quantize_table(args, "cpu")
+    if torch.cuda.is_available():
+        args.width, args.tokens = 4096, 8192
+        training_table(args, "cuda", torch.bfloat16)
+        quantize_table(args, "cuda")
+    else:
+        print("\nCUDA tables: not measured (no CUDA device)")
+
+
+if __name__ == "__main__":
+    main()

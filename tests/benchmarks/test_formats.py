@@ -1,0 +1,23 @@
+"""benchmarks/formats.py times every recipe's training step and quantizer (tiny sizes here)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import formats  # noqa: E402
+
+
+def test_every_recipe_is_timed_next_to_high_precision(capsys):
+    args = argparse.Namespace(steps=1, repeats=1, width=32, depth=2, tokens=16)
+    steps = formats.training_table(args, "cpu", torch.float32)
+    quantized = formats.quantize_table(args, "cpu")
+    assert set(steps) == set(formats.RECIPES) and all(seconds > 0 for seconds in steps.values())
+    assert set(quantized) == {"copy (ceiling)"} | {label for label, recipe in formats.RECIPES.items() if recipe is not None}
+    out = capsys.readouterr().out
+    assert "training step per recipe" in out and "NVFP4" in out and "GB/s read" in out
