@@ -61,6 +61,8 @@ class BlockQuantizer:
         """``tensor`` viewed as 2-D (``[-1, last_dim]``), rowwise and, with ``transpose``, columnwise."""
         tensor = tensor.detach()
         x = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
+        if self._fused_mxfp8(x):
+            return self._quantize_fused(x, transpose, tensor.dtype)
         x = x.float()
         offset = None
         if self.rounding is not None:
@@ -77,6 +79,24 @@ class BlockQuantizer:
             return self
         fixed = offset if offset is not None else self.rounding.next_offset
         return BlockQuantizer(self.rule, self.element, self.block, self.format, self.hadamard_seed, self.rounding, fixed)
+
+    def _fused_mxfp8(self, x: torch.Tensor) -> bool:
+        """Whether the Triton kernel of ``triton_mxfp8`` casts ``x``: MXFP8 with 1 x 32 blocks on a device
+        where ``uses_fused_kernels`` holds (imported here: ``quantization`` imports this module)."""
+        from lowprec import quantization
+
+        plain_mx = isinstance(self.rule, MXScaleRule) and self.block == (1, MX_BLOCK) and self.hadamard_seed is None
+        return plain_mx and self.rounding is None and quantization.uses_fused_kernels(x)
+
+    def _quantize_fused(self, x: torch.Tensor, transpose: bool, dtype: torch.dtype) -> BlockScaledTensor:
+        from lowprec import triton_mxfp8
+
+        data, scales, data_t, scales_t = triton_mxfp8.quantize_mxfp8(x, self.element, transpose)
+        rowwise = BlockScaledData(data, scales, None, BlockLayout(self.element, self.block, tuple(x.shape)))
+        columnwise = None
+        if transpose:
+            columnwise = BlockScaledData(data_t, scales_t, None, BlockLayout(self.element, self.block, tuple(x.t().shape)))
+        return BlockScaledTensor(rowwise, columnwise, self.format, dtype)
 
     def _orientation(self, x: torch.Tensor, hadamard_seed: int | None, offset: int | None, part: str) -> BlockScaledData:
         rows, cols = x.shape

@@ -59,20 +59,26 @@ def _cast_tile(
     col = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
     inside = (row[:, None] < rows) & (col[None, :] < cols)
     x = tl.load(x_ptr + row[:, None] * stride_row + col[None, :] * stride_col, mask=inside, other=0.0).to(tl.float32)
-    v = x * tl.load(scale_ptr)
-    v = tl.where(v > FP8_MAX, FP8_MAX, tl.where(v < -FP8_MAX, -FP8_MAX, v))  # saturate; NaN stays NaN
-    exact = round_to_grid(v, MIN_NORMAL_EXP, MANTISSA_BITS)
-    if IS_E4M3:
-        encoded = exact.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    else:
-        encoded = exact.to(tl.float8e5).to(tl.uint8, bitcast=True)
-    encoded = tl.where(v != v, NAN_BYTE, encoded)  # whatever NaN the conversion made
+    encoded = fp8_bytes(x * tl.load(scale_ptr), FP8_MAX, MIN_NORMAL_EXP, MANTISSA_BITS, IS_E4M3)
     tl.store(out_ptr + row[:, None] * cols + col[None, :], encoded, mask=inside)
     if TRANSPOSE:
         tl.store(out_t_ptr + col[:, None] * rows + row[None, :], tl.trans(encoded), mask=tl.trans(inside))
     if RECORD_AMAX:
         program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         tl.store(amax_ptr + program, _masked_amax(x, inside))
+
+
+@triton.jit
+def fp8_bytes(v, FP8_MAX: tl.constexpr, MIN_NORMAL_EXP: tl.constexpr, MANTISSA_BITS: tl.constexpr, IS_E4M3: tl.constexpr):
+    """The FP8 bytes of fp32 ``v`` as ``FP8Format.cast`` writes them: saturated, rounded to the grid
+    first (so the hardware conversion is exact), every NaN the byte 0x7F."""
+    v = tl.where(v > FP8_MAX, FP8_MAX, tl.where(v < -FP8_MAX, -FP8_MAX, v))  # saturate; NaN stays NaN
+    exact = round_to_grid(v, MIN_NORMAL_EXP, MANTISSA_BITS)
+    if IS_E4M3:
+        encoded = exact.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        encoded = exact.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    return tl.where(v != v, NAN_BYTE, encoded)  # whatever NaN the conversion made
 
 
 @triton.jit
