@@ -103,7 +103,7 @@ class BlockQuantizer:
         height, width = self.block
         padded = F.pad(x, (0, -cols % width, 0, -rows % height))
         if hadamard_seed is not None:
-            padded = hadamard.transform(padded, hadamard.random_hadamard(hadamard_seed, padded.device))
+            padded = hadamard.transform(padded, hadamard_seed)
         padded_rows, padded_cols = padded.shape
         tiles = padded.reshape(padded_rows // height, height, padded_cols // width, width)
         magnitude = tiles.abs()

@@ -59,7 +59,7 @@ class BlockScaledData:
         """The represented values in the unpadded shape, the Hadamard transform undone (fp32)."""
         out = self.values()
         if self.layout.hadamard_seed is not None:
-            out = hadamard.inverse(out, hadamard.random_hadamard(self.layout.hadamard_seed, out.device))
+            out = hadamard.inverse(out, self.layout.hadamard_seed)
         rows, cols = self.layout.shape
         return out[:rows, :cols]
 

@@ -1,9 +1,11 @@
 """Seeds derived from a recipe's seed, so every random choice of a run is reproducible and independent.
 
-Stochastic rounding draws fresh noise for every cast from a ``torch.Generator`` seeded with
-``derived_seed(seed, layer, tensor, cast number, orientation)``: the same run repeats its bits, a
-recomputed forward (activation checkpointing) given the cast number of its original repeats them too,
-and the global random state is never touched.
+Stochastic rounding draws fresh noise for every cast from the key ``derived_seed(seed, layer, tensor,
+cast number, orientation)``: the same run repeats its bits, a recomputed forward (activation
+checkpointing) given the cast number of its original repeats them too, and the global random state is
+never touched. The noise is a counter-based hash of each element's index under the key (``uniform``),
+integer arithmetic that every device computes alike, so a cast on a GPU, in a fused Triton kernel or on
+the CPU gives the same bits (a ``torch.Generator`` draws different numbers on each device).
 """
 
 from __future__ import annotations
@@ -17,6 +19,30 @@ def derived_seed(seed: int, *parts: object) -> int:
     """A 63-bit seed from ``seed`` and ``parts`` (their ``str``), the same on every platform and process."""
     text = "/".join(str(part) for part in (seed, *parts))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+MASK32 = 0xFFFFFFFF
+# odd multipliers below 2**31, so a 32-bit value times one stays inside int64 (torch has no uint32 arithmetic)
+HASH_MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)
+NOISE_BITS = 24  # fp32 holds every multiple of 2**-24 in [0, 1) exactly
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (xorshift-multiply, two rounds) of int64 ``x`` in [0, 2**32); wraps as uint32 does."""
+    for multiplier in HASH_MULTIPLIERS:
+        x = x ^ (x >> 16)
+        x = (x * multiplier) & MASK32
+    return x ^ (x >> 15)
+
+
+def uniform(key: int, shape: torch.Size | tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Noise in [0, 1), fp32 multiples of 2**-24, for the elements of ``shape`` in row-major order:
+    ``hash32(hash32(index_low ^ key_low) ^ index_high ^ key_high) >> 8`` times 2**-24, with the 64-bit
+    ``key`` and index split into 32-bit halves."""
+    index = torch.arange(torch.Size(shape).numel(), dtype=torch.int64, device=device)
+    mixed = hash32((index & MASK32) ^ (key & MASK32))
+    mixed = hash32(mixed ^ (index >> 32) ^ (key >> 32))
+    return ((mixed >> (32 - NOISE_BITS)).float() * 2.0**-NOISE_BITS).reshape(shape)
 
 
 class RoundingStream:
@@ -36,5 +62,8 @@ class RoundingStream:
 
     def noise(self, offset: int, part: str, shape: torch.Size, device: torch.device) -> torch.Tensor:
         """Uniform fp32 noise in [0, 1) for cast ``offset``; ``part`` tells a cast's tensors apart."""
-        generator = torch.Generator(device=device).manual_seed(derived_seed(self.seed, self.name, offset, part))
-        return torch.rand(shape, generator=generator, device=device)
+        return uniform(self.key(offset, part), shape, device)
+
+    def key(self, offset: int, part: str) -> int:
+        """The 63-bit key of cast ``offset``'s ``part`` (see :func:`uniform`)."""
+        return derived_seed(self.seed, self.name, offset, part)

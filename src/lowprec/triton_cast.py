@@ -164,3 +164,12 @@ def cast_fp8(
         **OPTIONS,
     )
     return out, out_t, partials
+
+
+@triton.jit
+def widen(x):
+    """``x`` as fp32, bf16 by its bits: what the GPU's conversion does, and exact in Triton's interpreter
+    too, whose bf16 conversion gets subnormals wrong."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)

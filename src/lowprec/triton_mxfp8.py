@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from lowprec.formats import E4M3, FP8Format
-from lowprec.triton_cast import OPTIONS, fp8_bytes
+from lowprec.triton_cast import OPTIONS, fp8_bytes, widen
 
 BLOCK = 32  # MXFP8's block: a tile of BLOCK x BLOCK is one program's work
 
@@ -39,15 +39,6 @@ def _e8m0_exponent(amax, INV_FP8_MAX: tl.constexpr):
 def _power_of_two(exponent):
     """``2**exponent`` in fp32 for an int32 exponent in [-127, 127] (2**-127 is subnormal)."""
     return tl.where(exponent == -127, 0x400000, (exponent + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _widen(x):
-    """``x`` as fp32, bf16 by its bits: what the GPU's conversion does, and exact in Triton's interpreter
-    too, whose bf16 conversion gets subnormals wrong."""
-    if x.dtype == tl.bfloat16:
-        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    return x.to(tl.float32)
 
 
 @triton.jit
@@ -74,7 +65,7 @@ def _mxfp8_tile(
     padded_rows = tl.cdiv(rows, BLOCK) * BLOCK
     padded_cols = tl.cdiv(cols, BLOCK) * BLOCK
     inside = (row[:, None] < rows) & (col[None, :] < cols)
-    x = _widen(tl.load(x_ptr + row[:, None] * stride_row + col[None, :] * stride_col, mask=inside, other=0.0))
+    x = widen(tl.load(x_ptr + row[:, None] * stride_row + col[None, :] * stride_col, mask=inside, other=0.0))
     magnitude = tl.where(x == x, tl.abs(x), 0.0)  # block amaxes ignore NaN
 
     exponent = _e8m0_exponent(tl.max(magnitude, axis=1), INV_FP8_MAX)

@@ -149,9 +149,15 @@ def test_hadamard_transform_is_orthogonal_and_preserves_products():
     )
     g = torch.Generator().manual_seed(2)
     dy, x = torch.randn(48, 24, generator=g), torch.randn(48, 40, generator=g)  # wgrad: dy^T x, inner dimension 48
-    dy_t, x_t = hadamard.transform(dy.t().contiguous(), matrix), hadamard.transform(x.t().contiguous(), matrix)
+    dy_t, x_t = hadamard.transform(dy.t().contiguous(), 5), hadamard.transform(x.t().contiguous(), 5)
+    assert torch.allclose(x_t, (x.t().reshape(-1, 16) @ matrix).reshape(40, 48), atol=1e-6)  # the butterflies multiply by T
     assert torch.allclose(dy_t @ x_t.t(), dy.t() @ x, rtol=1e-5, atol=1e-5)
-    assert torch.allclose(hadamard.inverse(x_t, matrix), x.t(), atol=1e-6)
+    assert torch.allclose(hadamard.inverse(x_t, 5), x.t(), atol=1e-6)
+
+
+def test_walsh_hadamard_butterflies_equal_the_sylvester_matrix_exactly_on_integers():
+    x = torch.randint(-1000, 1000, (7, 32), generator=torch.Generator().manual_seed(8)).float()  # sums of integers: exact
+    assert torch.equal(hadamard.walsh_hadamard(x), (x.reshape(-1, 16) @ hadamard.sylvester_hadamard()).reshape(7, 32))
 
 
 def test_nvfp4_columnwise_with_hadamard_dequantizes_to_the_tensor():
