@@ -61,7 +61,7 @@ class BlockQuantizer:
         """``tensor`` viewed as 2-D (``[-1, last_dim]``), rowwise and, with ``transpose``, columnwise."""
         tensor = tensor.detach()
         x = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
-        if self._fused_mxfp8(x):
+        if self._fused_block_fp8(x):
             return self._quantize_fused(x, transpose, tensor.dtype)
         x = x.float()
         offset = None
@@ -80,18 +80,23 @@ class BlockQuantizer:
         fixed = offset if offset is not None else self.rounding.next_offset
         return BlockQuantizer(self.rule, self.element, self.block, self.format, self.hadamard_seed, self.rounding, fixed)
 
-    def _fused_mxfp8(self, x: torch.Tensor) -> bool:
-        """Whether the Triton kernel of ``triton_mxfp8`` casts ``x``: MXFP8 with 1 x 32 blocks on a device
-        where ``uses_fused_kernels`` holds (imported here: ``quantization`` imports this module)."""
+    def _fused_block_fp8(self, x: torch.Tensor) -> bool:
+        """Whether the Triton kernel of ``triton_block_fp8`` casts ``x``: MXFP8 or FP8 block scaling in blocks
+        it handles, on a device where ``uses_fused_kernels`` holds (imported here: ``quantization``
+        imports this module, and ``triton_block_fp8`` needs Triton)."""
         from lowprec import quantization
 
-        plain_mx = isinstance(self.rule, MXScaleRule) and self.block == (1, MX_BLOCK) and self.hadamard_seed is None
-        return plain_mx and self.rounding is None and quantization.uses_fused_kernels(x)
+        fp8_rule = isinstance(self.rule, MXScaleRule | Float8BlockScaleRule) and self.hadamard_seed is None
+        if not (fp8_rule and quantization.uses_fused_kernels(x)):
+            return False
+        from lowprec import triton_block_fp8
+
+        return triton_block_fp8.supports(self.rule, self.block)
 
     def _quantize_fused(self, x: torch.Tensor, transpose: bool, dtype: torch.dtype) -> BlockScaledTensor:
-        from lowprec import triton_mxfp8
+        from lowprec import triton_block_fp8
 
-        data, scales, data_t, scales_t = triton_mxfp8.quantize_mxfp8(x, self.element, transpose)
+        data, scales, data_t, scales_t = triton_block_fp8.quantize_block_fp8(x, self.rule, self.block, transpose)
         rowwise = BlockScaledData(data, scales, None, BlockLayout(self.element, self.block, tuple(x.shape)))
         columnwise = None
         if transpose:

@@ -1,5 +1,6 @@
-"""The fused MXFP8 quantize kernel: bit for bit against the torch emulation in Triton's interpreter,
-compiled for Hopper without a GPU, and for real on a CUDA GPU with FP8 support when there is one."""
+"""The fused FP8 block quantize kernel (MXFP8, FP8 block scaling): bit for bit against the torch emulation
+in Triton's interpreter, compiled for Hopper without a GPU, and for real on a CUDA GPU with FP8 support
+when there is one."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import pytest
 import torch
 
 from lowprec.block_quantization import MX_BLOCK, BlockQuantizer
-from lowprec.block_scales import MXScaleRule
+from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule
 from lowprec.formats import E4M3, E5M2
 from lowprec.quantization import uses_fused_kernels
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-CHECKS = Path(__file__).with_name("triton_mxfp8_checks.py")
+CHECKS = Path(__file__).with_name("triton_block_fp8_checks.py")
 needs_fp8_gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs FP8 tensor cores"
 )
@@ -26,7 +27,8 @@ SIGNATURE = {
     "x_ptr": "*bf16",
     **dict.fromkeys(["out_ptr", "scales_ptr", "out_t_ptr", "scales_t_ptr"], "*u8"),
     **dict.fromkeys(["rows", "cols", "stride_row", "stride_col"], "i32"),
-    **dict.fromkeys(["INV_FP8_MAX", "FP8_MAX", "MIN_NORMAL_EXP", "MANTISSA_BITS", "IS_E4M3", "COLUMNWISE", "BLOCK"], "constexpr"),
+    **dict.fromkeys(["INV_FP8_MAX", "FP8_MAX", "MIN_NORMAL_EXP", "MANTISSA_BITS", "IS_E4M3"], "constexpr"),
+    **dict.fromkeys(["SCALE_KIND", "SQUARE", "COLUMNWISE", "BLOCK"], "constexpr"),
 }
 
 
@@ -37,18 +39,33 @@ def test_kernel_in_the_triton_interpreter():
     assert result.stdout.startswith("ok: ")
 
 
-@pytest.mark.parametrize(("fmt", "dtype", "columnwise"), [(E4M3, "*bf16", True), (E5M2, "*fp32", False)])
-def test_kernel_compiles_for_hopper_with_exact_conversions(fmt, dtype, columnwise):
+@pytest.mark.parametrize(
+    ("fmt", "dtype", "kind", "square", "block"),
+    [(E4M3, "*bf16", 0, False, 32), (E5M2, "*fp32", 0, True, 32), (E4M3, "*bf16", 1, False, 128), (E4M3, "*fp16", 2, True, 128)],
+)
+def test_kernel_compiles_for_hopper_with_exact_conversions(fmt, dtype, kind, square, block):
     from triton_aot import hopper_ptx
 
-    from lowprec import triton_mxfp8
+    from lowprec import triton_block_fp8
 
     constexprs = {"INV_FP8_MAX": 1.0 / fmt.max, "FP8_MAX": fmt.max, "MIN_NORMAL_EXP": fmt.min_normal_exp}
-    constexprs |= {"MANTISSA_BITS": fmt.mantissa_bits, "IS_E4M3": fmt is E4M3, "COLUMNWISE": columnwise, "BLOCK": MX_BLOCK}
-    ptx = hopper_ptx(triton_mxfp8._mxfp8_tile, SIGNATURE | {"x_ptr": dtype}, constexprs, triton_mxfp8.OPTIONS)
+    constexprs |= {"MANTISSA_BITS": fmt.mantissa_bits, "IS_E4M3": fmt is E4M3}
+    constexprs |= {"SCALE_KIND": kind, "SQUARE": square, "COLUMNWISE": True, "BLOCK": block}
+    signature = SIGNATURE | {"x_ptr": dtype} | ({} if kind == 0 else dict.fromkeys(["scales_ptr", "scales_t_ptr"], "*fp32"))
+    ptx = hopper_ptx(triton_block_fp8._block_fp8_tile, signature, constexprs, triton_block_fp8.OPTIONS)
     name = "e4m3x2" if fmt is E4M3 else "e5m2x2"
     assert f"cvt.rn.satfinite.{name}.f32" in ptx  # round to nearest even, as the emulation
     assert ".ftz" not in ptx and "fma" not in ptx  # subnormals kept, each rounding as written
+    assert ("div.rn.f32" in ptx) == (kind != 0)  # fp32 scales: IEEE division, as torch divides
+    assert "div.full" not in ptx and "div.approx" not in ptx and "rcp.approx" not in ptx
+
+
+def test_unsupported_blocks_are_refused_with_what_is_allowed():
+    from lowprec import triton_block_fp8
+
+    assert triton_block_fp8.supports(MXScaleRule(E4M3), (32, 32)) and not triton_block_fp8.supports(MXScaleRule(E4M3), (16, 32))
+    with pytest.raises(ValueError, match=r"casts 1 x B or B x B blocks, B in \(32, 64, 128\), got \(1, 16\)"):
+        triton_block_fp8.quantize_block_fp8(torch.zeros(2, 2), Float8BlockScaleRule(E4M3), (1, 16), columnwise=False)
 
 
 def test_cpu_tensors_keep_the_torch_path():
@@ -58,14 +75,22 @@ def test_cpu_tensors_keep_the_torch_path():
 
 
 @needs_fp8_gpu
-@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+@pytest.mark.parametrize(
+    ("rule", "block"),
+    [
+        (MXScaleRule(E4M3), (1, MX_BLOCK)),
+        (MXScaleRule(E5M2), (MX_BLOCK, MX_BLOCK)),
+        (Float8BlockScaleRule(E4M3), (1, 128)),
+        (Float8BlockScaleRule(E5M2, power_2=False), (128, 128)),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(fmt, dtype):
+def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(rule, block, dtype):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(1000, 777, generator=g) * torch.logspace(-30, 30, 777)).to(dtype)
     x[0, :5] = torch.tensor([float("nan"), -float("nan"), float("inf"), -0.0, 1e-40]).to(dtype)
     x[40:72, 64:96] = 0.0
-    quantizer = BlockQuantizer(MXScaleRule(fmt), fmt, (1, MX_BLOCK), fmt)
+    quantizer = BlockQuantizer(rule, rule.element, block, rule.element)
     assert uses_fused_kernels(x.cuda())
     cuda, cpu = quantizer.quantize(x.cuda(), transpose=True), quantizer.quantize(x, transpose=True)
     for got, want in zip(cuda.tensors(), cpu.tensors(), strict=True):

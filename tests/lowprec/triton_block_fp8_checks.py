@@ -1,0 +1,213 @@
+"""Checks of the fused FP8 block kernel (MXFP8 and FP8 block scaling), run by test_triton_block_fp8.py in a
+process where ``TRITON_INTERPRET=1`` (set before Triton loads) makes it run on CPU tensors.
+
+1. Rowwise and columnwise bytes and scales equal ``BlockQuantizer``'s torch emulation exactly, for MXFP8
+   (E8M0 scales, 1 x 32 and 32 x 32 blocks) and FP8 block scaling (fp32 scales, power of two or not,
+   1 x 128 and 128 x 128 blocks): random data over fp32's range, every FP8 value and every tie between
+   two of them (and their neighbours) at several block scales, an amax sweep over every fp32 binade and
+   the boundaries of the scale rules, zero blocks, NaN of any sign and payload (alone in a block too),
+   infinities, fp32 subnormals, shapes not divisible by the block, strided views, fp32/bf16/fp16
+   inputs, E4M3 and E5M2.
+2. ``BlockQuantizer`` uses the kernel where ``uses_fused_kernels`` holds (and only there, never for
+   NVFP4), and a Linear trained under MXFP8 and under FP8 block scaling gives bit-identical results with it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for triton_strict (this runs as a script)
+from triton_cast_checks import bits, train  # noqa: E402  (this file's folder is on the path too)
+from triton_strict import index_as_triton_36  # noqa: E402
+
+import lowprec  # noqa: E402
+from lowprec import quantization, triton_block_fp8  # noqa: E402
+from lowprec.block_quantization import BlockQuantizer, block_quantizers  # noqa: E402
+from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule, ScaleRule  # noqa: E402
+from lowprec.formats import E4M3, E5M2, FP8Format  # noqa: E402
+
+NAN_BITS = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0x7FFFFFFF, 0xFFFFFFFF]
+RULES = {  # name: (rule, block width)
+    "MXFP8 E4M3": (MXScaleRule(E4M3), 32),
+    "MXFP8 E5M2": (MXScaleRule(E5M2), 32),
+    "block E4M3": (Float8BlockScaleRule(E4M3), 128),
+    "block E5M2": (Float8BlockScaleRule(E5M2), 128),
+    "block E4M3 fp32 scales": (Float8BlockScaleRule(E4M3, power_2=False), 128),
+}
+
+
+def grid_and_ties(fmt: FP8Format) -> torch.Tensor:
+    """Every finite FP8 value, the midpoints between neighbours and the fp32 values either side of them."""
+    every = torch.arange(256, dtype=torch.uint8).view(fmt.dtype).float()
+    grid = every[torch.isfinite(every)].unique()
+    ties = (grid[1:] + grid[:-1]) / 2
+    return torch.cat([grid, ties, torch.nextafter(ties, grid[1:]), torch.nextafter(ties, grid[:-1])])
+
+
+def tie_case(fmt: FP8Format, width: int, exponent: int) -> torch.Tensor:
+    """``grid_and_ties`` in ``width + 1`` columns, with ``fmt.max`` leading every block of both orientations
+    (so each block's scale is exactly 2**-exponent), all times 2**exponent."""
+    values = grid_and_ties(fmt)
+    cols = width + 1
+    rows = -(-values.numel() // cols)
+    x = torch.cat([values, torch.zeros(rows * cols - values.numel())]).reshape(rows, cols)
+    x[:, ::width] = fmt.max
+    x[::width, :] = fmt.max
+    return x * 2.0**exponent
+
+
+def amax_sweep(fmt: FP8Format, width: int, g: torch.Generator) -> torch.Tensor:
+    """One block (a row of ``width``) per amax: every power of two of fp32, ``fp8_max`` times them and the
+    fp32 values either side, the smallest subnormals, fp32 max and inf; the rest of each block below."""
+    powers = 2.0 ** torch.arange(-149, 128, dtype=torch.float64)
+    at_max = (powers * fmt.max).float()
+    at_max = at_max[torch.isfinite(at_max)]
+    inf = torch.full_like(at_max, math.inf)
+    extremes = torch.tensor([1e-45, 3e-45, 1e-40, torch.finfo(torch.float32).max, math.inf, 0.0])
+    amaxes = torch.cat([powers.float(), at_max, torch.nextafter(at_max, inf), torch.nextafter(at_max, -inf), extremes])
+    rest = torch.rand(amaxes.numel(), width - 1, generator=g) * 2 - 1
+    return torch.cat([amaxes[:, None], torch.nan_to_num(amaxes[:, None] * rest, posinf=1.0)], dim=1)
+
+
+def special_case(g: torch.Generator, width: int) -> torch.Tensor:
+    """NaNs of every kind (and a block of nothing but NaN), infinities, signed zeros, subnormals, zero blocks."""
+    x = torch.randn(2 * width + 6, 3 * width - 6, generator=g)
+    x[:, width : 2 * width] = 0.0
+    x[5, width : 2 * width] = -0.0
+    nans = torch.tensor(NAN_BITS, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    x[0, : len(NAN_BITS)] = nans
+    x[40:46, 2 * width + 6] = nans
+    x[2 * width, :width] = math.nan
+    x[2, 3], x[3, 2 * width + 6], x[width + 1, 2 * width + 16] = math.inf, -math.inf, math.inf
+    x[10, :32] = torch.tensor([1e-45, -1e-45, 1e-40, 1e-38] * 8)
+    return x
+
+
+def cases():
+    g = torch.Generator().manual_seed(0)
+    for name, (rule, width) in RULES.items():
+        fmt = rule.element
+        for square in (False, True):
+            block = (width, width) if square else (1, width)
+            label = f"{name} {block}"
+            exponents = (-130, -20, 0, 17, 100) if not square else (-20, 100)
+            for exponent in exponents:
+                yield f"{label} ties at 2**{exponent}", rule, block, tie_case(fmt, width, exponent)
+            if not square:
+                yield f"{label} amax sweep", rule, block, amax_sweep(fmt, width, g)
+            cols = 75 if width == 32 else 200
+            random = torch.randn(100, cols, generator=g) * torch.logspace(-30, 30, cols)
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                yield f"{label} random {dtype}", rule, block, random.to(dtype)
+                yield f"{label} special {dtype}", rule, block, special_case(g, width).to(dtype)
+            yield f"{label} transposed view", rule, block, random.t()
+            yield f"{label} strided view", rule, block, random[::3, 1::2]
+            for shape in ((1, 1), (1, width + 1), (width + 1, 1), (width - 1, width - 1), (width, width), (0, 5)):
+                yield f"{label} {shape}", rule, block, torch.randn(*shape, generator=g) * 1000
+
+
+def emulation(rule: ScaleRule, block: tuple[int, int]) -> BlockQuantizer:
+    return BlockQuantizer(rule, rule.element, block, rule.element)
+
+
+def check_cases(failures: list[str]) -> int:
+    count = 0
+    for name, rule, block, x in cases():
+        count += 1
+        want = emulation(rule, block).quantize(x, transpose=True)
+        data, scales, data_t, scales_t = triton_block_fp8.quantize_block_fp8(x, rule, block, columnwise=True)
+        pairs = {
+            "rowwise bytes": (data, want.rowwise.data),
+            "rowwise scales": (scales, want.rowwise.scales),
+            "columnwise bytes": (data_t, want.columnwise.data),
+            "columnwise scales": (scales_t, want.columnwise.scales),
+        }
+        for part, (got, expected) in pairs.items():
+            if got.dtype != expected.dtype or got.shape != expected.shape or not torch.equal(bits(got), bits(expected)):
+                where = (bits(got) != bits(expected)).nonzero()[:3].tolist() if got.shape == expected.shape else got.shape
+                failures.append(f"{name}: {part} differ at {where}")
+    return count
+
+
+def check_rowwise_only(failures: list[str]) -> None:
+    g = torch.Generator().manual_seed(4)
+    for rule, block in ((MXScaleRule(E4M3), (1, 32)), (Float8BlockScaleRule(E5M2), (128, 128))):
+        x = special_case(g, block[1]).to(torch.bfloat16).t()
+        both = triton_block_fp8.quantize_block_fp8(x, rule, block, columnwise=True)
+        alone = triton_block_fp8.quantize_block_fp8(x, rule, block, columnwise=False)
+        if not (
+            torch.equal(bits(alone[0]), bits(both[0]))
+            and torch.equal(bits(alone[1]), bits(both[1]))
+            and alone[2:] == (None, None)
+        ):
+            failures.append(f"{rule} {block}: the rowwise-only cast differs")
+
+
+def check_wiring(failures: list[str]) -> None:
+    original_uses, original_kernel = quantization.uses_fused_kernels, triton_block_fp8.quantize_block_fp8
+    calls: list[tuple[tuple[int, ...], tuple[int, int]]] = []
+
+    def spy(x, rule, block, columnwise):
+        calls.append((tuple(x.shape), block))
+        return original_kernel(x, rule, block, columnwise)
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 20, 40, generator=g).to(torch.bfloat16)
+    quantizers = {
+        "MXFP8": block_quantizers(lowprec.MXFP8BlockScaling(enable_2d_quantization=True), "fc")["weight"],
+        "block": block_quantizers(lowprec.Float8BlockScaling(), "fc")["weight"],
+        "NVFP4": block_quantizers(lowprec.NVFP4BlockScaling(), "fc")["weight"],
+    }
+    results = {}
+    try:
+        triton_block_fp8.quantize_block_fp8 = spy
+        for name, quantizer in quantizers.items():
+            quantization.uses_fused_kernels = lambda t: t.dim() == 2
+            fused = quantizer.quantize(x, transpose=True)
+            quantization.uses_fused_kernels = lambda t: False
+            results[name] = fused, quantizer.quantize(x, transpose=True)
+    finally:
+        triton_block_fp8.quantize_block_fp8, quantization.uses_fused_kernels = original_kernel, original_uses
+    if calls != [((60, 40), (32, 32)), ((60, 40), (128, 128))]:
+        failures.append(f"the kernel ran for {calls}, not once for each FP8 block cast (and never for NVFP4)")
+    for name, (fused, plain) in results.items():
+        if fused.dtype != plain.dtype or fused.shape != plain.shape:
+            failures.append(f"{name} fused cast: dtype or shape differ")
+        for got, want in zip(fused.tensors(), plain.tensors(), strict=True):
+            same = got is not None and torch.equal(bits(got.reshape(-1)), bits(want.reshape(-1)))
+            if (got is None) != (want is None) or (got is not None and not same):
+                failures.append(f"{name}: fused BlockQuantizer cast differs from the torch path")
+        if fused.metadata() != plain.metadata():
+            failures.append(f"{name}: fused metadata {fused.metadata()} != {plain.metadata()}")
+
+
+def check_training(failures: list[str]) -> None:
+    original = quantization.uses_fused_kernels
+    try:
+        for recipe in (lowprec.MXFP8BlockScaling(), lowprec.Float8BlockScaling(use_f32_scales=True)):
+            fused, plain = train(True, recipe), train(False, recipe)
+            for key in plain:
+                if not torch.equal(fused[key], plain[key]):
+                    failures.append(f"{type(recipe).__name__} training: {key} differs")
+    finally:
+        quantization.uses_fused_kernels = original
+
+
+def main() -> None:
+    index_as_triton_36()
+    failures: list[str] = []
+    count = check_cases(failures)
+    check_rowwise_only(failures)
+    check_wiring(failures)
+    check_training(failures)
+    print("\n".join(failures[:40]) or f"ok: {count} FP8 block cases (Triton {triton.__version__})")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
