@@ -66,11 +66,13 @@ def recipe_names(text: str) -> list[str]:
 
 
 def compare_arguments(sub: argparse.ArgumentParser) -> None:
-    from lowprec.compare import RECIPES
+    from lowprec.compare import DEFAULT_RECIPES, RECIPES
     from lowprec.demo import SIZES
 
-    known = ",".join(RECIPES)
-    sub.add_argument("--recipes", type=recipe_names, default=list(RECIPES), help=f"comma-separated, from {known} (default: all)")
+    known, default = ",".join(RECIPES), ",".join(DEFAULT_RECIPES)
+    sub.add_argument(
+        "--recipes", type=recipe_names, default=list(DEFAULT_RECIPES), help=f"comma-separated, from {known} (default: {default})"
+    )
     sub.add_argument("--steps", type=positive_int, default=100, help="training steps per recipe (default 100)")
     sub.add_argument("--size", choices=list(SIZES), default="tiny", help="model size (default tiny)")
     sub.add_argument("--out", default="./compare_logs", help="where the runs and compare.html go (default ./compare_logs)")

@@ -126,16 +126,20 @@ def run_demo(
     device: str | None = None,
     recipe: Recipe | None = DEMO_RECIPE,
     seed: int = 0,
+    autocast: torch.dtype | None = None,
 ) -> dict:
     """Train, log, write the report; returns the first and last losses, every step's loss and the paths written.
 
     ``recipe`` None trains in high precision (no FP8 autocast). ``seed`` fixes the initial weights (``seed``)
     and the order of the batches (``seed + 1``), so runs with different recipes see the same data.
+    ``autocast``: run the forward under ``torch.autocast`` to this dtype (``torch.bfloat16``: mixed precision).
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     if size not in SIZES:
         raise ValueError(f"size must be one of {list(SIZES)}, got {size!r}")
+    if autocast is not None and autocast not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"autocast must be None, torch.bfloat16 or torch.float16, got {autocast!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -156,7 +160,10 @@ def run_demo(
             step_started = time.perf_counter()
             starts = torch.randint(0, len(text) - shape.seq - 1, (shape.batch,), generator=generator).tolist()
             window = torch.stack([text[s : s + shape.seq + 1] for s in starts])
-            with lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
+            with (
+                torch.autocast(torch.device(device).type, dtype=autocast, enabled=autocast is not None),
+                lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe),
+            ):
                 logits = model(window[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, 256), window[:, 1:].reshape(-1))
             optimizer.zero_grad(set_to_none=True)

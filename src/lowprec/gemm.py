@@ -1,6 +1,6 @@
 """One matrix-multiply entry point for high-precision, FP8 and block-scaled operands.
 
-``gemm(a, b, out_dtype)`` computes ``a @ b`` for 2-D operands. Two ``Float8Tensor``s give an FP8
+``gemm(a, b, out_dtype, bias)`` computes ``a @ b (+ bias)`` for 2-D operands. Two ``Float8Tensor``s give an FP8
 GEMM: ``torch._scaled_mm`` on CUDA devices of compute capability 8.9 and later when the shapes allow,
 otherwise an emulation with the same numerics (exact products of the FP8 values summed in fp32, then
 scaled). Two ``BlockScaledTensor``s (MXFP8, FP8 block scaling, NVFP4) give an emulated block-scaled
@@ -41,10 +41,26 @@ def _say_once(reason: str) -> None:
         logger.info(reason)
 
 
-def gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
-    """``a @ b`` in ``out_dtype``."""
-    a_fp8, b_fp8 = isinstance(a, Float8Tensor), isinstance(b, Float8Tensor)
-    if a_fp8 and b_fp8:
+def gemm(a: Operand, b: Operand, out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b + bias`` in ``out_dtype``. In high precision the bias is added inside the GEMM (``addmm``,
+    rounded once), as ``F.linear`` adds it; after a quantized GEMM it is added to the result."""
+    quantized = _quantized_gemm(a, b, out_dtype)
+    if quantized is not None:
+        return quantized if bias is None else quantized + bias.to(out_dtype)
+    if isinstance(a, Quantized) or isinstance(b, Quantized):
+        _say_once(
+            "lowprec: a GEMM got one quantized and one high-precision operand, or two of different formats; "
+            "it runs in high precision"
+        )
+        a = a.dequantize(out_dtype) if isinstance(a, Quantized) else a
+        b = b.t().dequantize(out_dtype).t() if isinstance(b, Quantized) else b  # a right operand as the GEMM reads it
+    a, b = a.to(out_dtype), b.to(out_dtype)
+    return torch.matmul(a, b) if bias is None else torch.addmm(bias.to(out_dtype), a, b)
+
+
+def _quantized_gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor | None:
+    """``a @ b`` when both operands are quantized in the same kind of format, else None."""
+    if isinstance(a, Float8Tensor) and isinstance(b, Float8Tensor):
         reason = scaled_mm_unsupported(a, b)
         if reason is None:
             return _scaled_mm(a, b, out_dtype)
@@ -53,15 +69,7 @@ def gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
         return emulated_fp8_gemm(a, b, out_dtype)
     if isinstance(a, BlockScaledTensor) and isinstance(b, BlockScaledTensor):
         return emulated_block_gemm(a, b, out_dtype)
-    a_quantized, b_quantized = isinstance(a, Quantized), isinstance(b, Quantized)
-    if a_quantized or b_quantized:
-        _say_once(
-            "lowprec: a GEMM got one quantized and one high-precision operand, or two of different formats; "
-            "it runs in high precision"
-        )
-        a = a.dequantize(out_dtype) if a_quantized else a
-        b = b.t().dequantize(out_dtype).t() if b_quantized else b  # a right operand as the GEMM reads it
-    return torch.matmul(a.to(out_dtype), b.to(out_dtype))
+    return None
 
 
 def emulated_block_gemm(a: BlockScaledTensor, b: BlockScaledTensor, out_dtype: torch.dtype) -> torch.Tensor:

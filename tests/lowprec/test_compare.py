@@ -8,11 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from lowprec.cli import main
 from lowprec.compare import RECIPES, compare_formats, parse_recipes, statistics_config
 from lowprec.compare.outliers import outliers, settled
+from lowprec.compare.runs import CONFIG
 from lowprec.demo import read_losses, run_demo
 from nvdlfw_inspect.reading import Statistic
 
@@ -27,20 +29,24 @@ def page_data(page: Path) -> dict:
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("compare")
-    page = compare_formats(["bf16", "delayed", "mxfp8"], steps=STEPS, size="tiny", out=out, seed=SEED, device="cpu")
+    page = compare_formats(["bf16", "delayed", "nvfp4"], steps=STEPS, size="tiny", out=out, seed=SEED, device="cpu")
     return page, page_data(page)
 
 
 def test_the_page_holds_every_runs_logged_losses(compared):
     page, data = compared
     assert page.name == "compare.html" and page.read_text().startswith("<!DOCTYPE html>")
-    assert [run["name"] for run in data["runs"]] == ["bf16", "delayed", "mxfp8"]
+    assert [run["name"] for run in data["runs"]] == ["bf16", "delayed", "nvfp4"]
     for run in data["runs"]:
         assert run["loss"] == read_losses(page.parent / run["name"]) and len(run["loss"]) == STEPS
         assert (page.parent / run["report"]).is_file()
     first = [run["loss"][0] for run in data["runs"]]
     assert max(first) - min(first) < 0.02 * min(first)  # same weights, same batch: only the format differs
     assert page.read_text().count("<polyline") == 6  # the losses, and their differences from bf16's
+
+
+def page_dir(compared) -> Path:
+    return compared[0].parent
 
 
 def test_the_page_is_offline(compared):
@@ -53,7 +59,9 @@ def test_each_format_ranks_what_it_logged(compared):
     runs = {run["name"]: run for run in compared[1]["runs"]}
     assert runs["bf16"]["outliers"] == {}
     assert set(runs["delayed"]["outliers"]) == {"underflows%", "overflows%", "relative mse"}
-    assert set(runs["mxfp8"]["outliers"]) == {"underflows%", "relative mse"}  # mxfp8_ prefix stripped
+    assert set(runs["nvfp4"]["outliers"]) == {"underflows%", "relative mse"}  # its own casts, nvfp4_ stripped
+    assert runs["nvfp4"]["stats"] == ["underflows%", "mse"]
+    assert "LogNvfp4TensorStats" in (page_dir(compared) / "nvfp4" / CONFIG).read_text()
     rows = runs["delayed"]["outliers"]["underflows%"]
     assert 0 < len(rows) <= 5 and [row["settled"] for row in rows] == sorted((row["settled"] for row in rows), reverse=True)
 
@@ -62,8 +70,13 @@ def test_the_same_seed_gives_the_plain_demos_loss(compared, tmp_path):
     config = tmp_path / "stats.yaml"
     config.write_text(yaml.safe_dump(statistics_config(RECIPES["bf16"], 5)))
     bf16 = next(run for run in compared[1]["runs"] if run["name"] == "bf16")
-    plain = run_demo(steps=STEPS, size="tiny", config=config, log_dir=tmp_path / "plain", device="cpu", recipe=None, seed=SEED)
+    common = {"steps": STEPS, "size": "tiny", "config": config, "device": "cpu", "recipe": None, "seed": SEED}
+    plain = run_demo(log_dir=tmp_path / "plain", autocast=torch.bfloat16, **common)
     assert plain["losses"] == bf16["loss"]
+    fp32 = run_demo(log_dir=tmp_path / "fp32", **common)  # no autocast: the same start, bf16's rounding apart
+    assert fp32["losses"] != bf16["loss"] and abs(fp32["losses"][0] - bf16["loss"][0]) < 0.01 * fp32["losses"][0]
+    with pytest.raises(ValueError, match=r"autocast must be None, torch.bfloat16 or torch.float16, got torch.float64"):
+        run_demo(log_dir=tmp_path / "bad", autocast=torch.float64, **common)
     other = run_demo(steps=2, size="tiny", config=config, log_dir=tmp_path / "other", device="cpu", recipe=None, seed=SEED + 1)
     assert other["losses"] != bf16["loss"][:2]
 
@@ -71,7 +84,7 @@ def test_the_same_seed_gives_the_plain_demos_loss(compared, tmp_path):
 @pytest.mark.parametrize(
     ("names", "message"),
     [
-        ("bf16,fp9", r"unknown recipe 'fp9'; known: bf16, delayed, current, mxfp8, block, nvfp4"),
+        ("bf16,fp9", r"unknown recipe 'fp9'; known: bf16, fp32, delayed, current, mxfp8, block, nvfp4"),
         (["fp9", "x"], r"unknown recipes 'fp9', 'x'"),
         ("delayed,delayed", r"recipe given twice: delayed"),
         ("", r"recipes must be names from"),
@@ -99,12 +112,12 @@ def test_the_command_line(tmp_path, capsys):
 def test_outliers_rank_the_settled_value_and_relate_mse_to_the_variance():
     assert settled({0: 90.0, 1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 5: 5.0, 6: 6.0, 7: 7.0}) == 6.5  # last quarter: 6, 7
     stats = [
-        Statistic(0, layer, "gradient", "mxfp8_underflows%", it, value)
+        Statistic(0, layer, "gradient", "nvfp4_underflows%", it, value)
         for layer, value in (("a", 1.0), ("b", 3.0))
         for it in range(4)
     ]
-    stats += [Statistic(0, "a", "activation", "mxfp8_mse", 0, 0.5), Statistic(0, "a", "activation", "std", 0, 2.0)]
-    ranked = outliers(stats, "mxfp8_")
+    stats += [Statistic(0, "a", "activation", "nvfp4_mse", 0, 0.5), Statistic(0, "a", "activation", "std", 0, 2.0)]
+    ranked = outliers(stats, "nvfp4_")
     assert [row["layer"] for row in ranked["underflows%"]] == ["b", "a"]
     assert ranked["relative mse"] == [
         {"layer": "a", "tensor": "activation", "settled": 0.125, "worst": 0.125, "worst_iteration": 0}

@@ -21,11 +21,10 @@ Series = dict[tuple[str, str], dict[int, float]]  # (layer, tensor) -> iteration
 
 
 def collect(stats: Iterable[Statistic], prefix: str) -> dict[str, Series]:
-    """Series per statistic name, ``prefix`` stripped (``mxfp8_mse`` -> ``mse``), the worst rank per iteration."""
+    """Series per statistic name, ``prefix`` stripped (``nvfp4_mse`` -> ``mse``), the worst rank per iteration."""
     series: dict[str, Series] = defaultdict(lambda: defaultdict(dict))
     for stat in stats:
-        name = stat.stat.removeprefix(prefix) if prefix else stat.stat
-        points = series[name][(stat.layer, stat.tensor)]
+        points = series[stat.stat.removeprefix(prefix)][(stat.layer, stat.tensor)]
         points[stat.iteration] = max(points.get(stat.iteration, -math.inf), stat.value)
     return series
 
@@ -64,7 +63,7 @@ def _finite(value: float) -> float:
 
 
 def outliers(stats: Iterable[Statistic], prefix: str = "") -> dict[str, list[dict]]:
-    """Per ranked statistic that the run logged, its top tensors."""
+    """Per ranked statistic that the run logged (its name after ``prefix``), its top tensors."""
     series = collect(stats, prefix)
     ranked = {"underflows%": series.get("underflows%", {}), "overflows%": series.get("overflows%", {})}
     ranked["relative mse"] = relative_mse(series)

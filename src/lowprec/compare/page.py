@@ -142,7 +142,7 @@ def render(data: dict) -> str:
     runs = data["runs"]
     sections = "".join(
         f"<h3>{html.escape(run['name'])}: {html.escape(run['label'])}</h3>"
-        f"<p class=note>statistics: {html.escape(', '.join(run['fp8_stats']) or 'LogTensorStats only')}</p>{_outlier_tables(run)}"
+        f"<p class=note>statistics: {html.escape(', '.join(run['stats']) or 'LogTensorStats only')}</p>{_outlier_tables(run)}"
         for run in runs
     )
     title = html.escape(data["title"])

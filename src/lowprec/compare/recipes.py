@@ -1,13 +1,16 @@
-"""The recipes ``compare`` knows by name, and which ``LogFp8TensorStats`` statistics each can log.
+"""The recipes ``compare`` knows by name, and which quantization statistics each logs.
 
-Block recipes have no own-recipe statistics yet, so they log the what-if statistics of their own format
-(``mxfp8_...``, ``fp8_block_scaling_...``); NVFP4 has none, and logs only ``LogTensorStats``.
+``bf16`` is the usual high-precision baseline, the forward under ``torch.autocast`` to bfloat16; ``fp32``
+trains without either. Each FP8 and block recipe logs ``LogFp8TensorStats`` of its own casts, NVFP4
+``LogNvfp4TensorStats`` of its own (E2M1 zero codes counted as underflows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 from lowprec.recipe import (
     DelayedScaling,
@@ -18,31 +21,33 @@ from lowprec.recipe import (
     Recipe,
 )
 
+OWN_STATS = ("underflows%", "mse")
+
 
 @dataclass(frozen=True)
 class Entry:
     """One comparable recipe: its label on the page, how to make it from the seed (None: high precision),
-    and its FP8 statistics as logged (the page strips ``prefix``)."""
+    the quantization statistics it logs, with which feature and under which prefix (``nvfp4_``), and the
+    ``torch.autocast`` dtype of its forward (None: none)."""
 
     label: str
     make: Callable[[int], Recipe | None]
-    fp8_stats: tuple[str, ...]
+    stats: tuple[str, ...] = ()
+    feature: str = "LogFp8TensorStats"
     prefix: str = ""
+    autocast: torch.dtype | None = None
 
 
 RECIPES: dict[str, Entry] = {
-    "bf16": Entry("high precision (no FP8)", lambda seed: None, ()),
+    "bf16": Entry("bf16 (torch.autocast, no FP8)", lambda seed: None, autocast=torch.bfloat16),
+    "fp32": Entry("float32 (no FP8)", lambda seed: None),
     "delayed": Entry("FP8 delayed scaling", lambda seed: DelayedScaling(), ("underflows%", "overflows%", "mse")),
-    "current": Entry("FP8 current scaling", lambda seed: Float8CurrentScaling(), ("underflows%", "mse")),
-    "mxfp8": Entry("MXFP8", lambda seed: MXFP8BlockScaling(), ("mxfp8_underflows%", "mxfp8_mse"), "mxfp8_"),
-    "block": Entry(
-        "FP8 block scaling",
-        lambda seed: Float8BlockScaling(),
-        ("fp8_block_scaling_underflows%", "fp8_block_scaling_mse"),
-        "fp8_block_scaling_",
-    ),
-    "nvfp4": Entry("NVFP4", lambda seed: NVFP4BlockScaling(seed=seed), ()),
+    "current": Entry("FP8 current scaling", lambda seed: Float8CurrentScaling(), OWN_STATS),
+    "mxfp8": Entry("MXFP8", lambda seed: MXFP8BlockScaling(), OWN_STATS),
+    "block": Entry("FP8 block scaling", lambda seed: Float8BlockScaling(), OWN_STATS),
+    "nvfp4": Entry("NVFP4", lambda seed: NVFP4BlockScaling(seed=seed), OWN_STATS, "LogNvfp4TensorStats", "nvfp4_"),
 }
+DEFAULT_RECIPES = ("bf16", "delayed", "current", "mxfp8", "block", "nvfp4")
 
 
 def parse_recipes(names: str | list[str] | tuple[str, ...]) -> list[str]:

@@ -16,23 +16,22 @@ import yaml
 
 from lowprec.compare.outliers import TOP, outliers
 from lowprec.compare.page import render
-from lowprec.compare.recipes import RECIPES, Entry, parse_recipes
+from lowprec.compare.recipes import DEFAULT_RECIPES, RECIPES, Entry, parse_recipes
 from lowprec.demo import SIZES, read_losses, run_demo
 from nvdlfw_inspect.reading import iter_statistics
 
-DEFAULT_RECIPES = tuple(RECIPES)
 TENSORS = ("activation", "gradient", "weight")
 PAGE = "compare.html"
 CONFIG = "compare_config.yaml"
 
 
 def statistics_config(entry: Entry, freq: int) -> dict:
-    """``LogTensorStats`` and the recipe's ``LogFp8TensorStats`` for every GEMM operand of the GPT."""
+    """``LogTensorStats`` and the recipe's quantization statistics for every GEMM operand of the GPT."""
     features: dict = {
         "LogTensorStats": {"enabled": True, "tensors": list(TENSORS), "stats": ["max", "std", "dynamic_range"], "freq": freq}
     }
-    if entry.fp8_stats:
-        features["LogFp8TensorStats"] = {"enabled": True, "tensors": list(TENSORS), "stats": list(entry.fp8_stats), "freq": freq}
+    if entry.stats:
+        features[entry.feature] = {"enabled": True, "tensors": list(TENSORS), "stats": list(entry.stats), "freq": freq}
     section = {"enabled": True, "layers": {"layer_name_regex_pattern": r"gpt\..*"}, "transformer_engine": features}
     return {"compare_statistics": section}
 
@@ -59,12 +58,12 @@ def _run(name: str, steps: int, size: str, seed: int, out: Path, device: str | N
     config.write_text(yaml.safe_dump(statistics_config(entry, freq), sort_keys=False))
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        result = run_demo(steps, size, config, log_dir, device, recipe=entry.make(seed), seed=seed)
+        result = run_demo(steps, size, config, log_dir, device, recipe=entry.make(seed), seed=seed, autocast=entry.autocast)
     losses = read_losses(log_dir)
     return {
         "name": name,
         "label": entry.label,
-        "fp8_stats": list(entry.fp8_stats),
+        "stats": list(entry.stats),
         "loss": losses,
         "last_loss": result["last_loss"],
         "seconds": time.perf_counter() - started,
@@ -96,8 +95,8 @@ def compare_formats(
         "title": f"Formats compared: {', '.join(names)}",
         "setup": f"demo GPT, size {size}, {steps} steps, seed {seed}, statistics every {every}; logs in {out.resolve()}",
         "ranking": f"Top {TOP} tensors per statistic by the median of the last quarter of the logged iterations; "
-        "relative mse = mse / std^2. Block recipes use the what-if statistics of their format (mxfp8_, "
-        "fp8_block_scaling_); NVFP4 has no FP8 statistics; overflows% exists only under delayed scaling.",
+        "relative mse = mse / std^2. Each recipe's statistics describe its own casts (NVFP4's from "
+        "LogNvfp4TensorStats); overflows% exists only under delayed scaling.",
         "steps": steps,
         "size": size,
         "seed": seed,

@@ -18,7 +18,7 @@ from lowprec.autocast import active_recipe
 from lowprec.block_quantization import block_quantizers
 from lowprec.debug.layer_state import DebugLayerState
 from lowprec.debug.quantizer import DebugProcessing
-from lowprec.modules.linear_function import LinearFunction, PlainProcessing
+from lowprec.modules.linear_function import LinearFunction, PlainProcessing, Processing
 from lowprec.modules.recompute import ForwardHistory, in_backward, replay_quantizers
 from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer
 from lowprec.recipe import BLOCK_RECIPES, DelayedScaling, Recipe
@@ -93,7 +93,7 @@ class GemmUnit:
             processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group)
         else:
             processing = PlainProcessing(quantizers, None if traced else self.weight_cache)
-        out = LinearFunction.apply(x, weight, bias, processing)
+        out = apply_linear(x, weight, bias, processing)
         if not traced and out.grad_fn is not None:
             self.forwards.remember(out.grad_fn, recipe, plan)
         return out
@@ -109,4 +109,17 @@ class GemmUnit:
             processing = DebugProcessing(layer_name, quantizers, original.plan, self.tp_group, inspect=False)
         else:
             processing = PlainProcessing(quantizers)
+        return apply_linear(x, weight, bias, processing)
+
+
+def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, processing: Processing) -> torch.Tensor:
+    """``LinearFunction`` as ``F.linear`` runs under the user's ``torch.autocast``: the activation cast to the
+    autocast dtype (high-precision GEMMs cast the weight to it too, and gradients come out in it), while
+    the function itself runs outside autocast, which would otherwise lower the emulated GEMMs' fp32
+    accumulation. So a layer's numbers do not depend on whether a debug feature is active on it."""
+    device_type = x.device.type
+    if not (torch.is_autocast_enabled(device_type) and x.is_floating_point()):
+        return LinearFunction.apply(x, weight, bias, processing)
+    x = x.to(torch.get_autocast_dtype(device_type))
+    with torch.autocast(device_type, enabled=False):
         return LinearFunction.apply(x, weight, bias, processing)

@@ -114,9 +114,7 @@ class LinearFunction(torch.autograd.Function):
         needs_dgrad, needs_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         activation_fprop, activation_wgrad = processing.input("activation", x2d, transpose=needs_wgrad)
         weight_fprop, weight_dgrad = processing.input("weight", weight, transpose=needs_dgrad)
-        out = gemm(activation_fprop, weight_fprop.t(), x.dtype)
-        if bias is not None:
-            out = out + bias.to(out.dtype)
+        out = gemm(activation_fprop, weight_fprop.t(), x.dtype, bias)
         out = processing.output("output", out)
         ctx.processing = processing
         ctx.cast_states = cast_states(activation_fprop, activation_wgrad, weight_fprop, weight_dgrad)
