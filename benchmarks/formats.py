@@ -6,7 +6,8 @@ the bandwidth of quantizing one tensor in each format, measured side by side in 
    On the CPU every recipe is emulated; on a CUDA GPU per-tensor FP8 runs ``torch._scaled_mm`` and the
    block recipes are emulated (quantize, dequantize, GEMM in high precision).
 2. Quantizing a bf16 tensor (128 MiB on CUDA, 8 MiB on the CPU) with each format's quantizer, as GB/s
-   of bytes read next to a plain copy's.
+   of bytes read next to a plain copy's. On CUDA each cast runs the fused Triton kernels, and again as
+   the torch emulation (``(torch)`` rows, ``FUSED_KERNELS`` off) to show what the fusion saves.
 
 Run: ``python benchmarks/formats.py [--steps N] [--repeats R] [--width W] [--depth D] [--tokens T]``.
 """
@@ -19,6 +20,7 @@ import torch
 from harness import InProcess, interleave, mean_seconds, print_ratio_table, synchronize
 
 import lowprec
+from lowprec import quantization
 from lowprec.modules.gemm_unit import make_quantizers
 
 RECIPES = {
@@ -57,6 +59,15 @@ def training_table(args: argparse.Namespace, device: str, dtype: torch.dtype) ->
     return fastest
 
 
+def unfused(cast, x: torch.Tensor):
+    """``cast(x)`` with the fused Triton kernels off: the torch emulation."""
+    saved, quantization.FUSED_KERNELS = quantization.FUSED_KERNELS, False
+    try:
+        return cast(x)
+    finally:
+        quantization.FUSED_KERNELS = saved
+
+
 def quantize_table(args: argparse.Namespace, device: str) -> dict[str, float]:
     """Seconds per quantization of one bf16 tensor by each recipe's activation quantizer, and a copy's."""
     side = 8192 if device == "cuda" else 2048
@@ -67,15 +78,17 @@ def quantize_table(args: argparse.Namespace, device: str) -> dict[str, float]:
         if recipe is not None:
             quantizer = make_quantizers(recipe, "bench")["activation"]
             work[label] = lambda quantizer=quantizer: quantizer.quantize(x)
+            if device == "cuda":
+                work[f"{label} (torch)"] = lambda quantizer=quantizer: unfused(quantizer.quantize, x)
     seconds = {}
     for label, fn in work.items():
         seconds[label] = min(mean_seconds(fn, args.steps, device) for _ in range(args.repeats))
         synchronize(device)
     print(f"\nQuantizing a {size >> 20} MiB bf16 tensor ({side}x{side}), {device}")
-    print(f"{'variant':<24} {'ms':>9} {'GB/s read':>10} {'of copy':>8}")
+    print(f"{'variant':<32} {'ms':>9} {'GB/s read':>10} {'of copy':>8}")
     copy_rate = size / seconds["copy (ceiling)"]
     for label, value in seconds.items():
-        print(f"{label:<24} {value * 1e3:>9.2f} {size / value / 1e9:>10.2f} {size / value / copy_rate:>8.2f}")
+        print(f"{label:<32} {value * 1e3:>9.2f} {size / value / 1e9:>10.2f} {size / value / copy_rate:>8.2f}")
     return seconds
 
 

@@ -5,11 +5,14 @@
 columnwise one too (the operand of the GEMM that reads the tensor transposed), each made from the
 high-precision values. For ``y = x W^T``: fprop reads x and W rowwise (blocks along K), dgrad
 ``dy W`` reads dy rowwise and W columnwise (blocks along N), wgrad ``dy^T x`` reads dy and x
-columnwise (blocks along the tokens). Everything is emulated with torch operations on the tensor's
-device; the stored values and scales are bit for bit those the format defines (``block_scales.py``).
+columnwise (blocks along the tokens). Casts are emulated with torch operations on the tensor's device or,
+on CUDA GPUs, run as fused Triton kernels (``triton_block_fp8``, ``triton_nvfp4``); either way the stored
+values and scales are bit for bit those the format defines (``block_scales.py``), the same on every device.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -60,13 +63,13 @@ class BlockQuantizer:
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> BlockScaledTensor:
         """``tensor`` viewed as 2-D (``[-1, last_dim]``), rowwise and, with ``transpose``, columnwise."""
         tensor = tensor.detach()
-        x = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
-        if self._fused_block_fp8(x):
-            return self._quantize_fused(x, transpose, tensor.dtype)
-        x = x.float()
+        x = tensor.reshape(math.prod(tensor.shape[:-1]), tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
         offset = None
         if self.rounding is not None:
             offset = self.fixed_offset if self.fixed_offset is not None else self.rounding.take()
+        if self._uses_kernel(x):
+            return self._quantize_fused(x, transpose, tensor.dtype, offset)
+        x = x.float()
         rowwise = self._orientation(x, None, offset, "rowwise")
         columnwise = self._orientation(x.t(), self.hadamard_seed, offset, "columnwise") if transpose else None
         return BlockScaledTensor(rowwise, columnwise, self.format, tensor.dtype, offset)
@@ -80,20 +83,24 @@ class BlockQuantizer:
         fixed = offset if offset is not None else self.rounding.next_offset
         return BlockQuantizer(self.rule, self.element, self.block, self.format, self.hadamard_seed, self.rounding, fixed)
 
-    def _fused_block_fp8(self, x: torch.Tensor) -> bool:
-        """Whether the Triton kernel of ``triton_block_fp8`` casts ``x``: MXFP8 or FP8 block scaling in blocks
-        it handles, on a device where ``uses_fused_kernels`` holds (imported here: ``quantization``
-        imports this module, and ``triton_block_fp8`` needs Triton)."""
+    def _uses_kernel(self, x: torch.Tensor) -> bool:
+        """Whether a fused Triton kernel casts ``x``: ``triton_nvfp4``'s for NVFP4, ``triton_block_fp8``'s for
+        MXFP8 and FP8 block scaling in blocks it handles, on a device where ``uses_fused_kernels`` holds
+        (imported here: ``quantization`` imports this module, and the kernels need Triton)."""
         from lowprec import quantization
 
-        fp8_rule = isinstance(self.rule, MXScaleRule | Float8BlockScaleRule) and self.hadamard_seed is None
-        if not (fp8_rule and quantization.uses_fused_kernels(x)):
+        if not quantization.uses_fused_kernels(x):
             return False
+        if isinstance(self.rule, NVFP4ScaleRule):
+            return self.block[1] == NVFP4_BLOCK and self.block[0] in (1, NVFP4_BLOCK)
         from lowprec import triton_block_fp8
 
-        return triton_block_fp8.supports(self.rule, self.block)
+        return self.hadamard_seed is None and triton_block_fp8.supports(self.rule, self.block)
 
-    def _quantize_fused(self, x: torch.Tensor, transpose: bool, dtype: torch.dtype) -> BlockScaledTensor:
+    def _quantize_fused(self, x: torch.Tensor, transpose: bool, dtype: torch.dtype, offset: int | None) -> BlockScaledTensor:
+        if isinstance(self.rule, NVFP4ScaleRule):
+            rowwise, columnwise = self._nvfp4_kernel(x, transpose, offset)
+            return BlockScaledTensor(rowwise, columnwise, self.format, dtype, offset)
         from lowprec import triton_block_fp8
 
         data, scales, data_t, scales_t = triton_block_fp8.quantize_block_fp8(x, self.rule, self.block, transpose)
@@ -103,12 +110,37 @@ class BlockQuantizer:
             columnwise = BlockScaledData(data_t, scales_t, None, BlockLayout(self.element, self.block, tuple(x.t().shape)))
         return BlockScaledTensor(rowwise, columnwise, self.format, dtype)
 
-    def _orientation(self, x: torch.Tensor, hadamard_seed: int | None, offset: int | None, part: str) -> BlockScaledData:
+    def _nvfp4_kernel(
+        self, x: torch.Tensor, transpose: bool, offset: int | None
+    ) -> tuple[BlockScaledData, BlockScaledData | None]:
+        """Both orientations from one kernel, or, when the columnwise one goes through the Hadamard transform,
+        the rowwise one from the kernel and the columnwise one from a second launch on the transformed transpose."""
+        from lowprec import triton_nvfp4
+
+        keys = None if offset is None else (self.rounding.key(offset, "rowwise"), self.rounding.key(offset, "columnwise"))
+        both = transpose and self.hadamard_seed is None
+        data, scales, inv, data_t, scales_t, inv_t = triton_nvfp4.quantize_nvfp4(x, self.block[0], both, keys)
+        rowwise = BlockScaledData(data, scales, inv, BlockLayout(self.element, self.block, tuple(x.shape)))
+        if not transpose:
+            return rowwise, None
+        if not both:
+            transformed = self._padded(x.t().float(), self.hadamard_seed)
+            column_keys = None if keys is None else (keys[1], 0)
+            data_t, scales_t, inv_t, *_ = triton_nvfp4.quantize_nvfp4(transformed, self.block[0], False, column_keys)
+        layout = BlockLayout(self.element, self.block, tuple(x.t().shape), self.hadamard_seed)
+        return rowwise, BlockScaledData(data_t, scales_t, inv_t, layout)
+
+    def _padded(self, x: torch.Tensor, hadamard_seed: int | None) -> torch.Tensor:
+        """``x`` padded with zeros to whole blocks, then through the Hadamard transform of ``hadamard_seed``."""
         rows, cols = x.shape
         height, width = self.block
         padded = F.pad(x, (0, -cols % width, 0, -rows % height))
-        if hadamard_seed is not None:
-            padded = hadamard.transform(padded, hadamard_seed)
+        return padded if hadamard_seed is None else hadamard.transform(padded, hadamard_seed)
+
+    def _orientation(self, x: torch.Tensor, hadamard_seed: int | None, offset: int | None, part: str) -> BlockScaledData:
+        rows, cols = x.shape
+        height, width = self.block
+        padded = self._padded(x, hadamard_seed)
         padded_rows, padded_cols = padded.shape
         tiles = padded.reshape(padded_rows // height, height, padded_cols // width, width)
         magnitude = tiles.abs()

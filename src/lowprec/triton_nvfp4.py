@@ -55,7 +55,6 @@ def _hash32(x):
     return x ^ (x >> 15)
 
 
-
 @triton.jit
 def _uniform(index, key_lo, key_hi):
     """``seeding.uniform``'s noise of int64 element ``index`` under the key whose 32-bit halves are the
