@@ -118,7 +118,8 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     the function itself runs outside autocast, which would otherwise lower the emulated GEMMs' fp32
     accumulation. So a layer's numbers do not depend on whether a debug feature is active on it."""
     device_type = x.device.type
-    if not (torch.is_autocast_enabled(device_type) and x.is_floating_point()):
+    autocast_on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)  # not on meta
+    if not (autocast_on and x.is_floating_point()):
         return LinearFunction.apply(x, weight, bias, processing)
     x = x.to(torch.get_autocast_dtype(device_type))
     with torch.autocast(device_type, enabled=False):
