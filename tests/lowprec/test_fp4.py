@@ -17,6 +17,7 @@ def test_every_code_decodes_to_its_value_and_back():
     codes = torch.arange(16, dtype=torch.uint8)
     grid = E2M1.decode(codes)
     assert grid.tolist() == [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
+    assert grid.signbit().tolist() == [False] * 8 + [True] * 8
     assert torch.equal(E2M1.cast(grid), codes)  # -0.0 keeps its sign: code 8
 
 
