@@ -33,22 +33,32 @@ class FP4Format:
         """E2M1 codes of ``scaled`` (already multiplied by its scale): round to nearest even, or
         stochastically with ``noise`` (uniform in [0, 1), ``scaled``'s shape)."""
         x = scaled.float()
-        magnitude = x.abs().nan_to_num(nan=0.0).clamp(max=self.max)
+        sign = SIGN_BIT * (x.signbit() & ~x.isnan()).to(torch.uint8)
+        magnitude = x.abs().nan_to_num(nan=0.0)
+        if noise is None:  # the code is the number of rounding boundaries below the magnitude
+            return torch.bucketize(magnitude.contiguous(), _rounding_boundaries(x.device)).to(torch.uint8) + sign
+        magnitude = magnitude.clamp(max=self.max)
         # binade 0 (below 2, subnormals included) has steps of 0.5, binade 1 ([2, 4)) of 1, binade 2 ([4, 6]) of 2
         binade = (magnitude >= 2).to(torch.uint8) + (magnitude >= 4).to(torch.uint8)
-        step = torch.exp2(binade.float()) * 0.5
-        units = magnitude / step  # exact: a power-of-two division
-        if noise is None:
-            units = torch.round(units)  # half to even: an even number of steps has mantissa bit 0
-        else:
-            units = torch.floor(units.double() + noise.double()).float()  # float64: the sum is exact
+        units = magnitude / (torch.exp2(binade.float()) * 0.5)  # exact: a power-of-two division
+        units = torch.floor(units.double() + noise.double()).float()  # float64: the sum is exact
         # a binade's first value has code 2 * binade (0, 2 or 4 steps into it: 0, 1.0 (2 half steps), ...)
-        index = units.to(torch.uint8) + 2 * binade
-        return index + SIGN_BIT * (x.signbit() & ~x.isnan()).to(torch.uint8)
+        return units.to(torch.uint8) + 2 * binade + sign
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """The float32 values of E2M1 ``codes``, looked up in the 16-entry table of ``VALUES`` (one gather)."""
         return _values(codes.device)[codes.int()]
+
+
+@functools.cache
+def _rounding_boundaries(device: torch.device) -> torch.Tensor:
+    """The 7 magnitudes at which round-to-nearest-even moves to the next code (``bucketize`` puts a value
+    equal to a boundary below it). Each is the midpoint between neighbours, where the tie goes to the
+    even code (mantissa bit 0): down from an even code, so the midpoint itself; up from an odd one, so
+    the float just below the midpoint (0.75 -> 1.0, 1.75 -> 2.0, 3.5 -> 4.0)."""
+    midpoints = torch.tensor([(a + b) / 2 for a, b in zip(MAGNITUDES, MAGNITUDES[1:], strict=False)])
+    from_odd_code = torch.arange(len(midpoints)) % 2 == 1
+    return torch.where(from_odd_code, torch.nextafter(midpoints, torch.zeros(())), midpoints).to(device)
 
 
 @functools.cache
