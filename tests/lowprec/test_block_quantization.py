@@ -214,3 +214,12 @@ def test_what_if_statistics_quantize_exactly_as_the_training_recipes():
     weight = block_quantizers(Float8BlockScaling(), "fc1")["weight"].quantize(x).rowwise
     assert torch.equal(block_scaling_quantize(x, E4M3).data.view(torch.uint8), weight.data.view(torch.uint8))
     torch.testing.assert_close(block_scaling_quantize(x, E4M3).dequantized, weight.dequantize(), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("recipe", [MXFP8BlockScaling(), Float8BlockScaling(), NVFP4BlockScaling()], ids=repr)
+def test_empty_tensors_quantize_to_empty_blocks(recipe):
+    for quantizer in block_quantizers(recipe, "fc1").values():
+        for shape in ((5, 0), (0, 0), (0, 7)):
+            q = quantizer.quantize(torch.zeros(shape), transpose=True)
+            assert q.shape == shape and q.dequantize().shape == shape and q.t().dequantize().shape == shape[::-1]
+            assert q.rowwise.data.numel() == q.columnwise.data.numel() == 0
