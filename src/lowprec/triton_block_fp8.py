@@ -22,7 +22,7 @@ import triton.language as tl
 
 from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule, ScaleRule
 from lowprec.formats import E4M3, FP8Format
-from lowprec.triton_cast import OPTIONS, fp8_bytes, widen
+from lowprec.triton_cast import OPTIONS, fp8_bytes, load_tile
 
 E8M0, FP32_POWER_OF_2, FP32 = 0, 1, 2  # the kernel's SCALE_KIND: how block amaxes become scales
 BLOCK_WIDTHS = (32, 64, 128)  # tiles the kernel handles (BLOCK x BLOCK, a power of two)
@@ -87,11 +87,8 @@ def _block_fp8_tile(
     COLUMNWISE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    col = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    row, col, x = load_tile(x_ptr, rows, cols, stride_row, stride_col, BLOCK, BLOCK)
     blocks_r, blocks_c = tl.cdiv(rows, BLOCK), tl.cdiv(cols, BLOCK)
-    inside = (row[:, None] < rows) & (col[None, :] < cols)
-    x = widen(tl.load(x_ptr + row[:, None] * stride_row + col[None, :] * stride_col, mask=inside, other=0.0))
     magnitude = tl.where(x == x, tl.abs(x), 0.0)  # block amaxes ignore NaN
 
     if SQUARE:  # one scale for the tile, whose padded rows are stored too

@@ -173,3 +173,13 @@ def widen(x):
     if x.dtype == tl.bfloat16:
         return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     return x.to(tl.float32)
+
+
+@triton.jit
+def load_tile(x_ptr, rows, cols, stride_row, stride_col, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr):
+    """``(row, col, x)``: this program's tile of a 2-D tensor (int64 indices, fp32 values by ``widen``),
+    elements beyond the tensor read as zeros (the block formats' padding)."""
+    row = tl.program_id(0).to(tl.int64) * TILE_ROWS + tl.arange(0, TILE_ROWS)
+    col = tl.program_id(1).to(tl.int64) * TILE_COLS + tl.arange(0, TILE_COLS)
+    inside = (row[:, None] < rows) & (col[None, :] < cols)
+    return row, col, widen(tl.load(x_ptr + row[:, None] * stride_row + col[None, :] * stride_col, mask=inside, other=0.0))

@@ -31,7 +31,7 @@ from lowprec.block_scales import FP32_MAX
 from lowprec.formats import E4M3
 from lowprec.fp4 import E2M1
 from lowprec.seeding import HASH_MULTIPLIERS, MASK32, NOISE_BITS
-from lowprec.triton_cast import OPTIONS, fp8_bytes, widen
+from lowprec.triton_cast import OPTIONS, fp8_bytes, load_tile
 from nvdlfw_inspect.stats.triton_partials import round_to_grid
 
 NVFP4_BLOCK = 16  # elements per block along the GEMM's inner dimension
@@ -114,10 +114,7 @@ def _cast_blocks(
 @triton.jit
 def _amax_tile(x_ptr, partials_ptr, rows, cols, stride_row, stride_col, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr):
     """One partial ``max |x|`` per tile, NaN ignored (as the emulation's block amaxes)."""
-    row = tl.program_id(0).to(tl.int64) * TILE_ROWS + tl.arange(0, TILE_ROWS)
-    col = tl.program_id(1).to(tl.int64) * TILE_COLS + tl.arange(0, TILE_COLS)
-    inside = (row[:, None] < rows) & (col[None, :] < cols)
-    x = widen(tl.load(x_ptr + row[:, None] * stride_row + col[None, :] * stride_col, mask=inside, other=0.0))
+    _, _, x = load_tile(x_ptr, rows, cols, stride_row, stride_col, TILE_ROWS, TILE_COLS)
     partial = tl.max(tl.max(tl.where(x == x, tl.abs(x), 0.0), axis=1), axis=0)
     tl.store(partials_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), partial)
 
@@ -143,10 +140,7 @@ def _nvfp4_tile(
     STOCHASTIC: tl.constexpr,
     TILE: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
-    col = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
-    inside = (row[:, None] < rows) & (col[None, :] < cols)
-    x = widen(tl.load(x_ptr + row[:, None] * stride_row + col[None, :] * stride_col, mask=inside, other=0.0))
+    row, col, x = load_tile(x_ptr, rows, cols, stride_row, stride_col, TILE, TILE)
     encode_block, decode = tl.load(factors_ptr), tl.load(factors_ptr + 1)  # S_enc * fp32(1/6), S_dec
     padded_rows = tl.cdiv(rows, 16) * 16  # rows padded to whole 16-row blocks (columnwise blocks, 16 x 16 ones)
     padded_cols = tl.cdiv(cols, 16) * 16
