@@ -37,6 +37,9 @@ _SAFE_STAMP = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
 
 
+Statistic = tuple[str, str, str, float, int]  # (layer, tensor, stat, value, iteration)
+
+
 class BaseLogger(ABC):
     """A statistics sink. Implement ``log_scalar`` and pass an instance as ``statistics_logger``."""
 
@@ -64,6 +67,22 @@ class MetricLogger:
                 structured(layer, tensor, stat, value, iteration)
             else:
                 logger.log_scalar(f"{layer}_{tensor}_{stat}", value, iteration)
+
+    @classmethod
+    def log_statistics(cls, records: list[Statistic]) -> None:
+        """Many statistics at once (a step's): loggers that take a whole batch (``log_statistics``) get the list,
+        the others each record as ``log_statistic`` would hand it to them."""
+        for logger in cls.enabled_loggers:
+            batch = getattr(logger, "log_statistics", None)
+            if batch is not None:
+                batch(records)
+                continue
+            structured = getattr(logger, "log_statistic", None)
+            for layer, tensor, stat, value, iteration in records:
+                if structured is not None:
+                    structured(layer, tensor, stat, value, iteration)
+                else:
+                    logger.log_scalar(f"{layer}_{tensor}_{stat}", value, iteration)
 
     @classmethod
     def add_logger(cls, logger: BaseLogger) -> None:
@@ -270,9 +289,9 @@ class LogFile:
         self._fd = os.open(self.path, self._flags, 0o666)
         self._size = os.fstat(self._fd).st_size
 
-    def add(self, line: str) -> None:
-        """Queue one line (ending in a newline) for the next ``commit``."""
-        self._pending.append(line)
+    def add(self, lines: str) -> None:
+        """Queue whole lines (each ending in a newline) for the next ``commit``."""
+        self._pending.append(lines)
 
     def commit(self) -> None:
         if self._closed:
@@ -286,7 +305,7 @@ class LogFile:
             self._write("".join(lines).encode("utf-8"))
         except OSError as error:
             self._cut_back()
-            self._faults.failed(self.path, len(lines), error)
+            self._faults.failed(self.path, sum(text.count("\n") for text in lines), error)
 
     def _write(self, data: bytes) -> None:
         """One ``write`` unless the kernel takes less (then the rest, which on a full disk fails)."""
@@ -338,6 +357,16 @@ class LogFileHandler(logging.Handler):
             super().close()
 
 
+def _text_middle(iteration: int) -> str:
+    """What follows a statistic's name in a text line of the statistics log, up to its value."""
+    return f" \t\t\t\t iteration={iteration:06d} \t\t\t\t value="
+
+
+def _record_middle(iteration: int) -> str:
+    """What follows the names in a statistics record, up to its value."""
+    return f', "iteration": {iteration}, "value": '
+
+
 def _json_number(value: float) -> str:
     """A float as JSON: finite ones as numbers (``repr``, as ``json`` writes them); NaN and infinities
     as the strings ``float()`` reads back (strict JSON)."""
@@ -357,7 +386,7 @@ class StatisticsFile:
         self._rank = _global_rank()
         self._second = -1
         self._stamp = ""
-        self._record_heads: dict[tuple[str, str, str], str] = {}
+        self._heads: dict[tuple[str, str, str], tuple[str, str]] = {}  # names -> (text line's, record's start)
         self.autoflush = True
 
     def _asctime(self) -> str:
@@ -373,18 +402,38 @@ class StatisticsFile:
         if self.autoflush:
             self._file.commit()
 
+    def _new_heads(self, names: tuple[str, str, str]) -> tuple[str, str]:
+        """The text line's and the record's start for these names, encoded once per run."""
+        record = ", ".join(f'"{key}": {json.dumps(name)}' for key, name in zip(("layer", "tensor", "stat"), names, strict=True))
+        heads = self._heads[names] = ("_".join(names), "{" + record)
+        return heads
+
     def write_record(self, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
         """``{"layer": ..., "tensor": ..., "stat": ..., "iteration": ..., "value": ..., "rank": ...}``
-        as ``json.dumps`` writes it, the names' part encoded once per name."""
-        head = self._record_heads.get((layer, tensor, stat))
-        if head is None:
-            names = ", ".join(
-                f'"{key}": {json.dumps(name)}' for key, name in (("layer", layer), ("tensor", tensor), ("stat", stat))
-            )
-            head = self._record_heads[(layer, tensor, stat)] = "{" + names
-        self._records.add(f'{head}, "iteration": {iteration}, "value": {_json_number(value)}, "rank": {self._rank}}}\n')
+        as ``json.dumps`` writes it."""
+        names = (layer, tensor, stat)
+        record_head = (self._heads.get(names) or self._new_heads(names))[1]
+        self._records.add(f'{record_head}{_record_middle(iteration)}{_json_number(value)}, "rank": {self._rank}}}\n')
         if self.autoflush:
             self._records.commit()
+
+    def write_statistics(self, records: list[Statistic]) -> None:
+        """A batch of statistics: their text lines (stamped with one time) and their records, each file in
+        one write, formatted as ``FileLogger.log_scalar`` and ``write_record`` format one, with the parts
+        that repeat (names, the iteration) formatted once."""
+        prefix, tail = f"{self._asctime()} - INFO - ", f', "rank": {self._rank}}}\n'
+        middles: dict[int, tuple[str, str]] = {}
+        text, structured = [], []
+        for layer, tensor, stat, value, iteration in records:
+            names = (layer, tensor, stat)
+            text_head, record_head = self._heads.get(names) or self._new_heads(names)
+            middle = middles.get(iteration) or middles.setdefault(iteration, (_text_middle(iteration), _record_middle(iteration)))
+            text.append(f"{prefix}{text_head}{middle[0]}{value:.4f}\n")
+            structured.append(f"{record_head}{middle[1]}{_json_number(value)}{tail}")
+        self._file.add("".join(text))
+        self._records.add("".join(structured))
+        if self.autoflush:
+            self.flush()
 
     def flush(self) -> None:
         self.autoflush = True
@@ -454,10 +503,16 @@ class FileLogger(BaseLogger):
         self.log_scalar(f"{layer}_{tensor}_{stat}", value, iteration)
         self.stats_file.write_record(layer, tensor, stat, _as_float(value), int(iteration))
 
+    def log_statistics(self, records: list[Statistic]) -> None:
+        """A step's statistics of the run's own features (``log_statistic`` of each, in two writes)."""
+        if self.stats_file is None:
+            raise RuntimeError("[NVDLFW INSPECT ERROR] Default stats logger not initialized.")
+        self.stats_file.write_statistics(records)
+
     def log_scalar(self, name: str, value: Any, iteration: int, **kwargs: Any) -> None:
         if self.stats_file is None:
             raise RuntimeError("[NVDLFW INSPECT ERROR] Default stats logger not initialized.")
-        line = f"{name} \t\t\t\t iteration={int(iteration):06d} \t\t\t\t value={_as_float(value):.4f}"
+        line = f"{name}{_text_middle(int(iteration))}{_as_float(value):.4f}"
         self.stats_file.write(line, kwargs.get("level", logging.INFO))
 
     def hold_flushes(self) -> None:

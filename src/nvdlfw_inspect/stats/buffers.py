@@ -22,11 +22,10 @@ naming them (after the other groups are reduced and logged, so that no peer wait
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,11 +33,11 @@ import torch.distributed as dist
 
 from nvdlfw_inspect.errors import DistributedDesyncError
 from nvdlfw_inspect.logging import MetricLogger
-from nvdlfw_inspect.stats.derive import derive_tensors, fields_for
+from nvdlfw_inspect.stats.derive import derive_floats, fields_for
 from nvdlfw_inspect.stats.desync import NO_ITERATION, check_stamps, group_ranks, wait_or_raise
 from nvdlfw_inspect.stats.kernels import Grid, tensor_stats, unreadable_partials_reason, unreadable_reason, warn_skipped
 from nvdlfw_inspect.stats.partials import FIELDS, identity_partials, merge_partials
-from nvdlfw_inspect.utils import get_distributed_rank, get_distributed_world_size
+from nvdlfw_inspect.utils import get_distributed_rank, get_distributed_world_size, is_distributed
 
 Stat = tuple[str, str]  # (name in the log, derivation)
 Quantization = tuple[torch.Tensor, Grid]  # (scale, grid) of a cast whose statistics a request wants
@@ -59,9 +58,11 @@ class StatsBuffer:
     row: int
     iteration: int | None = None  # the iteration fed since the last flush, None if not fed
     want_abs_min: bool = False
+    derivations: tuple[str, ...] = ()  # each derivation its stats need, once
 
     def __post_init__(self) -> None:
-        self.want_abs_min = "abs_min_nonzero" in fields_for(derivation for _, derivation in self.stats)
+        self.derivations = tuple(dict.fromkeys(derivation for _, derivation in self.stats))
+        self.want_abs_min = "abs_min_nonzero" in fields_for(self.derivations)
 
 
 def as_stats(stats: Iterable[str | Stat]) -> list[Stat]:
@@ -90,16 +91,18 @@ class _Table:
         return rows
 
 
-@dataclass
 class _Launch:
     """What every request fed from one tensor wants: one operator call."""
 
-    tensor: torch.Tensor
-    rows: list[int] = field(default_factory=list)
-    row_variants: list[int] = field(default_factory=list)
-    quantizations: list[Quantization] = field(default_factory=list)
-    want_abs_min: bool = False
-    amax_outs: list[torch.Tensor] = field(default_factory=list)
+    __slots__ = ("tensor", "rows", "row_variants", "quantizations", "want_abs_min", "amax_outs")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+        self.rows: list[int] = []
+        self.row_variants: list[int] = []
+        self.quantizations: list[Quantization] = []
+        self.want_abs_min = False
+        self.amax_outs: list[torch.Tensor] = []
 
     def add(self, buffer: StatsBuffer | None, quantization: Quantization | None, amax_out: torch.Tensor | None) -> None:
         if amax_out is not None:
@@ -155,17 +158,6 @@ class _Snapshot:
     timeout: float | None
 
 
-def _locked(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` run holding the buffers' lock (reentrant: ``one_launch`` holds it around its feeds)."""
-
-    @functools.wraps(method)
-    def locked(self: StatsBuffers, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return locked
-
-
 class StatsBuffers:
     """All requests of a run, keyed by whatever identifies one (layer, tensor, feature options)."""
 
@@ -183,19 +175,20 @@ class StatsBuffers:
             self._tables[device] = _Table(device)
         return self._tables[device]
 
-    def _buffer(self, key: Hashable, iteration: int, device: torch.device, **request: Any) -> StatsBuffer | None:
-        """The request ``key`` fed at ``iteration`` (created on first use), or None when it takes no
-        more data this step (a request that does not accumulate, such as a weight, was fed already)."""
+    def _buffer(
+        self, key: Hashable, iteration: int, device: torch.device, skip_reduction: bool, make: Callable[[int], StatsBuffer]
+    ) -> StatsBuffer | None:
+        """The request ``key`` fed at ``iteration`` (made with ``make(row)`` on first use), or None when it takes
+        no more data this step (a request that does not accumulate, such as a weight, was fed already)."""
         buffer = self.buffers.get(key)
-        if buffer is not None and buffer.iteration not in (None, iteration):
-            return self._buffer((key, "iteration", iteration), iteration, device, **request)  # a late feed of another step
+        if buffer is not None and buffer.iteration is not None and buffer.iteration != iteration:  # a late feed of another step
+            return self._buffer((key, "iteration", iteration), iteration, device, skip_reduction, make)
         if buffer is None:
-            buffer = StatsBuffer(**request, device=device, row=self._table(device).allocate())
-            self.buffers[key] = buffer
+            buffer = self.buffers[key] = make(self._table(device).allocate())
         if buffer.iteration is not None and not buffer.accumulate:
             return None
         buffer.iteration = iteration
-        buffer.skip_reduction = request["skip_reduction"]
+        buffer.skip_reduction = skip_reduction
         return buffer
 
     @contextlib.contextmanager
@@ -211,7 +204,6 @@ class StatsBuffers:
                 self._launch = outer
             launch.run(self._table(tensor.device).rows)
 
-    @_locked
     def feed(
         self,
         key: Hashable,
@@ -246,25 +238,31 @@ class StatsBuffers:
         if reason is not None:  # skipped before it gets a row: a tensor that cannot be read must not poison the step
             warn_skipped(layer_name, tensor_name, reason)
             return False
-        request = dict(layer_name=layer_name, tensor_name=tensor_name, stats=as_stats(stats))
-        request |= dict(reduction_group=reduction_group, skip_reduction=skip_reduction, accumulate=accumulate)
-        buffer = self._buffer(key, iteration, source.device, **request, last_rank_only=last_rank_only)
-        table = self._table(source.device).rows
-        if buffer is None:
-            amax_out = None  # nothing to record either
-        if partials is not None:
-            if buffer is not None:
-                table[buffer.row] = merge_partials(torch.stack([table[buffer.row], partials]))
+        device = source.device
+
+        def make(row: int) -> StatsBuffer:
+            return StatsBuffer(
+                layer_name, tensor_name, as_stats(stats), reduction_group, skip_reduction, accumulate, last_rank_only, device, row
+            )
+
+        with self._lock:
+            buffer = self._buffer(key, iteration, device, skip_reduction, make)
+            table = self._table(device).rows
+            if partials is not None:
+                if buffer is not None:
+                    table[buffer.row] = merge_partials(torch.stack([table[buffer.row], partials]))
+                return buffer is not None
+            if buffer is None:
+                amax_out = None  # nothing to record either
+            if tensor.numel() > 0 or call_out is not None or amax_out is not None:  # an empty tensor: the row stays empty
+                launch = self._launch
+                if launch is not None and launch.tensor is tensor:
+                    launch.add(buffer, quantization, amax_out)
+                else:
+                    launch = _Launch(tensor)
+                    launch.add(buffer, quantization, amax_out)
+                    launch.run(table, call_out)
             return buffer is not None
-        if tensor.numel() > 0 or call_out is not None or amax_out is not None:  # an empty tensor: the row stays empty
-            launch = self._launch if self._launch is not None and self._launch.tensor is tensor else None
-            if launch is None:
-                launch = _Launch(tensor)
-                launch.add(buffer, quantization, amax_out)
-                launch.run(table, call_out)
-            else:
-                launch.add(buffer, quantization, amax_out)
-        return buffer is not None
 
     def flush(self, step: int | None = None, timeout: float | None = None) -> dict[tuple[str, str, str, int], float]:
         """Log every request fed since the last flush; returns ``{(layer, tensor, stat, iteration): value}``.
@@ -283,8 +281,7 @@ class StatsBuffers:
             logged = self._derive(host, where, snapshot)
             if logged:
                 with MetricLogger.batch():
-                    for (layer, tensor, stat, iteration), value in logged.items():
-                        MetricLogger.log_statistic(layer, tensor, stat, value, iteration)
+                    MetricLogger.log_statistics([(*name, value, iteration) for (*name, iteration), value in logged.items()])
             if errors:
                 raise errors[0]
             return logged
@@ -316,35 +313,32 @@ class StatsBuffers:
             for i, key in enumerate(keys):
                 where[key] = (device, offset + (snapshot.buffers[key].row if local else i))
             pieces.setdefault(device, []).append(rows)
-        return {device: torch.cat(rows).cpu() for device, rows in pieces.items()}, where, errors
+        host = {device: (rows[0] if len(rows) == 1 else torch.cat(rows)).cpu() for device, rows in pieces.items()}
+        return host, where, errors
 
     def _derive(self, host: dict[torch.device, torch.Tensor], where: dict[Hashable, tuple], snapshot: _Snapshot) -> dict:
         """Every fed request's statistics from the host rows, ordered by iteration then feeding order."""
         last_rank = get_distributed_rank() == get_distributed_world_size() - 1
         fed = sorted((key for key in snapshot.fed if key in where), key=snapshot.fed.__getitem__)
-        if not fed:
-            return {}
-        devices = {where[key][0] for key in fed}
-        if len(devices) == 1:
-            rows = host[devices.pop()][[where[key][1] for key in fed]]
-        else:
-            rows = torch.stack([host[where[key][0]][where[key][1]] for key in fed])
-        derivations = {d for key in fed for _, d in snapshot.buffers[key].stats}
-        columns = {d: column.tolist() for d, column in derive_tensors(rows, derivations).items()}
+        tables = {device: rows.tolist() for device, rows in host.items()}  # Python floats: see derive_floats
         logged: dict[tuple[str, str, str, int], float] = {}
-        for i, key in enumerate(fed):
+        for key in fed:
             buffer = snapshot.buffers[key]
             if buffer.last_rank_only and not last_rank:
                 continue
+            device, index = where[key]
+            values = derive_floats(tables[device][index], buffer.derivations)
+            iteration = snapshot.fed[key]
             for name, derivation in buffer.stats:
-                logged[(buffer.layer_name, buffer.tensor_name, name, snapshot.fed[key])] = float(columns[derivation][i])
+                logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = values[derivation]
         return logged
 
     def _groups(self) -> dict[tuple[Any, torch.device], list[Hashable]]:
         """Keys of every request by (process group it reduces over, or ``"local"``; its device)."""
         groups: dict[tuple[Any, torch.device], list[Hashable]] = {}
+        distributed = is_distributed()
         for key, buffer in self.buffers.items():
-            local = buffer.skip_reduction or get_distributed_world_size(buffer.reduction_group) == 1
+            local = not distributed or buffer.skip_reduction or get_distributed_world_size(buffer.reduction_group) == 1
             groups.setdefault(("local" if local else buffer.reduction_group, buffer.device), []).append(key)
         return groups
 

@@ -17,6 +17,7 @@ import os
 import platform
 import subprocess
 import tempfile
+from array import array
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -59,9 +60,10 @@ def _compile(source: str, library: Path) -> None:
 
 @functools.cache
 def native_kernel() -> Callable[..., None] | None:
-    """``kernel(x, table, rows, row_variants, scales, grids, want_abs_min, call_out, amax_out)``: the
-    statistics of the contiguous CPU tensor ``x`` (float32, bfloat16 or float16) merged into rows of
-    the float64 ``table`` (see ``kernels.tensor_stats``); None when the kernel cannot be built."""
+    """``kernel(x, table, rows, row_variants, scales, grid_max, grid_min_exp, grid_mantissa, want_abs_min,
+    call_out, amax_out)`` (the operator's arguments): the statistics of the contiguous CPU tensor ``x``
+    (float32, bfloat16 or float16) merged into rows of the float64 ``table`` (see ``kernels.tensor_stats``);
+    None when the kernel cannot be built."""
     if os.environ.get("NVDLFW_INSPECT_NATIVE", "1") == "0":
         return None
     source = resources.files(__package__).joinpath("cpu_partials.c").read_text(encoding="utf-8")
@@ -85,28 +87,38 @@ def native_kernel() -> Callable[..., None] | None:
         rows: Sequence[int],
         row_variants: Sequence[int],
         scales: Sequence[torch.Tensor],
-        grids: Sequence[tuple[float, int, int]],
+        grid_max: Sequence[float],
+        grid_min_exp: Sequence[int],
+        grid_mantissa: Sequence[int],
         want_abs_min: bool,
         call_out: torch.Tensor | None = None,
         amax_out: torch.Tensor | None = None,
     ) -> None:
-        variants = len(scales)
+        # The C arrays are Python ``array``s passed by address: building ctypes array types costs
+        # microseconds per call, and this runs once per inspected tensor.
+        rows_array, variants_array = array("q", rows), array("i", row_variants)
+        grid_arrays = (None,) * 4
+        if scales:
+            scale_pointers = array("Q", [scale.data_ptr() for scale in scales])
+            grid_arrays = (scale_pointers, array("f", grid_max), array("i", grid_min_exp), array("i", grid_mantissa))
         function(
             x.data_ptr(),
             x.numel(),
             DTYPE_CODES[x.dtype],
             int(want_abs_min),
-            variants,
-            (ctypes.c_void_p * max(variants, 1))(*(scale.data_ptr() for scale in scales)),
-            (ctypes.c_float * max(variants, 1))(*(grid[0] for grid in grids)),
-            (ctypes.c_int * max(variants, 1))(*(grid[1] for grid in grids)),
-            (ctypes.c_int * max(variants, 1))(*(grid[2] for grid in grids)),
+            len(scales),
+            *(_address(values) for values in grid_arrays),
             len(rows),
-            (ctypes.c_int64 * max(len(rows), 1))(*rows),
-            (ctypes.c_int * max(len(rows), 1))(*row_variants),
+            _address(rows_array),
+            _address(variants_array),
             table.data_ptr(),
             call_out.data_ptr() if call_out is not None else None,
             amax_out.data_ptr() if amax_out is not None else None,
         )
 
     return kernel
+
+
+def _address(values: array | None) -> int | None:
+    """Where an ``array``'s items start (None for no array: a NULL pointer); the caller keeps it alive."""
+    return values.buffer_info()[0] if values else None

@@ -1,70 +1,126 @@
 """Final statistics derived from merged partials, and which optional partial fields each one needs.
 
-Derivations are elementwise torch expressions over the partial's fields, so the same code gives one
-0-dim tensor on the device (returned to callers without a host sync) or a whole column of values for
-every buffer of a step at once (at ``debug_api.step()``).
+Each derivation is written once against a small set of operations (``ops``) and evaluated two ways:
+on tensors (``derive_tensors``: a 0-dim tensor on the device, returned to callers without a host
+sync, or a column for many partials at once) and on Python floats (``derive_floats``: what
+``debug_api.step()`` logs, after its one copy to the host; a handful of float operations per
+statistic cost far less host time than a torch operator each). Both round alike: IEEE float64
+arithmetic, with NaN and infinities where the tensors would give them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from nvdlfw_inspect.stats.partials import FIELDS
 
-Columns = dict[str, torch.Tensor]
+
+class _TensorOps:
+    """The operations on float64 tensors."""
+
+    where = staticmethod(torch.where)
+    sqrt = staticmethod(torch.sqrt)
+    log2 = staticmethod(torch.log2)
+    maximum = staticmethod(torch.maximum)
+    abs = staticmethod(torch.abs)
+    isinf = staticmethod(torch.isinf)
+    isnan = staticmethod(torch.isnan)
+
+    @staticmethod
+    def clamp_min(x: torch.Tensor, low: float) -> torch.Tensor:
+        return x.clamp(min=low)
 
 
-def _nan_if_empty(value: Callable[[Columns], torch.Tensor]) -> Callable[[Columns], torch.Tensor]:
-    return lambda p: torch.where(p["count"] > 0, value(p), math.nan)
+class _FloatOps:
+    """The same operations on Python floats, with the tensors' results where ``math`` would raise."""
+
+    @staticmethod
+    def where(condition: bool, if_true: float, if_false: float) -> float:
+        return if_true if condition else if_false
+
+    @staticmethod
+    def sqrt(x: float) -> float:
+        return math.sqrt(x) if x >= 0 else math.nan
+
+    @staticmethod
+    def log2(x: float) -> float:
+        if x > 0:
+            return math.log2(x)
+        return -math.inf if x == 0 else math.nan
+
+    @staticmethod
+    def maximum(a: float, b: float) -> float:
+        return a if a != a or a >= b else b  # NaN wins, as in torch.maximum
+
+    abs = staticmethod(abs)
+    isinf = staticmethod(math.isinf)
+    isnan = staticmethod(math.isnan)
+
+    @staticmethod
+    def clamp_min(x: float, low: float) -> float:
+        return low if x < low else x  # NaN stays NaN
 
 
-def _std(p: Columns) -> torch.Tensor:
+Fields = Mapping[str, Any]  # field name -> a tensor (or column) or a float
+Derivation = Callable[[Fields, Any], Any]
+
+
+def _nan_if_empty(value: Derivation) -> Derivation:
+    return lambda p, ops: ops.where(p["count"] > 0, value(p, ops), math.nan)
+
+
+def _std(p: Fields, ops: Any) -> Any:
     n = p["count"]
-    return torch.where(n > 1, (p["m2"].clamp(min=0) / (n - 1).clamp(min=1)).sqrt(), math.nan)
+    return ops.where(n > 1, ops.sqrt(ops.clamp_min(p["m2"], 0.0) / ops.clamp_min(n - 1, 1.0)), math.nan)
 
 
-def _amax(p: Columns) -> torch.Tensor:
-    return torch.maximum(p["min"].abs(), p["max"].abs())
+def _amax(p: Fields, ops: Any) -> Any:
+    return ops.maximum(ops.abs(p["min"]), ops.abs(p["max"]))
 
 
-def _dynamic_range(p: Columns) -> torch.Tensor:
+def _dynamic_range(p: Fields, ops: Any) -> Any:
     """``log2(amax) - log2(smallest non-zero |x|)``; 0 for a tensor of zeros, NaN if undefined."""
-    amin, amax = p["abs_min_nonzero"], _amax(p)
-    ratio = amax.log2() - amin.log2()
-    ratio = torch.where(amin.isinf(), torch.where(amax.isinf(), math.nan, 0.0), ratio)
-    ratio = torch.where(amax == 0, 0.0, ratio)
-    return torch.where(amax.isnan() | amin.isnan(), math.nan, ratio)
+    amin, amax = p["abs_min_nonzero"], _amax(p, ops)
+    ratio = ops.log2(amax) - ops.log2(amin)
+    ratio = ops.where(ops.isinf(amin), ops.where(ops.isinf(amax), math.nan, 0.0), ratio)
+    ratio = ops.where(amax == 0, 0.0, ratio)
+    return ops.where(ops.isnan(amax) | ops.isnan(amin), math.nan, ratio)
 
 
-def _l2_norm(p: Columns) -> torch.Tensor:
+def _l2_norm(p: Fields, ops: Any) -> Any:
     """``sqrt(sum x^2)`` rebuilt from M2 and the mean; inf (not NaN) when the tensor holds +/-inf but no NaN."""
-    norm = (p["m2"] + p["count"] * p["mean"].square()).clamp(min=0).sqrt()
-    return torch.where(p["abs_sum"].isinf(), math.inf, norm)
+    norm = ops.sqrt(ops.clamp_min(p["m2"] + p["count"] * (p["mean"] * p["mean"]), 0.0))
+    return ops.where(ops.isinf(p["abs_sum"]), math.inf, norm)
 
 
-def _percent(field: str) -> Callable[[Columns], torch.Tensor]:
-    return _nan_if_empty(lambda p: 100.0 * p[field] / p["count"].clamp(min=1))
+def _percent(field: str) -> Derivation:
+    return _nan_if_empty(lambda p, ops: 100.0 * p[field] / ops.clamp_min(p["count"], 1.0))
 
 
-_DERIVATIONS: dict[str, tuple[Callable[[Columns], torch.Tensor], tuple[str, ...]]] = {
-    "min": (_nan_if_empty(lambda p: p["min"]), ()),
-    "max": (_nan_if_empty(lambda p: p["max"]), ()),
-    "mean": (_nan_if_empty(lambda p: p["mean"]), ()),
+def _field(name: str) -> Derivation:
+    return lambda p, ops: p[name]
+
+
+_DERIVATIONS: dict[str, tuple[Derivation, tuple[str, ...]]] = {
+    "min": (_nan_if_empty(_field("min")), ()),
+    "max": (_nan_if_empty(_field("max")), ()),
+    "mean": (_nan_if_empty(_field("mean")), ()),
     "std": (_std, ()),
-    "l1_norm": (lambda p: p["abs_sum"], ()),
+    "l1_norm": (_field("abs_sum"), ()),
     "l2_norm": (_l2_norm, ()),
     "cur_amax": (_nan_if_empty(_amax), ()),
     "dynamic_range": (_nan_if_empty(_dynamic_range), ("abs_min_nonzero",)),
     "underflows%": (_percent("underflows"), ()),
     "overflows%": (_percent("overflows"), ()),
-    "mse": (_nan_if_empty(lambda p: p["sq_err"] / p["count"].clamp(min=1)), ()),
-    "scale_inv_min": (_nan_if_empty(lambda p: p["scale_inv_min"]), ()),
-    "scale_inv_max": (_nan_if_empty(lambda p: p["scale_inv_max"]), ()),
-    "max_blockwise_dynamic_range": (_nan_if_empty(lambda p: p["blockwise_dr"]), ()),
-    "count": (lambda p: p["count"], ()),  # how many values were fed: summed over micro-batches and ranks
+    "mse": (_nan_if_empty(lambda p, ops: p["sq_err"] / ops.clamp_min(p["count"], 1.0)), ()),
+    "scale_inv_min": (_nan_if_empty(_field("scale_inv_min")), ()),
+    "scale_inv_max": (_nan_if_empty(_field("scale_inv_max")), ()),
+    "max_blockwise_dynamic_range": (_nan_if_empty(_field("blockwise_dr")), ()),
+    "count": (_field("count"), ()),  # how many values were fed: summed over micro-batches and ranks
 }
 STAT_PARTIALS = {name: fields for name, (_, fields) in _DERIVATIONS.items()}
 BASE_STATS = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range")
@@ -83,11 +139,15 @@ def fields_for(stats: Iterable[str]) -> set[str]:
 def derive_tensors(partials: torch.Tensor, stats: Iterable[str]) -> dict[str, torch.Tensor]:
     """The named statistics of merged partials ``[..., FIELDS]``, as float64 tensors on their device."""
     columns = {name: partials[..., i] for i, name in enumerate(FIELDS)}
-    return {stat: _DERIVATIONS[stat][0](columns) for stat in stats}
+    return {stat: _DERIVATIONS[stat][0](columns, _TensorOps) for stat in stats}
+
+
+def derive_floats(partial: Sequence[float], stats: Iterable[str]) -> dict[str, float]:
+    """The named statistics of one merged partial given as Python floats in ``FIELDS`` order."""
+    fields = dict(zip(FIELDS, partial, strict=True))
+    return {stat: float(_DERIVATIONS[stat][0](fields, _FloatOps)) for stat in stats}
 
 
 def derive_stats(partials: torch.Tensor, stats: Iterable[str]) -> dict[str, float]:
     """The named statistics of one merged partial as Python floats (one copy to the host)."""
-    stats = list(stats)
-    values = derive_tensors(partials.detach().cpu(), stats)
-    return {stat: float(value) for stat, value in values.items()}
+    return derive_floats(partials.detach().cpu().tolist(), stats)

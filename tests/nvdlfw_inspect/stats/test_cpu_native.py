@@ -34,7 +34,7 @@ def test_compiled_once_into_the_cache_then_reused(fresh_build):
     assert cpu_native.native_kernel() is not None and library.stat().st_mtime_ns == built
     x = torch.tensor([[-3.0, 0.0, 2.0], [0.5, 4.0, -1.0]], dtype=torch.bfloat16)
     out = empty_partials()
-    kernel(x, out.view(1, -1), [0], [-1], [], [], True)
+    kernel(x, out.view(1, -1), [0], [-1], [], [], [], [], True)
     expected = [6.0, 2.5 / 6, 30.25 - 2.5**2 / 6, -3.0, 4.0, 10.5, 0.5]  # mean in float32 within a chunk
     assert out[:7].tolist() == pytest.approx(expected, rel=1e-7)
 
@@ -45,7 +45,7 @@ def test_many_chunks_merge_like_one_float64_pass(dtype):
     x = (torch.randn(300_001) * 5 + 2000).to(dtype)  # a mean 400 times the spread, 147 chunks
     x[12345] = 0.0
     out = empty_partials()
-    cpu_native.native_kernel()(x, out.view(1, -1), [0], [-1], [], [], True)
+    cpu_native.native_kernel()(x, out.view(1, -1), [0], [-1], [], [], [], [], True)
     reference = x.double()
     assert out[INDEX["mean"]].item() == pytest.approx(reference.mean().item(), rel=1e-7)
     assert out[INDEX["m2"]].item() == pytest.approx(((reference - reference.mean()) ** 2).sum().item(), rel=1e-6)
