@@ -9,7 +9,8 @@ reference ``nvdlfw-inspect`` 0.2.2 (in its own environment, see ``harness.refere
   empty step()            a ``step()`` with nothing to log (debug initialized, nothing fed)
   lowprec inspected       per inspected tensor of a ``lowprec.Linear`` with ``LogTensorStats`` (8 statistics)
   tensor                  and ``LogFp8TensorStats`` (4 statistics) on activation, gradient and weight, FP8
-                          delayed scaling: the step's host time beyond the same step without debugging,
+                          delayed scaling: the training step's (forward, backward, SGD) host time beyond
+                          the same step without debugging,
                           divided by the inspected tensors (ours only: the reference has no layers)
 
 Each is the fastest of ``--repeats`` interleaved rounds of ``--steps`` steps, one thread. Targets: at most
@@ -113,7 +114,8 @@ def time_empty_step(steps: int, log_dir: str) -> float:
 
 
 def time_lowprec(steps: int, log_dir: str, debug: bool) -> float:
-    """Seconds per training step of ``LAYERS`` tiny ``lowprec.Linear`` layers in FP8 delayed scaling."""
+    """Seconds per training step (forward, backward, SGD) of ``LAYERS`` tiny ``lowprec.Linear`` layers in FP8
+    delayed scaling."""
     import lowprec
     import nvdlfw_inspect.api as debug_api
 
@@ -121,11 +123,14 @@ def time_lowprec(steps: int, log_dir: str, debug: bool) -> float:
     model = torch.nn.Sequential(*[lowprec.Linear(16, 16, name=f"layer{i}") for i in range(LAYERS)])
     x = torch.randn(4, 16)
     recipe = lowprec.DelayedScaling()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)  # weights change every step, as in training
 
     def one_step() -> None:
         with lowprec.fp8_autocast(fp8_recipe=recipe):
             out = model(x)
         out.sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         if debug:
             debug_api.step()
 

@@ -255,7 +255,8 @@ class BaseNamespaceAPI(ABC):
             raise AttributeError(api_name)
         known = self.__dict__.get("api_to_features_map", {}).keys() | self.__dict__.get("_default_api_map", {}).keys()
         if api_name in known:
-            return partial(self.route_api, api_name=api_name)
+            router = self.__dict__[api_name] = partial(self.route_api, api_name=api_name)  # found directly from now on
+            return router
         hint = closest(api_name, known)
         suffix = f"; did you mean '{hint}'?" if hint else ""
         raise AttributeError(

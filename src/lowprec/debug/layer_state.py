@@ -1,14 +1,14 @@
 """When a layer asks its routing questions, and what it remembers of the answers.
 
-A layer asks at its first forward of an iteration, and only if the previous answers said something
-may change by now (their ``next_iteration``). Later micro-batches of the iteration reuse the plan.
-Turning FP8 on or off, or a new debug session, makes the layer ask again at once.
+A layer asks at its first forward of an iteration, and only the questions that previous answers said
+are due by now (their ``next_iteration``, see ``plan.py``). Later micro-batches of the iteration reuse
+the plan. Turning FP8 on or off, or a new debug session, makes the layer ask everything again at once.
 """
 
 from __future__ import annotations
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.plan import LayerPlan, build_plan
+from lowprec.debug.plan import Answer, LayerPlan, Question, build_plan
 from nvdlfw_inspect.config_manager import ConfigManager
 
 
@@ -21,6 +21,7 @@ class DebugLayerState:
         self._plan: LayerPlan | None = None
         self._next_iteration: int | None = 0
         self._fp8: bool | None = None
+        self._answers: dict[Question, Answer] = {}
 
     def plan_for(self, layer_name: str, fp8: bool, layer_types: tuple[str, ...] = ()) -> LayerPlan | None:
         """The plan of this forward, or None for the plain path. ``layer_types`` are the type names that
@@ -40,7 +41,9 @@ class DebugLayerState:
         if due or fp8 != self._fp8:
             if layer_types:
                 ConfigManager.set_layer_types(layer_name, *layer_types)
-            plan = build_plan(layer_name, iteration, fp8)
+            if fp8 != self._fp8:
+                self._answers = {}  # other questions are asked with FP8 on
+            plan = build_plan(layer_name, iteration, fp8, self._answers)
             self._fp8 = fp8
             self._next_iteration = plan.next_iteration
             self._plan = plan if plan.active else None

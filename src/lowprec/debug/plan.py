@@ -1,17 +1,19 @@
 """A layer's debug plan for one iteration: for every tensor and GEMM, what the layer does with it.
 
-The plan comes from the routing calls (``*_enabled``) of the ``transformer_engine`` namespace, asked
-once per layer per iteration. Each input tensor gets a precision for each of its two GEMMs, each
-output tensor whether it is modified; any tensor may be inspected.
+The plan comes from the routing calls (``*_enabled``) of the ``transformer_engine`` namespace. Each
+answer ``(enabled, next_iteration)`` holds for its iteration; until ``next_iteration`` the question
+takes its default answer (the one a layer gets when no feature serves it), and from then on it is
+asked again (None: never). So a layer asks, at an iteration, only the questions that are due: with
+statistics every step, the inspection questions of the inspected tensors, not all 24. Each input
+tensor gets a precision for each of its two GEMMs, each output tensor whether it is modified; any
+tensor may be inspected.
 """
-
-from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.features.api import normalize_answer
+from lowprec.debug.features.api import TEDefaultFeatures, normalize_answer
 from lowprec.debug.names import INPUT_TENSORS, ROUTING_ORDER, TENSOR_GEMMS
 
 
@@ -60,49 +62,72 @@ class LayerPlan:
         return self.tensors[tensor].gemms[gemm]
 
 
-class _Asker:
-    """Asks the routing calls for one layer and iteration, tracking the earliest next iteration."""
+Question = tuple[str, str | None, str | None]  # (routing call, tensor, GEMM)
+Answer = tuple[bool, int | None, int]  # (enabled, iteration to ask again at or None, iteration it was asked at)
 
-    def __init__(self, layer_name: str, iteration: int):
+_DEFAULTS = TEDefaultFeatures()
+
+
+def _default(call: str) -> bool:
+    """The answer when no feature serves ``call`` (and between a feature's answers)."""
+    return normalize_answer(getattr(_DEFAULTS, call)({}, ""), 0)[0]
+
+
+DEFAULT_ANSWERS = {
+    call: _default(call)
+    for call in ("inspect_tensor_enabled", "inspect_tensor_postquantize_enabled", "modify_tensor_enabled", "fp8_gemm_enabled")
+}
+
+
+class _Asker:
+    """Answers the routing questions of one layer at one iteration, asking only those that are due
+    (``answers`` holds the layer's earlier answers and is updated)."""
+
+    def __init__(self, layer_name: str, iteration: int, answers: dict[Question, Answer]):
         self.layer_name = layer_name
         self.iteration = iteration
-        self.next_iteration: int | None = None
-        self.fp8_gemm: dict[str, bool] = {}
+        self.answers = answers
         self.api = debug_api.transformer_engine
 
-    def _note(self, answer: object) -> bool:
+    def _answer(self, call: str, tensor: str | None = None, gemm: str | None = None) -> bool:
+        question = (call, tensor, gemm)
+        known = self.answers.get(question)
+        if known is not None:
+            enabled, upcoming, asked_at = known
+            if asked_at == self.iteration:
+                return enabled
+            if upcoming is None or self.iteration < upcoming:
+                return DEFAULT_ANSWERS[call]
+        kwargs = {"tensor_name": tensor} if tensor is not None else {}
+        if gemm is not None:
+            kwargs["gemm"] = gemm
+        answer = getattr(self.api, call)(layer_name=self.layer_name, iteration=self.iteration, **kwargs)
         enabled, upcoming = normalize_answer(answer, self.iteration)
-        if upcoming is not None:
-            self.next_iteration = upcoming if self.next_iteration is None else min(self.next_iteration, upcoming)
+        self.answers[question] = (enabled, upcoming, self.iteration)
         return enabled
 
     def inspect(self, tensor: str) -> bool:
-        return self._note(
-            self.api.inspect_tensor_enabled(layer_name=self.layer_name, tensor_name=tensor, iteration=self.iteration)
-        )
+        return self._answer("inspect_tensor_enabled", tensor)
 
     def inspect_postquantize(self, tensor: str, gemm: str) -> bool:
-        return self._note(
-            self.api.inspect_tensor_postquantize_enabled(
-                layer_name=self.layer_name, tensor_name=tensor, gemm=gemm, iteration=self.iteration
-            )
-        )
+        return self._answer("inspect_tensor_postquantize_enabled", tensor, gemm)
 
     def modify(self, tensor: str, gemm: str) -> bool:
-        return self._note(
-            self.api.modify_tensor_enabled(layer_name=self.layer_name, tensor_name=tensor, gemm=gemm, iteration=self.iteration)
-        )
+        return self._answer("modify_tensor_enabled", tensor, gemm)
 
     def fp8(self, gemm: str) -> bool:
-        if gemm not in self.fp8_gemm:
-            answer = self.api.fp8_gemm_enabled(layer_name=self.layer_name, gemm=gemm, iteration=self.iteration)
-            self.fp8_gemm[gemm] = self._note(answer)
-        return self.fp8_gemm[gemm]
+        return self._answer("fp8_gemm_enabled", None, gemm)
+
+    def next_iteration(self) -> int | None:
+        """The first iteration after this one at which some question is due (None: none ever is)."""
+        upcoming = [nxt for _, nxt, _ in self.answers.values() if nxt is not None and nxt > self.iteration]
+        return min(upcoming) if upcoming else None
 
 
-def build_plan(layer_name: str, iteration: int, fp8: bool) -> LayerPlan:
-    """Ask every routing call for ``layer_name`` at ``iteration`` (``fp8``: a recipe is active)."""
-    ask = _Asker(layer_name, iteration)
+def build_plan(layer_name: str, iteration: int, fp8: bool, answers: dict[Question, Answer] | None = None) -> LayerPlan:
+    """The plan of ``layer_name`` at ``iteration`` (``fp8``: a recipe is active), asking the routing calls that
+    are due given the layer's earlier ``answers`` (updated; none given: every call is asked)."""
+    ask = _Asker(layer_name, iteration, {} if answers is None else answers)
     tensors: dict[str, TensorPlan] = {}
     for tensor in ROUTING_ORDER:
         own_gemms = [g for g in TENSOR_GEMMS[tensor] if g is not None]
@@ -120,7 +145,7 @@ def build_plan(layer_name: str, iteration: int, fp8: bool) -> LayerPlan:
             gemm = own_gemms[0]
             plan.gemms[gemm] = Precision.MODIFY if ask.modify(tensor, gemm) else Precision.HIGH_PRECISION
         tensors[tensor] = plan
-    result = LayerPlan(layer_name, iteration, fp8, tensors, ask.next_iteration)
+    result = LayerPlan(layer_name, iteration, fp8, tensors, ask.next_iteration())
     _log_plan(result)
     return result
 

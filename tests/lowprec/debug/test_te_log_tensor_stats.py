@@ -104,7 +104,7 @@ def test_schedule_and_the_layer_sleeps_in_between(log_dir, window, iterations, m
 
     asked = []
     original = layer_state.build_plan
-    monkeypatch.setattr(layer_state, "build_plan", lambda name, it, fp8: asked.append(it) or original(name, it, fp8))
+    monkeypatch.setattr(layer_state, "build_plan", lambda name, it, *rest: asked.append(it) or original(name, it, *rest))
     start(stats_config(tensors=["activation"], stats=["mean"], **window), log_dir)
     layer = make_linear()
     for _ in range(8):

@@ -297,7 +297,7 @@ class TransformerEngineAPI(BaseNamespaceAPI):
     def call_feature(self, call: Any, feat_config: dict, layer_name: str, **kwargs: Any) -> Any:
         """Pass a feature method only the keyword arguments it accepts, so older signatures keep working."""
         accepted = _accepted_kwargs(call)
-        if accepted is not None:
+        if accepted is not None and not kwargs.keys() <= accepted:
             kwargs = {k: v for k, v in kwargs.items() if k in accepted}
         return call(feat_config, layer_name, **kwargs)
 
