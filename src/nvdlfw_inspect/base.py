@@ -170,7 +170,7 @@ class BaseNamespaceAPI(ABC):
             if cached is not _MISS:
                 if cached is None:
                     return {}
-                if isinstance(cached, dict):
+                if isinstance(cached, list):
                     return self._call_several(api_name, cached, layer_name, kwargs)
                 return self.call_feature(cached[0], cached[1], layer_name, **kwargs)
 
@@ -209,10 +209,11 @@ class BaseNamespaceAPI(ABC):
                     f"{list(features_to_invoke)} are enabled for {kwargs_summary(kwargs)}; "
                     "select the layer in only one of them"
                 )
+            several = [(name, getattr(self.namespace_features[name], api_name), cfg) for name, cfg in features_to_invoke.items()]
             if uid is not None:
-                self._api_cache[uid] = features_to_invoke
+                self._api_cache[uid] = several
             self._log_executed(api_name, f"Debug API call '{api_name}' found and multiple debug features were executed.")
-            return self._call_several(api_name, features_to_invoke, layer_name, kwargs)
+            return self._call_several(api_name, several, layer_name, kwargs)
 
         ((feature_name, cfg),) = features_to_invoke.items()
         method = getattr(self.namespace_features[feature_name], api_name)
@@ -221,21 +222,21 @@ class BaseNamespaceAPI(ABC):
         self._log_executed(
             api_name, f"Debug API call '{api_name}' found and the corresponding debug feature '{feature_name}' was called."
         )
-        out = self._call_named(feature_name, api_name, cfg, layer_name, kwargs)
+        out = self._call_method(feature_name, method, api_name, cfg, layer_name, kwargs)
         self.output_assertions_hook(api_name, out, **kwargs)
         return out
 
-    def _call_several(self, api_name: str, features: dict[str, dict], layer_name: str, kwargs: dict) -> Any:
-        """Call every feature of ``features`` (name -> resolved config) and combine their outputs."""
+    def _call_several(self, api_name: str, several: list[tuple[str, Any, dict]], layer_name: str, kwargs: dict) -> Any:
+        """Call every feature of ``several`` (name, method, resolved config) and combine their outputs."""
         outputs = FeatureOutputs()
-        for feature_name, cfg in features.items():
-            out = self._call_named(feature_name, api_name, cfg, layer_name, kwargs)
+        for feature_name, method, cfg in several:
+            out = self._call_method(feature_name, method, api_name, cfg, layer_name, kwargs)
             self.output_assertions_hook(api_name, out, **kwargs)
             outputs.append(out)
+        features = {feature_name: cfg for feature_name, _, cfg in several}
         return self.handle_multi_feature_output(api_name, outputs, features, **kwargs)
 
-    def _call_named(self, feature_name: str, api_name: str, cfg: dict, layer_name: str, kwargs: dict) -> Any:
-        method = getattr(self.namespace_features[feature_name], api_name)
+    def _call_method(self, feature_name: str, method: Any, api_name: str, cfg: dict, layer_name: str, kwargs: dict) -> Any:
         try:
             return self.call_feature(method, cfg, layer_name, **kwargs)
         except Exception as error:

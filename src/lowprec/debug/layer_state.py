@@ -8,7 +8,7 @@ the plan. Turning FP8 on or off, or a new debug session, makes the layer ask eve
 from __future__ import annotations
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.plan import Answer, LayerPlan, Question, build_plan
+from lowprec.debug.plan import LayerPlan, Memory, build_plan
 from nvdlfw_inspect.config_manager import ConfigManager
 
 
@@ -21,7 +21,7 @@ class DebugLayerState:
         self._plan: LayerPlan | None = None
         self._next_iteration: int | None = 0
         self._fp8: bool | None = None
-        self._answers: dict[Question, Answer] = {}
+        self._memory = Memory()
 
     def plan_for(self, layer_name: str, fp8: bool, layer_types: tuple[str, ...] = ()) -> LayerPlan | None:
         """The plan of this forward, or None for the plain path. ``layer_types`` are the type names that
@@ -42,8 +42,8 @@ class DebugLayerState:
             if layer_types:
                 ConfigManager.set_layer_types(layer_name, *layer_types)
             if fp8 != self._fp8:
-                self._answers = {}  # other questions are asked with FP8 on
-            plan = build_plan(layer_name, iteration, fp8, self._answers)
+                self._memory = Memory()  # other questions are asked with FP8 on
+            plan = build_plan(layer_name, iteration, fp8, self._memory)
             self._fp8 = fp8
             self._next_iteration = plan.next_iteration
             self._plan = plan if plan.active else None

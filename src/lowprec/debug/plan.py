@@ -79,6 +79,15 @@ DEFAULT_ANSWERS = {
 }
 
 
+@dataclass
+class Memory:
+    """What a layer remembers between iterations: each routing question's last answer, and the plan each
+    combination of answers gave (the plan depends on nothing else)."""
+
+    answers: dict[Question, Answer] = field(default_factory=dict)
+    plans: dict[frozenset, dict[str, TensorPlan]] = field(default_factory=dict)
+
+
 class _Asker:
     """Answers the routing questions of one layer at one iteration, asking only those that are due
     (``answers`` holds the layer's earlier answers and is updated)."""
@@ -87,7 +96,6 @@ class _Asker:
         self.layer_name = layer_name
         self.iteration = iteration
         self.answers = answers
-        self.api = debug_api.transformer_engine
 
     def _answer(self, call: str, tensor: str | None = None, gemm: str | None = None) -> bool:
         question = (call, tensor, gemm)
@@ -101,7 +109,7 @@ class _Asker:
         kwargs = {"tensor_name": tensor} if tensor is not None else {}
         if gemm is not None:
             kwargs["gemm"] = gemm
-        answer = getattr(self.api, call)(layer_name=self.layer_name, iteration=self.iteration, **kwargs)
+        answer = getattr(debug_api.transformer_engine, call)(layer_name=self.layer_name, iteration=self.iteration, **kwargs)
         enabled, upcoming = normalize_answer(answer, self.iteration)
         self.answers[question] = (enabled, upcoming, self.iteration)
         return enabled
@@ -118,17 +126,38 @@ class _Asker:
     def fp8(self, gemm: str) -> bool:
         return self._answer("fp8_gemm_enabled", None, gemm)
 
+    def ask_due(self) -> None:
+        """Ask every remembered question that is due at this iteration, in the order they were first asked."""
+        for question, (_, upcoming, _) in list(self.answers.items()):
+            if upcoming is not None and upcoming <= self.iteration:
+                self._answer(*question)
+
+    def in_effect(self) -> frozenset:
+        """The answers other than the default ones in effect now: together with the defaults they decide the plan."""
+        return frozenset(
+            (question, enabled)
+            for question, (enabled, _, asked_at) in self.answers.items()
+            if asked_at == self.iteration and enabled != DEFAULT_ANSWERS[question[0]]
+        )
+
     def next_iteration(self) -> int | None:
         """The first iteration after this one at which some question is due (None: none ever is)."""
         upcoming = [nxt for _, nxt, _ in self.answers.values() if nxt is not None and nxt > self.iteration]
         return min(upcoming) if upcoming else None
 
 
-def build_plan(layer_name: str, iteration: int, fp8: bool, answers: dict[Question, Answer] | None = None) -> LayerPlan:
+def build_plan(layer_name: str, iteration: int, fp8: bool, memory: Memory | None = None) -> LayerPlan:
     """The plan of ``layer_name`` at ``iteration`` (``fp8``: a recipe is active), asking the routing calls that
-    are due given the layer's earlier ``answers`` (updated; none given: every call is asked)."""
-    ask = _Asker(layer_name, iteration, {} if answers is None else answers)
-    tensors: dict[str, TensorPlan] = {}
+    are due given the layer's ``memory`` (updated; none given: every call is asked). When the answers in
+    effect are ones the layer had before, their plan is reused without walking every question."""
+    memory = Memory() if memory is None else memory
+    ask = _Asker(layer_name, iteration, memory.answers)
+    if memory.answers:
+        ask.ask_due()
+        tensors = memory.plans.get(ask.in_effect())
+        if tensors is not None:
+            return LayerPlan(layer_name, iteration, fp8, tensors, ask.next_iteration())
+    tensors = {}
     for tensor in ROUTING_ORDER:
         own_gemms = [g for g in TENSOR_GEMMS[tensor] if g is not None]
         plan = TensorPlan(tensor, {}, inspect=ask.inspect(tensor))
@@ -145,6 +174,7 @@ def build_plan(layer_name: str, iteration: int, fp8: bool, answers: dict[Questio
             gemm = own_gemms[0]
             plan.gemms[gemm] = Precision.MODIFY if ask.modify(tensor, gemm) else Precision.HIGH_PRECISION
         tensors[tensor] = plan
+    memory.plans[ask.in_effect()] = tensors
     result = LayerPlan(layer_name, iteration, fp8, tensors, ask.next_iteration())
     _log_plan(result)
     return result

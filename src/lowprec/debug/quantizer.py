@@ -43,7 +43,6 @@ class DebugProcessing:
 
     def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
         """``(operand for the tensor's first GEMM, operand for its second GEMM)``."""
-        api = debug_api.transformer_engine
         plan = self.plan.tensors[tensor_name]
         first, second = TENSOR_GEMMS[tensor_name]
         quantizer = self.quantizers.get(tensor_name)
@@ -54,7 +53,7 @@ class DebugProcessing:
         for gemm in (second, first):
             precision = plan.gemms[gemm]
             if precision is Precision.MODIFY:
-                operands[gemm] = api.modify_tensor(
+                operands[gemm] = debug_api.transformer_engine.modify_tensor(
                     layer_name=self.layer_name,
                     gemm=gemm,
                     tensor_name=tensor_name,
@@ -71,7 +70,7 @@ class DebugProcessing:
             self._inspect(tensor_name, tensor, iteration, operands[first], operands[second], quantizer)
         for gemm in (first, second):
             if self.inspect and plan.inspect_postquantize.get(gemm) and plan.gemms[gemm] is not Precision.HIGH_PRECISION:
-                api.inspect_tensor_postquantize(
+                debug_api.transformer_engine.inspect_tensor_postquantize(
                     layer_name=self.layer_name,
                     tensor_name=tensor_name,
                     gemm=gemm,
@@ -85,12 +84,11 @@ class DebugProcessing:
 
     def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The GEMM result ``tensor_name`` (output, dgrad or wgrad), modified and inspected as planned."""
-        api = debug_api.transformer_engine
         plan = self.plan.tensors[tensor_name]
         gemm = TENSOR_GEMMS[tensor_name][0]
         iteration = _iteration()
         if plan.gemms[gemm] is Precision.MODIFY:
-            tensor = api.modify_tensor(
+            tensor = debug_api.transformer_engine.modify_tensor(
                 layer_name=self.layer_name,
                 gemm=gemm,
                 tensor_name=tensor_name,

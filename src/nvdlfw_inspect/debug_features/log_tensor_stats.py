@@ -250,27 +250,40 @@ class LogTensorStats(GenericConfigAPIMapper):
             )
         return {"last_rank_only": True}
 
+    def _request(self, config: dict) -> tuple[list[str], tuple]:
+        """The config's statistics and the end of its buffer key (statistics, window), worked out once per config.
+        Kept in the instance's ``__dict__`` (subclasses such as Transformer Engine's need not call ``__init__``)."""
+        requests = vars(self).setdefault("_requests", {})
+        cached = requests.get(id(config))
+        if cached is None or cached[0] is not config:
+            stats = [s.lower() for s in config["stats"]]
+            cached = requests[id(config)] = (config, (stats, ("base", tuple(stats), window_key(config))))  # keeps config alive
+        return cached[1]
+
     @api_method
     def log_tensor_stats(self, config: dict, layer_name: str, **kwargs: Any) -> Mapping[str, torch.Tensor]:
         """Returns this call's statistics as 0-dim float32 tensors on the tensor's device, torch's own reductions
         computed when read (see ``DerivedStats``); the logged values, merged over the step's calls and reduced over
         the group, follow at ``step()``."""
         tensor_name = kwargs["tensor_name"]
-        debug_api.log_message(
-            f"Feature=LogTensorStats, API=log_tensor_stats, TENSOR={tensor_name}: Called",
-            layer_name,
-            extra_cachable_args=(tensor_name,),
-        )
+        announced = vars(self).setdefault("_announced", set())  # (layer, tensor) whose first call the debug log noted
+        if (layer_name, tensor_name) not in announced:  # checked here, cheaply: this runs for every call
+            announced.add((layer_name, tensor_name))
+            debug_api.log_message(
+                f"Feature=LogTensorStats, API=log_tensor_stats, TENSOR={tensor_name}: Called",
+                layer_name,
+                extra_cachable_args=(tensor_name,),
+            )
         if not self._check_params(config, layer_name, **kwargs):
             return {}
-        stats = [s.lower() for s in config["stats"]]
+        stats, key_tail = self._request(config)
         tensor = kwargs["tensor"]
         readable = unreadable_reason(tensor) is None  # feed warns once about the others and skips them
         if readable:
             tensor = tensor.detach()
         partials = empty_partials(tensor.device) if readable else None
         taken = STATS_BUFFERS.feed(
-            (layer_name, tensor_name, "base", tuple(stats), window_key(config)),
+            (layer_name, tensor_name, *key_tail),
             layer_name=layer_name,
             tensor_name=tensor_name,
             stats=stats,

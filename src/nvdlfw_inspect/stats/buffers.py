@@ -21,10 +21,9 @@ naming them (after the other groups are reduced and logged, so that no peer wait
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import threading
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,18 +190,10 @@ class StatsBuffers:
         buffer.skip_reduction = skip_reduction
         return buffer
 
-    @contextlib.contextmanager
-    def one_launch(self, tensor: torch.Tensor) -> Iterator[None]:
-        """Every ``feed`` of ``tensor`` inside joins one operator call, run at the end. Holds the lock
-        throughout, so that a flush finds the call's requests and their data together."""
-        with self._lock:
-            outer, self._launch = self._launch, _Launch(tensor)
-            try:
-                yield
-                launch = self._launch
-            finally:
-                self._launch = outer
-            launch.run(self._table(tensor.device).rows)
+    def one_launch(self, tensor: torch.Tensor) -> _OneLaunch:
+        """A context in which every ``feed`` of ``tensor`` joins one operator call, run at its end. It holds
+        the lock throughout, so that a flush finds the call's requests and their data together."""
+        return _OneLaunch(self, tensor)
 
     def feed(
         self,
@@ -403,6 +394,29 @@ class StatsBuffers:
             self._tables.clear()
             self._layouts.clear()
             self._launch = None
+
+
+class _OneLaunch:
+    """``StatsBuffers.one_launch``: a class rather than a generator context, as it runs for every inspected tensor."""
+
+    __slots__ = ("buffers", "launch", "outer")
+
+    def __init__(self, buffers: StatsBuffers, tensor: torch.Tensor):
+        self.buffers, self.launch, self.outer = buffers, _Launch(tensor), None
+
+    def __enter__(self) -> None:
+        self.buffers._lock.acquire()
+        self.outer, self.buffers._launch = self.buffers._launch, self.launch
+
+    def __exit__(self, error_type: type | None, *_: object) -> None:
+        buffers = self.buffers
+        try:
+            buffers._launch = self.outer
+            if error_type is None:
+                tensor = self.launch.tensor
+                self.launch.run(buffers._table(tensor.device).rows)
+        finally:
+            buffers._lock.release()
 
 
 STATS_BUFFERS = StatsBuffers()

@@ -103,6 +103,8 @@ class ScheduledStats(TEConfigAPIMapper):
     def __init__(self) -> None:
         super().__init__()
         self._parsed: dict[int, tuple[dict, list]] = {}
+        self._announced: set[tuple[str, str, str]] = set()  # (layer, tensor, API) noted in the debug log
+        self._request_parts: dict[int, tuple[dict, tuple]] = {}
 
     def parse_stats(self, config: dict, location: ConfigLocation) -> list:
         raise NotImplementedError
@@ -131,8 +133,10 @@ class ScheduledStats(TEConfigAPIMapper):
         if so, the call is noted once per layer and tensor in the debug log."""
         if not schedule(config, iteration)[0]:
             return False
-        message = f"Feature={type(self).__name__}, API={api}: {tensor_name}"
-        debug_api.log_message(message, layer_name, extra_cachable_args=(tensor_name,))
+        if (layer_name, tensor_name, api) not in self._announced:  # checked here: this runs for every inspected tensor
+            self._announced.add((layer_name, tensor_name, api))
+            message = f"Feature={type(self).__name__}, API={api}: {tensor_name}"
+            debug_api.log_message(message, layer_name, extra_cachable_args=(tensor_name,))
         return True
 
 
@@ -149,6 +153,16 @@ class LogTensorStats(ScheduledStats):
 
     parse_stats = staticmethod(parse_stats)
 
+    def _requests(self, config: dict) -> tuple[tuple[str, ...], list[BlockwiseRange], tuple]:
+        """The config's plain statistics, its blockwise ones and its window key, worked out once per config."""
+        cached = self._request_parts.get(id(config))
+        if cached is None or cached[0] is not config:
+            stats = self.parsed_stats(config)
+            plain = tuple(stat for stat in stats if isinstance(stat, str))
+            blockwise = [stat for stat in stats if isinstance(stat, BlockwiseRange)]
+            cached = self._request_parts[id(config)] = (config, (plain, blockwise, window_key(config)))  # keeps config alive
+        return cached[1]
+
     @api_method
     def inspect_tensor(
         self, config: dict, layer_name: str, tensor_name: str, tensor: torch.Tensor | None, iteration: int, **kwargs: Any
@@ -162,26 +176,23 @@ class LogTensorStats(ScheduledStats):
                 level=logging.WARNING,
             )
             return
-        stats = self.parsed_stats(config)
+        plain, blockwise, window = self._requests(config)
         reduction = stats_reduction(tensor_name, kwargs.get("tp_group"), kwargs.get("tp_size", 1))
-        window = window_key(config)
-        plain = [stat for stat in stats if isinstance(stat, str)]
         if plain:
-            key = (layer_name, tensor_name, "LogTensorStats", tuple(plain), window)
+            key = (layer_name, tensor_name, "LogTensorStats", plain, window)
             STATS_BUFFERS.feed(
                 key, layer_name=layer_name, tensor_name=tensor_name, stats=plain, iteration=iteration, tensor=tensor, **reduction
             )
         both = tensor_name in ("activation", "weight")  # these are read row- and columnwise by the GEMMs
-        for stat in stats:
-            if isinstance(stat, BlockwiseRange) and tensor.numel() > 0:
-                value = max_blockwise_dynamic_range(tensor, stat.block_size, stat.dims, both)
-                partials = set_fields(empty_partials(tensor.device), {"count": tensor.numel(), "blockwise_dr": value})
-                STATS_BUFFERS.feed(
-                    (layer_name, tensor_name, "LogTensorStats", stat, window),
-                    layer_name=layer_name,
-                    tensor_name=tensor_name,
-                    stats=[(stat.logged_name(both), BLOCKWISE)],
-                    iteration=iteration,
-                    partials=partials,
-                    **reduction,
-                )
+        for stat in blockwise if tensor.numel() > 0 else ():
+            value = max_blockwise_dynamic_range(tensor, stat.block_size, stat.dims, both)
+            partials = set_fields(empty_partials(tensor.device), {"count": tensor.numel(), "blockwise_dr": value})
+            STATS_BUFFERS.feed(
+                (layer_name, tensor_name, "LogTensorStats", stat, window),
+                layer_name=layer_name,
+                tensor_name=tensor_name,
+                stats=[(stat.logged_name(both), BLOCKWISE)],
+                iteration=iteration,
+                partials=partials,
+                **reduction,
+            )
