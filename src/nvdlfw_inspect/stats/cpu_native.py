@@ -97,28 +97,24 @@ def native_kernel() -> Callable[..., None] | None:
         # The C arrays are Python ``array``s passed by address: building ctypes array types costs
         # microseconds per call, and this runs once per inspected tensor.
         rows_array, variants_array = array("q", rows), array("i", row_variants)
-        grid_arrays = (None,) * 4
+        grids = (None,) * 4  # NULL pointers
         if scales:
             scale_pointers = array("Q", [scale.data_ptr() for scale in scales])
             grid_arrays = (scale_pointers, array("f", grid_max), array("i", grid_min_exp), array("i", grid_mantissa))
+            grids = tuple(values.buffer_info()[0] for values in grid_arrays)
         function(
             x.data_ptr(),
             x.numel(),
             DTYPE_CODES[x.dtype],
             int(want_abs_min),
             len(scales),
-            *(_address(values) for values in grid_arrays),
+            *grids,
             len(rows),
-            _address(rows_array),
-            _address(variants_array),
+            rows_array.buffer_info()[0] if rows else None,
+            variants_array.buffer_info()[0] if rows else None,
             table.data_ptr(),
             call_out.data_ptr() if call_out is not None else None,
             amax_out.data_ptr() if amax_out is not None else None,
         )
 
     return kernel
-
-
-def _address(values: array | None) -> int | None:
-    """Where an ``array``'s items start (None for no array: a NULL pointer); the caller keeps it alive."""
-    return values.buffer_info()[0] if values else None

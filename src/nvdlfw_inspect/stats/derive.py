@@ -4,8 +4,9 @@ Each derivation is written once against a small set of operations (``ops``) and 
 on tensors (``derive_tensors``: a 0-dim tensor on the device, returned to callers without a host
 sync, or a column for many partials at once) and on Python floats (``derive_floats``: what
 ``debug_api.step()`` logs, after its one copy to the host; a handful of float operations per
-statistic cost far less host time than a torch operator each). Both round alike: IEEE float64
-arithmetic, with NaN and infinities where the tensors would give them.
+statistic cost far less host time than a torch operator each). Both compute in float64 and give NaN
+and infinities alike; they may differ in the last bit where torch's vectorised sqrt or log2 is not
+correctly rounded (``math``'s are).
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def tensor_stats(
     reason = unreadable_reason(x)
     if reason is not None:
         raise TypeError(f"tensor_stats cannot read this tensor: {reason}")
-    grid_max, grid_min_exp, grid_mantissa = ([g[i] for g in grids] for i in range(3))
+    grid_max, grid_min_exp, grid_mantissa = ([g[i] for g in grids] for i in range(3)) if grids else ([], [], [])
     args = (list(rows), list(row_variants) or [-1] * len(rows), list(scales), grid_max, grid_min_exp, grid_mantissa)
     if _observed():
         torch.ops.nvdlfw_inspect.tensor_stats(x, table, *args, want_abs_min, call_out, amax_out)

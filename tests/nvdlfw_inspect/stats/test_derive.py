@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nvdlfw_inspect.stats import STAT_PARTIALS, compute_partials, derive_stats, merge_partials, supported_stats
-from nvdlfw_inspect.stats.derive import fields_for
+from nvdlfw_inspect.stats.derive import derive_floats, derive_tensors, fields_for
 from nvdlfw_inspect.stats.partials import FIELDS, empty_partials
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -171,3 +171,38 @@ def test_negative_rounding_in_m2_does_not_give_nan():
     p[2] = -1e-30  # m2 a hair below zero after merging
     assert derive_stats(p, ["std"])["std"] == 0.0
     assert derive_stats(p, ["l2_norm"])["l2_norm"] == pytest.approx(math.sqrt(2.0))
+
+
+def special_partials() -> torch.Tensor:
+    """Partials of ordinary, empty, one-value, all-zero, infinite, NaN and huge tensors, and random fields."""
+    tensors = [
+        torch.randn(100) * 3 + 1,
+        torch.tensor([]),
+        torch.tensor([5.0]),
+        torch.zeros(7),
+        torch.tensor([1.0, -math.inf, 2.0]),
+        torch.tensor([math.inf, -math.inf]),
+        torch.tensor([1.0, math.nan]),
+        torch.tensor([3e38, -3e38, 1e-45]),
+        torch.tensor([0.0, 1e-30, -7.0]),
+    ]
+    rows = [compute_partials(t, fields_for(EVERY)) for t in tensors]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):  # every field at once, including underflows, overflows and scales, some of them zero or negative
+        row = (torch.randn(len(FIELDS), generator=g, dtype=torch.float64) * 10).round()
+        row[0] = abs(row[0])  # the count
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def test_host_floats_give_the_same_statistics_as_the_tensor_expressions():
+    """``step()`` logs ``derive_floats`` of each row; callers get ``derive_tensors``: one definition, equal results up
+    to the last bit (torch's vectorised sqrt and log2 are not always correctly rounded; ``math``'s are)."""
+    rows = special_partials()
+    stats = EVERY + FP8
+    columns = {stat: column.tolist() for stat, column in derive_tensors(rows, stats).items()}
+    for i, row in enumerate(rows.tolist()):
+        floats = derive_floats(row, stats)
+        for stat in stats:
+            want, got = columns[stat][i], floats[stat]
+            assert (math.isnan(want) and math.isnan(got)) or math.isclose(got, want, rel_tol=4e-16), (i, stat, got, want)

@@ -349,3 +349,34 @@ def test_std_survives_large_mean_across_chunks_with_different_means():
     got = merged_stats(chunks)
     v = f64(torch.cat(chunks))
     assert got["std"] == pytest.approx(float(v.std(ddof=1)), rel=1e-6)
+
+
+def test_the_operator_is_dispatched_when_watched_and_called_directly_otherwise():
+    """Dispatch modes, the profiler and ``torch.compile`` see ``nvdlfw_inspect::tensor_stats`` as one op; a plain
+    eager call skips the dispatcher's round trip (host time). Both write the same table."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.name())
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(1000) * 3
+    scale, grid = torch.tensor(40.0), (448.0, -6, 3)
+    direct, watched = torch.stack([empty_partials()] * 2), torch.stack([empty_partials()] * 2)
+    calls = []
+    original = kernels._IMPLEMENTATIONS["cpu"]
+    kernels._IMPLEMENTATIONS["cpu"] = lambda *args: calls.append(1) or original(*args)
+    try:
+        kernels.tensor_stats(x, direct, [0, 1], [-1, 0], [scale], [grid], True)
+        with Seen() as seen:
+            kernels.tensor_stats(x, watched, [0, 1], [-1, 0], [scale], [grid], True)
+    finally:
+        kernels._IMPLEMENTATIONS["cpu"] = original
+    assert calls == [1]  # the direct call only: the watched one went through the registered operator
+    assert seen.ops == ["nvdlfw_inspect::tensor_stats"]
+    assert torch.equal(direct, watched) and direct[1, INDEX["sq_err"]] > 0
