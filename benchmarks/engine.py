@@ -10,8 +10,11 @@
    least as fast as torchao's compiled Float8Linear.
 3. On a CUDA GPU: the bandwidth of quantizing a 128 MiB bf16 tensor, next to a plain copy.
 
+``--tiny`` runs every table, the GPU ones included, on the CPU at tiny sizes (compiled with
+``aot_eager``): it checks that the code runs, not its speed. ``--json PATH`` also writes the key numbers.
+
 Run: ``python benchmarks/engine.py [--steps N] [--repeats R] [--width W] [--depth D] [--tokens T]
-[--gpu-tokens T] [--compile-backend B]``.
+[--gpu-tokens T] [--compile-backend B] [--tiny] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import copy
 import tempfile
 
 import torch
-from harness import InProcess, interleave, mean_seconds, print_ratio_table
+from harness import InProcess, device_name, interleave, mean_seconds, print_ratio_table, write_json
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -37,6 +40,11 @@ OTHER_LAYERS_ONLY = {
             "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]},
         },
     }
+}
+# The GPU tables' sizes: an 8192x8192 layer, an 8 x Linear(4096) MLP, a 128 MiB cast; tiny ones for --tiny.
+GPU_TABLE_SIZES = {
+    "full": {"layer": 8192, "mlp_width": 4096, "mlp_depth": 8, "cast_side": 8192},
+    "tiny": {"layer": 64, "mlp_width": 32, "mlp_depth": 2, "cast_side": 256},
 }
 
 
@@ -59,7 +67,8 @@ def step_time(model: torch.nn.Module, batch: torch.Tensor, steps: int, fp8: bool
     return mean_seconds(one_step, steps, batch.device)  # the warm-up step asks the routing questions
 
 
-def idle_debug_table(args: argparse.Namespace, device: str, dtype: torch.dtype) -> None:
+def idle_debug_table(args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict[str, float]:
+    """Step time of idle debugging over no debugging, per precision (``hp``, ``fp8``)."""
     model = mlp(args.width, args.depth, device, dtype)
     batch = torch.randn(args.tokens, args.width, device=device, dtype=dtype)
     log_dir = tempfile.mkdtemp()
@@ -75,6 +84,7 @@ def idle_debug_table(args: argparse.Namespace, device: str, dtype: torch.dtype) 
             debug_api.end_debug()
 
     worker = InProcess(run)
+    ratios = {}
     for precision in ("hp", "fp8"):
         plan = [
             (f"no debug, {precision}", worker, f"plain-{precision}"),
@@ -83,6 +93,8 @@ def idle_debug_table(args: argparse.Namespace, device: str, dtype: torch.dtype) 
         fastest = interleave(plan, args.repeats)
         title = f"\n{args.depth} x lowprec.Linear({args.width}), {args.tokens} tokens, {dtype}, {device}: debug idle vs off"
         print_ratio_table(title, fastest, f"no debug, {precision}", {})
+        ratios[precision] = fastest[f"idle debug, {precision}"] / fastest[f"no debug, {precision}"]
+    return ratios
 
 
 def torchao_float8(reference: torch.nn.Module) -> tuple[torch.nn.Module | None, str]:
@@ -97,9 +109,10 @@ def torchao_float8(reference: torch.nn.Module) -> tuple[torch.nn.Module | None, 
 
 def training_table(
     args: argparse.Namespace, title: str, reference: torch.nn.Module, ours: torch.nn.Module, width: int, device: str
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, str]]:
     """One training step (forward, backward) of ``reference`` in bf16 and of ``ours`` in FP8, eager and
-    compiled (``torch.compile``, ``args.compile_backend``), next to torchao's compiled Float8Linear."""
+    compiled (``torch.compile``, ``args.compile_backend``), next to torchao's compiled Float8Linear.
+    Returns the seconds per step of each variant, and why a variant was not timed."""
     x = torch.randn(args.gpu_tokens, width, device=device, dtype=torch.bfloat16, requires_grad=True)
     grad = torch.ones(args.gpu_tokens, width, device=device, dtype=torch.bfloat16)
     recipes = {"delayed": lowprec.DelayedScaling(), "current": lowprec.Float8CurrentScaling()}
@@ -130,6 +143,11 @@ def training_table(
         finally:
             quantization.FUSED_KERNELS = True
 
+    if torchao_layer is not None:
+        try:  # a third-party comparison: torchao failing on this torch must not cost our figures
+            run("torchao-compiled")
+        except Exception as error:
+            torchao_layer, torchao_missing = None, f"torchao failed: {type(error).__name__}: {str(error)[:300]}"
     worker = InProcess(run)
     plan = [
         ("torch.nn.Linear bf16", worker, "bf16"),
@@ -145,8 +163,7 @@ def training_table(
     else:
         missing["torchao Float8Linear compiled"] = torchao_missing
     fastest = interleave(plan, args.repeats)
-    device_name = torch.cuda.get_device_name() if device == "cuda" else device
-    heading = f"\n{title}, {args.gpu_tokens} tokens, one training step, {device_name}"
+    heading = f"\n{title}, {args.gpu_tokens} tokens, one training step, {device_name(device)}"
     print_ratio_table(heading, fastest, "torch.nn.Linear bf16", missing)
     bf16 = fastest["torch.nn.Linear bf16"]
     print(
@@ -156,30 +173,49 @@ def training_table(
         f"{fastest['lowprec FP8 current compiled'] * 1e3:.2f} ms"
         + (f", torchao {fastest['torchao Float8Linear compiled'] * 1e3:.2f} ms" if torchao_layer is not None else "")
     )
-    return fastest
+    return fastest, missing
 
 
-def gpu_linear_tables(args: argparse.Namespace) -> None:
-    if not torch.cuda.is_available():
-        print("\nFP8 vs bf16 training steps and cast bandwidth: not measured (no CUDA device)")
-        return
+def gpu_linear_tables(args: argparse.Namespace, device: str, sizes: dict[str, int]) -> dict:
+    """The FP8 vs bf16 training tables and the cast bandwidth table on ``device``; their key numbers."""
     torch.manual_seed(0)
-    size = 8192
-    reference = torch.nn.Linear(size, size, device="cuda", dtype=torch.bfloat16)
-    ours = lowprec.Linear(size, size, name="big", device="cuda", params_dtype=torch.bfloat16)
-    training_table(args, f"Linear {size}x{size}", reference, ours, size, "cuda")
+    size = sizes["layer"]
+    reference = torch.nn.Linear(size, size, device=device, dtype=torch.bfloat16)
+    ours = lowprec.Linear(size, size, name="big", device=device, params_dtype=torch.bfloat16)
+    layer, missing = training_table(args, f"Linear {size}x{size}", reference, ours, size, device)
+    torchao_ms = layer.get("torchao Float8Linear compiled")
     del reference, ours
-    width, depth = 4096, 8
-    reference = torch.nn.Sequential(*[torch.nn.Linear(width, width, device="cuda", dtype=torch.bfloat16) for _ in range(depth)])
-    ours = mlp(width, depth, "cuda", torch.bfloat16)
-    training_table(args, f"MLP {depth} x Linear({width})", reference, ours, width, "cuda")
+    width, depth = sizes["mlp_width"], sizes["mlp_depth"]
+    reference = torch.nn.Sequential(*[torch.nn.Linear(width, width, device=device, dtype=torch.bfloat16) for _ in range(depth)])
+    ours = mlp(width, depth, device, torch.bfloat16)
+    mlp_steps, _ = training_table(args, f"MLP {depth} x Linear({width})", reference, ours, width, device)
     del reference, ours
-    cast_bandwidth_table(args)
+    cast = cast_bandwidth_table(args, device, sizes["cast_side"])
+
+    def speedups(fastest: dict[str, float]) -> dict[str, float]:
+        bf16 = fastest["torch.nn.Linear bf16"]
+        return {recipe: bf16 / fastest[f"lowprec FP8 {recipe}"] for recipe in ("delayed", "current")}
+
+    return {
+        "layer": f"Linear {size}x{size}",
+        "mlp": f"{depth} x Linear({width})",
+        "tokens": args.gpu_tokens,
+        "layer_ms": {label: seconds * 1e3 for label, seconds in layer.items()},
+        "mlp_ms": {label: seconds * 1e3 for label, seconds in mlp_steps.items()},
+        "layer_fp8_speedup": speedups(layer),
+        "mlp_fp8_speedup": speedups(mlp_steps),
+        "layer_compiled_fp8_current_ms": layer["lowprec FP8 current compiled"] * 1e3,
+        "layer_torchao_compiled_ms": torchao_ms * 1e3 if torchao_ms is not None else None,
+        "torchao_missing_reason": missing.get("torchao Float8Linear compiled"),
+        "cast_mib": 2 * sizes["cast_side"] ** 2 / 2**20,
+        "cast_tbps": {label: rate / 1e12 for label, rate in cast.items()},
+    }
 
 
-def cast_bandwidth_table(args: argparse.Namespace) -> None:
-    """GB/s of quantizing a 128 MiB bf16 tensor (bytes read plus bytes written), next to a copy."""
-    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+def cast_bandwidth_table(args: argparse.Namespace, device: str, side: int) -> dict[str, float]:
+    """Bytes per second of quantizing a ``side`` x ``side`` bf16 tensor (bytes read plus bytes written),
+    next to a copy."""
+    x = torch.randn(side, side, device=device, dtype=torch.bfloat16)
     size = x.numel() * x.element_size()
     delayed = quantization.DelayedScalingQuantizer(E4M3, lowprec.DelayedScaling())
     current = quantization.CurrentScalingQuantizer(E4M3)
@@ -191,16 +227,16 @@ def cast_bandwidth_table(args: argparse.Namespace) -> None:
         "delayed cast": (lambda: delayed.quantize(x), 1.5 * size),
         "current cast + transpose": (lambda: current.quantize(x, transpose=True), 3 * size),
     }
-    print(f"\nQuantizing a 128 MiB bf16 tensor (8192x8192) to E4M3, {torch.cuda.get_device_name()}")
+    print(f"\nQuantizing a {size / 2**20:g} MiB bf16 tensor ({side}x{side}) to E4M3, {device_name(device)}")
     print(f"{'variant':<28} {'us':>8} {'GB/s':>8} {'of copy':>8}")
     seconds = {
-        label: min(mean_seconds(work, args.steps * 5, "cuda") for _ in range(args.repeats))
+        label: min(mean_seconds(work, args.steps * 5, device) for _ in range(args.repeats))
         for label, (work, _) in variants.items()
     }
-    copy_rate = variants["copy (ceiling)"][1] / seconds["copy (ceiling)"]
-    for label, (_, moved) in variants.items():
-        rate = moved / seconds[label]
-        print(f"{label:<28} {seconds[label] * 1e6:>8.1f} {rate / 1e9:>8.0f} {rate / copy_rate:>8.2f}")
+    rates = {label: moved / seconds[label] for label, (_, moved) in variants.items()}
+    for label, rate in rates.items():
+        print(f"{label:<28} {seconds[label] * 1e6:>8.1f} {rate / 1e9:>8.0f} {rate / rates['copy (ceiling)']:>8.2f}")
+    return rates
 
 
 def main() -> None:
@@ -212,11 +248,23 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--gpu-tokens", type=int, default=8192, help="tokens per step of the GPU tables")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled variants")
+    parser.add_argument("--tiny", action="store_true", help="every table on the CPU at tiny sizes: checks the code paths")
+    parser.add_argument("--json", help="also write the key numbers to this JSON file (for scripts/gpu_check.sh)")
     args = parser.parse_args()
-    idle_debug_table(args, "cpu", torch.float32)
-    if torch.cuda.is_available():
-        idle_debug_table(args, "cuda", torch.bfloat16)
-    gpu_linear_tables(args)
+    if args.tiny:
+        args.steps, args.repeats, args.width, args.depth, args.tokens, args.gpu_tokens = 1, 1, 32, 2, 16, 32
+        args.compile_backend = "aot_eager"
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    idle = {f"cpu {key}": ratio for key, ratio in idle_debug_table(args, "cpu", torch.float32).items()}
+    if device == "cuda":
+        idle |= {f"cuda {key}": ratio for key, ratio in idle_debug_table(args, "cuda", torch.bfloat16).items()}
+    measures = {"idle_debug_ratio": idle}
+    if device == "cuda" or args.tiny:
+        measures |= gpu_linear_tables(args, device, GPU_TABLE_SIZES["tiny" if args.tiny else "full"])
+    else:
+        print("\nFP8 vs bf16 training steps and cast bandwidth: not measured (no CUDA device)")
+    if args.json:
+        write_json(args.json, "engine", device_name(device), measures)
 
 
 if __name__ == "__main__":

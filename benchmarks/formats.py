@@ -9,7 +9,11 @@ the bandwidth of quantizing one tensor in each format, measured side by side in 
    of bytes read next to a plain copy's. On CUDA each cast runs the fused Triton kernels, and again as
    the torch emulation (``(torch)`` rows, ``FUSED_KERNELS`` off) to show what the fusion saves.
 
-Run: ``python benchmarks/formats.py [--steps N] [--repeats R] [--width W] [--depth D] [--tokens T]``.
+``--tiny`` runs the CPU tables at tiny sizes (checks that the code runs, not its speed); ``--json PATH``
+also writes the key numbers of the last device's tables.
+
+Run: ``python benchmarks/formats.py [--steps N] [--repeats R] [--width W] [--depth D] [--tokens T]
+[--tiny] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from harness import InProcess, interleave, mean_seconds, print_ratio_table, synchronize
+from harness import InProcess, device_name, interleave, mean_seconds, print_ratio_table, synchronize, write_json
 
 import lowprec
 from lowprec import quantization
@@ -68,9 +72,9 @@ def unfused(cast, x: torch.Tensor):
         quantization.FUSED_KERNELS = saved
 
 
-def quantize_table(args: argparse.Namespace, device: str) -> dict[str, float]:
-    """Seconds per quantization of one bf16 tensor by each recipe's activation quantizer, and a copy's."""
-    side = 8192 if device == "cuda" else 2048
+def quantize_table(args: argparse.Namespace, device: str, side: int) -> dict[str, float]:
+    """Seconds per quantization of a ``side`` x ``side`` bf16 tensor by each recipe's activation
+    quantizer, and a copy's."""
     x = torch.randn(side, side, device=device, dtype=torch.bfloat16)
     size = x.numel() * x.element_size()
     work = {"copy (ceiling)": lambda: x.clone()}
@@ -84,7 +88,7 @@ def quantize_table(args: argparse.Namespace, device: str) -> dict[str, float]:
     for label, fn in work.items():
         seconds[label] = min(mean_seconds(fn, args.steps, device) for _ in range(args.repeats))
         synchronize(device)
-    print(f"\nQuantizing a {size >> 20} MiB bf16 tensor ({side}x{side}), {device}")
+    print(f"\nQuantizing a {size / 2**20:g} MiB bf16 tensor ({side}x{side}), {device}")
     print(f"{'variant':<32} {'ms':>9} {'GB/s read':>10} {'of copy':>8}")
     copy_rate = size / seconds["copy (ceiling)"]
     for label, value in seconds.items():
@@ -99,15 +103,30 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--tiny", action="store_true", help="the CPU tables at tiny sizes: checks the code paths")
+    parser.add_argument("--json", help="also write the key numbers to this JSON file (for scripts/gpu_check.sh)")
     args = parser.parse_args()
-    training_table(args, "cpu", torch.float32)
-    quantize_table(args, "cpu")
-    if torch.cuda.is_available():
+    if args.tiny:
+        args.steps, args.repeats, args.width, args.depth, args.tokens = 1, 1, 32, 2, 16
+    device, side = "cpu", 256 if args.tiny else 2048
+    steps = training_table(args, device, torch.float32)
+    seconds = quantize_table(args, device, side)
+    if torch.cuda.is_available() and not args.tiny:
         args.width, args.tokens = 4096, 8192
-        training_table(args, "cuda", torch.bfloat16)
-        quantize_table(args, "cuda")
-    else:
+        device, side = "cuda", 8192
+        steps = training_table(args, device, torch.bfloat16)
+        seconds = quantize_table(args, device, side)
+    elif not args.tiny:
         print("\nCUDA tables: not measured (no CUDA device)")
+    if args.json:
+        size = 2 * side**2
+        measures = {
+            "model": f"{args.depth} x lowprec.Linear({args.width}), {args.tokens} tokens",
+            "step_ratio": {label: value / steps["high precision"] for label, value in steps.items()},
+            "quantize_mib": size / 2**20,
+            "quantize_tbps": {label: size / value / 1e12 for label, value in seconds.items()},
+        }
+        write_json(args.json, "formats", device_name(device), measures)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,20 @@
 """Side-by-side timing across Python environments.
 
-The reference ``nvdlfw_inspect`` shares our package's import name, so it runs in its own virtual
-environment (``reference_python``). Each environment hosts one long-lived worker process that times
-one variant per request; the driver interleaves requests so machine noise hits every variant alike.
+The reference ``nvdlfw_inspect`` shares our package's import name, so it runs in its own environment
+(``reference_python``). Each environment hosts one long-lived worker process that times one variant
+per request; the driver interleaves requests so machine noise hits every variant alike.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import venv
 from collections import Counter
@@ -22,13 +27,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_VENV = ROOT / "benchmarks" / ".reference-venv"
 REFERENCE_REQUIREMENT = "nvdlfw-inspect==0.2.2"
+# A directory holding the reference (``pip install --target DIR``): used instead of the virtual
+# environment, which needs the network; set but empty, the reference is not timed.
+REFERENCE_PATH_VARIABLE = "NVDLFW_INSPECT_REFERENCE_PATH"
 
 
 def reference_python() -> tuple[Path | None, str]:
-    """The interpreter of an environment with the reference installed, created on first use.
+    """The interpreter of an environment with the reference installed, created on first use, or with
+    ``$NVDLFW_INSPECT_REFERENCE_PATH`` set, this interpreter seeing that directory instead of ``src/``.
 
     Returns ``(path, "")`` or ``(None, reason)`` when it cannot be set up (for example offline).
     """
+    if REFERENCE_PATH_VARIABLE in os.environ:
+        return _python_with_reference(os.environ[REFERENCE_PATH_VARIABLE])
     python = REFERENCE_VENV / "bin" / "python"
     stamp = REFERENCE_VENV / ".installed"
     if stamp.exists() and stamp.read_text() == REFERENCE_REQUIREMENT:
@@ -41,6 +52,36 @@ def reference_python() -> tuple[Path | None, str]:
         return None, f"pip install {REFERENCE_REQUIREMENT} failed: {result.stderr.strip().splitlines()[-1:]}"
     stamp.write_text(REFERENCE_REQUIREMENT)
     return python, ""
+
+
+def _python_with_reference(directory: str) -> tuple[Path | None, str]:
+    """A launcher running this interpreter with ``PYTHONPATH`` = ``directory`` and ``benchmarks/`` only,
+    checked to import the reference from ``directory`` (not our package from ``src/`` or an install)."""
+    if not directory:
+        return None, f"{REFERENCE_PATH_VARIABLE} is empty: no reference to time"
+    target = Path(directory).resolve()
+    launcher_dir = Path(tempfile.mkdtemp(prefix="nvdlfw-reference-"))
+    atexit.register(shutil.rmtree, launcher_dir, ignore_errors=True)
+    launcher = launcher_dir / "python"
+    path = shlex.quote(os.pathsep.join([str(target), str(ROOT / "benchmarks")]))
+    launcher.write_text(f'#!/bin/sh\nPYTHONPATH={path} exec {shlex.quote(sys.executable)} "$@"\n')
+    launcher.chmod(0o755)
+    find = "import importlib.util; spec = importlib.util.find_spec('nvdlfw_inspect'); print(spec.origin if spec else 'nowhere')"
+    result = subprocess.run([str(launcher), "-c", find], capture_output=True, text=True)
+    origin = result.stdout.strip()
+    if result.returncode != 0 or not Path(origin).resolve().is_relative_to(target):
+        return None, f"{REFERENCE_PATH_VARIABLE}={directory}: nvdlfw_inspect imports from {origin or result.stderr.strip()!r}"
+    return launcher, ""
+
+
+def write_json(path: str | Path, benchmark: str, device: str, measures: dict) -> None:
+    """The benchmark's key numbers for scripts/gpu_check.sh, which tabulates them against the targets."""
+    Path(path).write_text(json.dumps({"benchmark": benchmark, "device": device, "measures": measures}, indent=1) + "\n")
+
+
+def device_name(device: str | torch.device) -> str:
+    """What a benchmark's JSON names as its device: the GPU's name, or ``cpu``."""
+    return torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
 
 
 def synchronize(device: str | torch.device) -> None:

@@ -8,6 +8,8 @@ SGD step and, when debugging, ``debug_api.step()``. Sizes (``--size``):
          4 sequences of 2048 tokens, bf16 (the default on CUDA)
   small  hidden 256, 2 layers, 4 heads, 2 KV heads, intermediate 688, vocabulary 1000,
          2 sequences of 128 tokens, fp32 (the default on the CPU)
+  tiny   hidden 64, 1 layer, 2 heads, 1 KV head, intermediate 128, vocabulary 128, 1 sequence of
+         16 tokens, fp32 (checks that the benchmark runs, in seconds)
 
 Variants, eager, timed interleaved in one process:
   no debug       debug_api never initialized
@@ -23,11 +25,14 @@ one freq-10 step) and its ratio to no debug; on CUDA the device kernels per step
 on any device the ops dispatched per step (aten ops and custom ``torch.library`` ops, counted with
 ``harness.count_ops`` over one whole training step: forward, backward, optimizer step and
 ``debug_api.step()``), averaged over 10 consecutive steady-state steps, and the ops beyond the no-debug
-step per inspected (layer, tensor) pair. Then the freq-10 steps one at a time (with and without
+step per inspected (layer, tensor) pair; and the host synchronizations per step, in the training work
+between two ``debug_api.step()`` calls (forward, backward, optimizer) and inside ``debug_api.step()``:
+on CUDA the warnings of ``torch.cuda.set_sync_debug_mode("warn")``, on the CPU (where nothing waits)
+the ops that would synchronize on a GPU. Then the freq-10 steps one at a time (with and without
 statistics) and the 15 op names that the freq-1 statistics add most of.
 
 Needs ``transformers`` (``pip install -e .[bench]``). Run: ``python benchmarks/real_model.py
-[--size small|full] [--device cpu|cuda] [--steps N] [--repeats R]``.
+[--size tiny|small|full] [--device cpu|cuda] [--steps N] [--repeats R] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -36,12 +41,13 @@ import argparse
 import contextlib
 import re
 import tempfile
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from harness import InProcess, count_ops, interleave, mean_seconds, synchronize
+from harness import InProcess, count_ops, device_name, interleave, mean_seconds, synchronize, write_json
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -69,6 +75,17 @@ SIZES = {
         "seq": 128,
         "dtype": "float32",
     },
+    "tiny": {
+        "hidden": 64,
+        "layers": 1,
+        "heads": 2,
+        "kv_heads": 1,
+        "intermediate": 128,
+        "vocab": 128,
+        "batch": 1,
+        "seq": 16,
+        "dtype": "float32",
+    },
 }
 TENSOR_STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
 FP8_STATS = ["underflows%", "scale_inv_min", "scale_inv_max", "mse"]
@@ -78,7 +95,9 @@ NO_LAYER = r"^no layer has this name$"
 VARIANTS = {"no debug": None, "debug idle": (NO_LAYER, 1), "stats freq 1": (PROJ_LAYERS, 1), "stats freq 10": (PROJ_LAYERS, 10)}
 OPS_TARGET = 8  # ops per inspected tensor, freq 1
 WARMUP_STEPS = 3  # iterations 0-2: the first step of a session asks the routing questions, iteration 0 logs
-COUNTED_STEPS = 10  # iterations 3-12 (ops), then 13-22 (kernels): each window holds one freq-10 step
+COUNTED_STEPS = 10  # iterations 3-12 (ops), then 13-22 (kernels), then syncs: each window holds one freq-10 step
+# Ops that make the host wait for a GPU (``.item()``, host data into a tensor): the CPU's stand-in for syncs.
+SYNC_PROXY_OPS = ("aten::_local_scalar_dense", "aten::lift_fresh", "aten::lift_fresh_copy")
 
 
 def import_transformers():
@@ -125,13 +144,23 @@ class Bench:
     def inspected_per_logging_step(self) -> int:
         return len(self.inspected_layers) * len(TENSORS)
 
-    def step_fn(self, debug: bool) -> Callable[[], None]:
-        def step() -> None:
+    def train_fn(self) -> Callable[[], None]:
+        """The training work between two ``debug_api.step()`` calls: forward, backward, optimizer."""
+
+        def train() -> None:
             with lowprec.fp8_autocast(fp8_recipe=self.recipe):
                 loss = self.model(input_ids=self.input_ids, labels=self.input_ids).loss
             loss.backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+
+        return train
+
+    def step_fn(self, debug: bool) -> Callable[[], None]:
+        train = self.train_fn()
+
+        def step() -> None:
+            train()
             if debug:
                 debug_api.step()
 
@@ -200,13 +229,42 @@ def kernels_per_step(step: Callable[[], None], steps: int, device: torch.device)
     return len(kernels) / steps
 
 
+def count_syncs(fn: Callable[[], object], device: torch.device) -> int:
+    """Host synchronizations while ``fn()`` runs: on CUDA, the warnings of the sync debug mode; on the
+    CPU, where nothing waits, the ops that would synchronize on a GPU (``SYNC_PROXY_OPS``)."""
+    if device.type != "cuda":
+        counts = count_ops(fn)
+        return sum(counts[name] for name in SYNC_PROXY_OPS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(warning.message) for warning in caught)
+
+
+def syncs_per_step(bench: Bench, debug: bool, steps: int) -> tuple[float, float]:
+    """Host synchronizations per step over ``steps`` steps: in the training work, and in ``debug_api.step()``."""
+    train = bench.train_fn()
+    in_train = in_step = 0
+    for _ in range(steps):
+        in_train += count_syncs(train, bench.device)
+        if debug:
+            in_step += count_syncs(debug_api.step, bench.device)
+    return in_train / steps, in_step / steps
+
+
 @dataclass
 class Counts:
-    """Ops of each counted step of one variant (iterations ``first_iteration``, ...), and kernels per step."""
+    """Ops of each counted step of one variant (iterations ``first_iteration``, ...), kernels per step, and
+    host synchronizations per step (training work, ``debug_api.step()``)."""
 
     per_step: list[Counter[str]]
     first_iteration: int
     kernels: float | None = None
+    syncs: tuple[float, float] | None = None
 
     def mean(self) -> dict[str, float]:
         total: Counter[str] = Counter()
@@ -219,10 +277,17 @@ class Counts:
 
 
 def count_variant(
-    bench: Bench, variant: str, log_dir: str, warmup: int = WARMUP_STEPS, steps: int = COUNTED_STEPS, kernels: bool = False
+    bench: Bench,
+    variant: str,
+    log_dir: str,
+    warmup: int = WARMUP_STEPS,
+    steps: int = COUNTED_STEPS,
+    kernels: bool = False,
+    syncs: bool = False,
 ) -> Counts:
     """Ops of each of ``steps`` consecutive steps after ``warmup`` steps of a new session; then, when
-    ``kernels``, device kernels per step over the next ``steps`` steps."""
+    ``kernels``, device kernels per step over the next ``steps`` steps; then, when ``syncs``, host
+    synchronizations per step over the next ``steps`` steps."""
     with debug_session(variant, log_dir) as debug:
         step = bench.step_fn(debug)
         for _ in range(warmup):
@@ -230,6 +295,8 @@ def count_variant(
         counts = Counts([count_ops(step) for _ in range(steps)], first_iteration=warmup)
         if kernels:
             counts.kernels = kernels_per_step(step, steps, bench.device)
+        if syncs:
+            counts.syncs = syncs_per_step(bench, debug, steps)
     return counts
 
 
@@ -244,10 +311,15 @@ def inspected_per_step(bench: Bench, variant: str, first_iteration: int, steps: 
 
 
 def measure_ops(
-    bench: Bench, log_dir: str, warmup: int = WARMUP_STEPS, steps: int = COUNTED_STEPS, kernels: bool = False
+    bench: Bench,
+    log_dir: str,
+    warmup: int = WARMUP_STEPS,
+    steps: int = COUNTED_STEPS,
+    kernels: bool = False,
+    syncs: bool = False,
 ) -> tuple[dict[str, Counts], dict[str, float]]:
     """Per variant: its ``Counts``, and the inspected (layer, tensor) pairs per step they cover."""
-    counts = {variant: count_variant(bench, variant, log_dir, warmup, steps, kernels) for variant in VARIANTS}
+    counts = {variant: count_variant(bench, variant, log_dir, warmup, steps, kernels, syncs) for variant in VARIANTS}
     inspected = {variant: inspected_per_step(bench, variant, warmup, steps) for variant in VARIANTS}
     return counts, inspected
 
@@ -262,11 +334,14 @@ def extra_per_inspected(counts: dict[str, Counts], inspected: dict[str, float], 
 
 def print_table(title: str, fastest: dict[str, float], counts: dict[str, Counts], inspected: dict[str, float]) -> None:
     cuda = counts["no debug"].kernels is not None
+    syncs = counts["no debug"].syncs is not None
+    sync_label = "syncs" if cuda else "sync ops*"
     base_ops = counts["no debug"].total_per_step()
     print(title)
     header = f"{'variant':<15} {'ms/step':>9} {'ratio':>7}"
     header += f" {'kernels/step':>13}" if cuda else ""
     header += f" {'ops/step':>10} {'extra ops':>10} {'inspected':>10} {'extra ops/inspected':>20}"
+    header += f" {sync_label + '/step':>15} {sync_label + ' in step()':>19}" if syncs else ""
     print(header)
     for variant in VARIANTS:
         seconds, variant_counts = fastest[variant], counts[variant]
@@ -276,7 +351,17 @@ def print_table(title: str, fastest: dict[str, float], counts: dict[str, Counts]
         row += f" {variant_counts.kernels:>13.1f}" if cuda else ""
         row += f" {ops:>10.1f} {ops - base_ops:>+10.1f} {inspected[variant]:>10.1f}"
         row += f" {per_inspected:>20.1f}" if per_inspected is not None else f" {'-':>20}"
+        row += f" {variant_counts.syncs[0]:>15.1f} {variant_counts.syncs[1]:>19.1f}" if variant_counts.syncs else ""
         print(row)
+    if syncs:
+        where = "in the training work (forward, backward, optimizer), and inside debug_api.step()"
+        if cuda:
+            print(f"syncs: host synchronizations per step (torch.cuda.set_sync_debug_mode warnings) {where}")
+        else:
+            print(
+                f"* sync ops: CPU proxy for host synchronizations, the ops that would wait for a GPU (.item(): "
+                f"aten::_local_scalar_dense; host data into a tensor: aten::lift_fresh) per step {where}"
+            )
 
 
 def print_freq10_steps(counts: dict[str, Counts], bench: Bench) -> None:
@@ -312,12 +397,33 @@ def print_breakdown(counts: dict[str, Counts], inspected: dict[str, float], top:
         print(f"{name:<40} {base:>10.1f} {stats:>10.1f} {extra:>+10.1f} {extra / inspected['stats freq 1']:>14.2f}")
 
 
+def json_measures(size_name: str, fastest: dict[str, float], counts: dict[str, Counts], inspected: dict[str, float]) -> dict:
+    """The numbers scripts/gpu_check.sh compares with its targets (kernels: None on the CPU)."""
+    cuda = counts["no debug"].kernels is not None
+    kernels = {variant: counts[variant].kernels for variant in VARIANTS}
+    ops = {variant: counts[variant].total_per_step() for variant in VARIANTS}
+    return {
+        "size": size_name,
+        "ms_per_step": {variant: fastest[variant] * 1e3 for variant in VARIANTS},
+        "step_ratio": {variant: fastest[variant] / fastest["no debug"] for variant in VARIANTS},
+        "kernels_per_step": kernels,
+        "kernels_ratio_stats_freq_1": kernels["stats freq 1"] / kernels["no debug"] if cuda else None,
+        "ops_per_step": ops,
+        "ops_ratio_stats_freq_1": ops["stats freq 1"] / ops["no debug"],
+        "extra_ops_per_inspected_stats_freq_1": extra_per_inspected(counts, inspected, "stats freq 1"),
+        "syncs_method": "CUDA sync debug mode warnings" if cuda else "CPU proxy: ops that would synchronize on a GPU",
+        "syncs_train_per_step": {variant: counts[variant].syncs[0] for variant in VARIANTS},
+        "syncs_in_step_per_step": {variant: counts[variant].syncs[1] for variant in VARIANTS},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--size", choices=sorted(SIZES), help="model size (default: full on CUDA, small on the CPU)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timing (10 hold one freq-10 step)")
     parser.add_argument("--repeats", type=int, default=5, help="timing rounds per variant (fastest reported)")
+    parser.add_argument("--json", help="also write the key numbers to this JSON file (for scripts/gpu_check.sh)")
     args = parser.parse_args()
     size_name = args.size or ("full" if args.device == "cuda" else "small")
     size = SIZES[size_name]
@@ -326,7 +432,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as log_dir:
         worker = InProcess(lambda variant: time_variant(bench, variant, args.steps, log_dir))
         fastest = interleave([(variant, worker, variant) for variant in VARIANTS], args.repeats)
-        counts, inspected = measure_ops(bench, log_dir, kernels=args.device == "cuda")
+        counts, inspected = measure_ops(bench, log_dir, kernels=args.device == "cuda", syncs=True)
 
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(
@@ -348,6 +454,8 @@ def main() -> None:
     print(f"\nops per inspected tensor, stats freq 1: {per_inspected:.1f} (target: at most {OPS_TARGET})")
     print_freq10_steps(counts, bench)
     print_breakdown(counts, inspected)
+    if args.json:
+        write_json(args.json, "real_model", device_name(args.device), json_measures(size_name, fastest, counts, inspected))
 
 
 if __name__ == "__main__":

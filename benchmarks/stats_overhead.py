@@ -1,18 +1,20 @@
 """Step-time cost of tensor statistics on a plain PyTorch MLP, as ratios to the plain step.
 
 Variants, timed interleaved in one run (ours and the reference ``nvdlfw-inspect`` 0.2.2 each in its
-own environment; the reference is installed into ``benchmarks/.reference-venv`` on first use):
+own environment; the reference is installed into ``benchmarks/.reference-venv`` on first use, or taken
+from ``$NVDLFW_INSPECT_REFERENCE_PATH``, see ``harness.reference_python``):
   plain        no hooks, no framework
   *-no-match   hooks call debug_api.log_tensor_stats, but the config selects no layer
   *-stats      LogTensorStats (six statistics) of every layer's input on every step
 
 Also the time spent inside the debug calls alone (``*-calls``), which varies far less between runs
-than whole step times. Then the bandwidth of our one-pass statistics on a 128 MiB bf16 tensor, next to a plain copy.
+than whole step times. Then the bandwidth of our one-pass statistics on a 128 MiB bf16 tensor
+(``--bandwidth-mib``), next to a plain copy.
 Defaults: on CUDA the issue's model (8 x Linear(4096), 8192 tokens, bf16); on the CPU a model sized
 for it (8 x Linear(1024), 512 tokens, fp32).
 
 Run: ``python benchmarks/stats_overhead.py [--device cpu|cuda] [--steps N] [--repeats R] [--width W]
-[--depth D] [--tokens T]``.
+[--depth D] [--tokens T] [--bandwidth-mib M] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from harness import Worker, interleave, print_ratio_table, reference_python, serve, synchronize
+from harness import Worker, device_name, interleave, print_ratio_table, reference_python, serve, synchronize, write_json
 
 SIX = ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
 DEFAULTS = {
@@ -122,18 +124,20 @@ def seconds_per_call(fn: Callable[[], object], device: str, repeats: int = 20) -
     return statistics.median(samples)
 
 
-def print_bandwidth(device: str) -> None:
-    """GB/s of ``compute_partials`` reading a 128 MiB bf16 tensor, and of a copy (read + write) of it."""
+def print_bandwidth(device: str, mib: int) -> tuple[float, float]:
+    """Bytes per second of ``compute_partials`` reading a ``mib`` MiB bf16 tensor, and of a copy (read +
+    write) of it."""
     from nvdlfw_inspect.stats.partials import compute_partials
 
-    x = torch.randn(64 * 2**20, device=device, dtype=torch.bfloat16)
+    x = torch.randn(mib * 2**19, device=device, dtype=torch.bfloat16)
     size = x.numel() * x.element_size()
     stats = seconds_per_call(lambda: compute_partials(x), device)
     copy = seconds_per_call(lambda: x.clone(), device)
-    print(f"\nstatistics pass on a 128 MiB bf16 tensor ({device})")
+    print(f"\nstatistics pass on a {mib} MiB bf16 tensor ({device})")
     print(f"{'kernel':<24} {'ms':>9} {'GB/s':>9}")
     print(f"{'compute_partials':<24} {stats * 1e3:>9.2f} {size / stats / 1e9:>9.1f}")
     print(f"{'copy (read + write)':<24} {copy * 1e3:>9.2f} {2 * size / copy / 1e9:>9.1f}")
+    return size / stats, 2 * size / copy
 
 
 def print_overhead_ratio(fastest: dict[str, float], calls: dict[str, float]) -> None:
@@ -163,6 +167,8 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--tokens", type=int)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"])
+    parser.add_argument("--bandwidth-mib", type=int, default=128, help="size of the bf16 tensor of the bandwidth table")
+    parser.add_argument("--json", help="also write the key numbers to this JSON file (for scripts/gpu_check.sh)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     for key, value in DEFAULTS[args.device].items():
@@ -198,7 +204,20 @@ def main() -> None:
     calls = {label: fastest.pop(label) for label in ("ours-calls", "reference-calls") if label in fastest}
     print_ratio_table(title, fastest, "plain", missing)
     print_overhead_ratio(fastest, calls)
-    print_bandwidth(args.device)
+    stats_rate, copy_rate = print_bandwidth(args.device, args.bandwidth_mib)
+    if args.json:
+        reference = fastest.get("reference-stats")
+        measures = {
+            "model": title,
+            "ms_per_step": {label: seconds * 1e3 for label, seconds in fastest.items()},
+            "step_ratio_ours_stats": fastest["ours-stats"] / fastest["plain"],
+            "step_ratio_reference_stats": reference / fastest["plain"] if reference is not None else None,
+            "reference_missing_reason": missing.get("reference-stats"),
+            "bandwidth_mib": args.bandwidth_mib,
+            "stats_bandwidth_tbps": stats_rate / 1e12,
+            "copy_bandwidth_tbps": copy_rate / 1e12,
+        }
+        write_json(args.json, "stats_overhead", device_name(args.device), measures)
 
 
 if __name__ == "__main__":

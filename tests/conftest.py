@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -10,6 +11,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import nvdlfw_inspect.api as debug_api  # noqa: E402
+
+# A skipif reason naming the device marks a test that needs CUDA (scripts/gpu_check.sh runs `-m cuda`).
+CUDA_SKIP_REASON = re.compile(r"CUDA|GPU|FP8 tensor cores")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks ``cuda`` every test whose skip condition is the device, so that the GPU check selects the
+    tests that skip on a CPU-only machine; tests that skip at run time carry the marker themselves."""
+    for item in items:
+        if any(CUDA_SKIP_REASON.search(str(mark.kwargs.get("reason", ""))) for mark in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.cuda)
 
 
 @pytest.fixture(autouse=True)

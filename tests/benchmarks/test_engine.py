@@ -21,9 +21,10 @@ def test_training_table_times_eager_and_compiled_variants(capsys):
     args = argparse.Namespace(gpu_tokens=32, steps=1, repeats=1, compile_backend="aot_eager")
     reference = torch.nn.Linear(32, 32, dtype=torch.bfloat16)
     ours = lowprec.Linear(32, 32, name="big", params_dtype=torch.bfloat16)
-    fastest = engine.training_table(args, "Linear 32x32", reference, ours, 32, "cpu")
+    fastest, missing = engine.training_table(args, "Linear 32x32", reference, ours, 32, "cpu")
     assert {"lowprec FP8 current compiled", "torch.nn.Linear bf16 compiled", "lowprec FP8 delayed"} <= set(fastest)
     assert all(seconds > 0 for seconds in fastest.values())
     out = capsys.readouterr().out
     assert "Linear 32x32, 32 tokens, one training step, cpu" in out and "lowprec FP8 current compiled" in out
     assert "torchao Float8Linear compiled" in out  # timed, or listed with why it was not
+    assert ("torchao Float8Linear compiled" in fastest) != ("torchao Float8Linear compiled" in missing)

@@ -16,7 +16,7 @@ import formats  # noqa: E402
 def test_every_recipe_is_timed_next_to_high_precision(capsys):
     args = argparse.Namespace(steps=1, repeats=1, width=32, depth=2, tokens=16)
     steps = formats.training_table(args, "cpu", torch.float32)
-    quantized = formats.quantize_table(args, "cpu")
+    quantized = formats.quantize_table(args, "cpu", 256)
     assert set(steps) == set(formats.RECIPES) and all(seconds > 0 for seconds in steps.values())
     assert set(quantized) == {"copy (ceiling)"} | {label for label, recipe in formats.RECIPES.items() if recipe is not None}
     out = capsys.readouterr().out

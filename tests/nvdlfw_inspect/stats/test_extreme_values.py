@@ -186,7 +186,9 @@ def references() -> dict[str, dict[str, float]]:
     return {name: reference(x, scale) for name, (x, scale) in cases().items()}
 
 
-@pytest.mark.parametrize("path", ["C kernel", "torch reductions", "Triton interpreter", "Triton on the GPU"])
+@pytest.mark.parametrize(
+    "path", ["C kernel", "torch reductions", "Triton interpreter", pytest.param("Triton on the GPU", marks=pytest.mark.cuda)]
+)
 def test_extreme_values_give_the_float64_statistics(path, references, monkeypatch):
     got = computed(path, monkeypatch)
     assert set(got) == set(references) - (NOT_IN_THE_INTERPRETER if path == "Triton interpreter" else set())
