@@ -292,7 +292,7 @@ def read_syncs(m: dict, why: dict) -> Reading:
     value = worst - train["no debug"]
     proxy = "" if m["syncs_method"].startswith("CUDA") else "CPU proxy, "
     cell = (
-        f"{value:+g} per step beyond no debug ({proxy}worst debug variant {worst:g}, no debug {train['no debug']:g}; "
+        f"{value:g} per step beyond no debug ({proxy}worst debug variant {worst:g}, no debug {train['no debug']:g}; "
         f"inside step(): {max(in_step.values()):g})"
     )
     return Reading(value, cell, value <= 0)

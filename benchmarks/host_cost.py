@@ -206,8 +206,8 @@ def write_json(path: str, us: dict[str, float | None], reason: str | None) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200, help="steps per timing round")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds (fastest reported)")
+    parser.add_argument("--steps", type=int, default=50, help="steps per timing round")
+    parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds (fastest reported: noise only adds time)")
     parser.add_argument("--tiny", action="store_true", help="a quick run (20 steps, 2 rounds): checks the plan, not the numbers")
     parser.add_argument("--json", help="also write the measures to this JSON file")
     parser.add_argument("--no-reference", action="store_true", help="do not time the reference nvdlfw-inspect")
