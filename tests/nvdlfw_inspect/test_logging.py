@@ -75,6 +75,32 @@ def test_custom_logger_replaces_the_file_logger(log_dir):
     assert ("INFO", "Using the provided logger for logging tensor statistics.") in read_messages(log_dir)
 
 
+class BatchLogger(ListLogger):
+    """A logger that takes a step's statistics at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def log_statistics(self, records):
+        self.batches.append(list(records))
+
+
+def test_a_logger_with_log_statistics_gets_each_step_at_once(log_dir):
+    sink, plain = BatchLogger(), ListLogger()
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=sink, default_logging_enabled=True)
+    MetricLogger.add_logger(plain)
+    log_stats_once()
+    log_stats_once()
+    assert sink.batches == [
+        [("net.fc", "activation", "min", -2.0, 0), ("net.fc", "activation", "max", 5.0, 0)],
+        [("net.fc", "activation", "min", -2.0, 1), ("net.fc", "activation", "max", 5.0, 1)],
+    ]
+    assert sink.records == []  # the batch replaces log_scalar
+    assert plain.records[:2] == [("net.fc_activation_min", -2.0, 0), ("net.fc_activation_max", 5.0, 0)]  # one call each
+    assert read_stats(log_dir)[("net.fc_activation_max", 1)] == 5.0  # the file logger's batch
+
+
 def test_default_logging_enabled_adds_the_file_logger(log_dir):
     sink = ListLogger()
     debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=sink, default_logging_enabled=True)
