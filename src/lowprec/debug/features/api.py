@@ -237,15 +237,8 @@ class TransformerEngineAPI(BaseNamespaceAPI):
     def __init__(self) -> None:
         super().__init__()
         self._default_api_impl = TEDefaultFeatures()
-        self._cacheable_api_kwargs_map = {
-            "fp8_gemm_enabled": ["gemm"],
-            "modify_tensor_enabled": ["tensor_name", "gemm"],
-            "modify_tensor": ["tensor_name", "gemm"],
-            "inspect_tensor": ["tensor_name"],
-            "inspect_tensor_postquantize": ["tensor_name"],
-            "inspect_tensor_enabled": ["tensor_name"],
-            "inspect_tensor_postquantize_enabled": ["tensor_name"],
-        }
+        # a call's routing depends on exactly the keyword arguments it requires
+        self._cacheable_api_kwargs_map = {api_name: list(keys) for api_name, keys in _REQUIRED.items()}
 
     def input_assertions_hook(self, api_name: str, **kwargs: Any) -> None:
         for key in _REQUIRED.get(api_name, ("tensor_name", "gemm")):
