@@ -17,7 +17,6 @@ from lowprec.debug.names import TENSOR_GEMMS
 from lowprec.debug.plan import LayerPlan, Precision
 from lowprec.gemm import Operand
 from lowprec.quantization import Quantizer
-from lowprec.weight_cache import WeightCache
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.utils import get_distributed_world_size
 
@@ -31,21 +30,12 @@ class DebugProcessing:
     """Turns a layer's tensors into GEMM operands under a debug plan (see module docstring)."""
 
     def __init__(
-        self,
-        layer_name: str,
-        quantizers: dict[str, Quantizer],
-        plan: LayerPlan,
-        tp_group: Any = None,
-        inspect: bool = True,
-        weight_cache: WeightCache | None = None,
+        self, layer_name: str, quantizers: dict[str, Quantizer], plan: LayerPlan, tp_group: Any = None, inspect: bool = True
     ):
         """``inspect=False``: run the plan's casts and modifications only (a recomputed forward, whose
-        tensors the original forward has already shown to the inspection features). ``weight_cache``: the
-        layer's, so that micro-batches share the weight's cast as on the plain path (under delayed
-        scaling a cast records an amax: inspecting must not add any)."""
+        tensors the original forward has already shown to the inspection features)."""
         self.layer_name = layer_name
         self.inspect = inspect
-        self.weight_cache = weight_cache
         self.quantizers = quantizers
         self.plan = plan
         self.tp_group = tp_group
@@ -56,14 +46,9 @@ class DebugProcessing:
         plan = self.plan.tensors[tensor_name]
         first, second = TENSOR_GEMMS[tensor_name]
         quantizer = self.quantizers.get(tensor_name)
-        quantized = None
-        if quantizer is not None and plan.quantized_anywhere:
-            if tensor_name == "weight" and self.weight_cache is not None:  # the weight itself: a detached view shares its storage
-                quantized = self.weight_cache.quantize(tensor, quantizer, transpose)
-            else:
-                quantized = quantizer.quantize(tensor.detach(), transpose)
         tensor = tensor.detach()
         iteration = _iteration()
+        quantized = quantizer.quantize(tensor, transpose) if quantizer is not None and plan.quantized_anywhere else None
         operands: dict[str, Operand] = {}
         for gemm in (second, first):
             precision = plan.gemms[gemm]

@@ -89,11 +89,10 @@ class GemmUnit:
         if recipe is None and plan is None:
             return F.linear(x, weight, bias)
         quantizers = self.quantizers(recipe, layer_name)
-        weight_cache = None if traced else self.weight_cache
         if plan is not None:
-            processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group, weight_cache=weight_cache)
+            processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group)
         else:
-            processing = PlainProcessing(quantizers, weight_cache)
+            processing = PlainProcessing(quantizers, None if traced else self.weight_cache)
         out = apply_linear(x, weight, bias, processing)
         if not traced and out.grad_fn is not None:
             self.forwards.remember(out.grad_fn, recipe, plan)
