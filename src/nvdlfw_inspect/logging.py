@@ -59,30 +59,21 @@ class MetricLogger:
 
     @classmethod
     def log_statistic(cls, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
-        """One statistic of a layer's tensor: loggers that keep structure (``log_statistic``) get its
-        parts, the others ``log_scalar("{layer}_{tensor}_{stat}", ...)``."""
+        """One statistic of a layer's tensor (see ``_log_one``)."""
         for logger in cls.enabled_loggers:
-            structured = getattr(logger, "log_statistic", None)
-            if structured is not None:
-                structured(layer, tensor, stat, value, iteration)
-            else:
-                logger.log_scalar(f"{layer}_{tensor}_{stat}", value, iteration)
+            _log_one(logger, (layer, tensor, stat, value, iteration))
 
     @classmethod
     def log_statistics(cls, records: list[Statistic]) -> None:
         """Many statistics at once (a step's): loggers that take a whole batch (``log_statistics``) get the list,
-        the others each record as ``log_statistic`` would hand it to them."""
+        the others each record as ``log_statistic`` hands it to them."""
         for logger in cls.enabled_loggers:
             batch = getattr(logger, "log_statistics", None)
             if batch is not None:
                 batch(records)
-                continue
-            structured = getattr(logger, "log_statistic", None)
-            for layer, tensor, stat, value, iteration in records:
-                if structured is not None:
-                    structured(layer, tensor, stat, value, iteration)
-                else:
-                    logger.log_scalar(f"{layer}_{tensor}_{stat}", value, iteration)
+            else:
+                for record in records:
+                    _log_one(logger, record)
 
     @classmethod
     def add_logger(cls, logger: BaseLogger) -> None:
@@ -114,6 +105,17 @@ class MetricLogger:
     def reset(cls) -> None:
         cls.flush()
         cls.enabled_loggers.clear()
+
+
+def _log_one(logger: BaseLogger, record: Statistic) -> None:
+    """Loggers that keep structure (``log_statistic``) get a statistic's parts, the others
+    ``log_scalar("{layer}_{tensor}_{stat}", ...)``."""
+    layer, tensor, stat, value, iteration = record
+    structured = getattr(logger, "log_statistic", None)
+    if structured is not None:
+        structured(layer, tensor, stat, value, iteration)
+    else:
+        logger.log_scalar(f"{layer}_{tensor}_{stat}", value, iteration)
 
 
 class TensorboardLogger(BaseLogger):

@@ -9,6 +9,8 @@ tensor gets a precision for each of its two GEMMs, each output tensor whether it
 tensor may be inspected.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
 from enum import Enum
 

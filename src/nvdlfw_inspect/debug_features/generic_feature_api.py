@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from nvdlfw_inspect.base import BaseConfigAPIMapper, BaseNamespaceAPI
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry
+
+
+class PerConfig:
+    """Values a feature works out once per resolved config: the router hands the same config object to every
+    call it routes there. Keyed by identity; each config is kept alive, so that its id stays its own."""
+
+    def __init__(self) -> None:
+        self._values: dict[int, tuple[dict, Any]] = {}
+
+    def get(self, config: dict, compute: Callable[[dict], Any]) -> Any:
+        cached = self._values.get(id(config))
+        if cached is None or cached[0] is not config:
+            cached = self._values[id(config)] = (config, compute(config))
+        return cached[1]
 
 
 class GenericConfigAPIMapper(BaseConfigAPIMapper):

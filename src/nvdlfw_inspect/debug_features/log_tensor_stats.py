@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 import nvdlfw_inspect.api as debug_api
-from nvdlfw_inspect.debug_features.generic_feature_api import GenericConfigAPIMapper
+from nvdlfw_inspect.debug_features.generic_feature_api import GenericConfigAPIMapper, PerConfig
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
@@ -253,12 +253,12 @@ class LogTensorStats(GenericConfigAPIMapper):
     def _request(self, config: dict) -> tuple[list[str], tuple]:
         """The config's statistics and the end of its buffer key (statistics, window), worked out once per config.
         Kept in the instance's ``__dict__`` (subclasses such as Transformer Engine's need not call ``__init__``)."""
-        requests = vars(self).setdefault("_requests", {})
-        cached = requests.get(id(config))
-        if cached is None or cached[0] is not config:
+
+        def request(config: dict) -> tuple[list[str], tuple]:
             stats = [s.lower() for s in config["stats"]]
-            cached = requests[id(config)] = (config, (stats, ("base", tuple(stats), window_key(config))))  # keeps config alive
-        return cached[1]
+            return stats, ("base", tuple(stats), window_key(config))
+
+        return vars(self).setdefault("_requests", PerConfig()).get(config, request)
 
     @api_method
     def log_tensor_stats(self, config: dict, layer_name: str, **kwargs: Any) -> Mapping[str, torch.Tensor]:

@@ -17,6 +17,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.schedule import next_enabled_iter
 from lowprec.quantization import Float8Tensor
+from nvdlfw_inspect.debug_features.generic_feature_api import PerConfig
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, stats_list, validate_window, window_key
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry, api_method
@@ -102,19 +103,16 @@ class ScheduledStats(TEConfigAPIMapper):
 
     def __init__(self) -> None:
         super().__init__()
-        self._parsed: dict[int, tuple[dict, list]] = {}
+        self._parsed = PerConfig()
         self._announced: set[tuple[str, str, str]] = set()  # (layer, tensor, API) noted in the debug log
-        self._request_parts: dict[int, tuple[dict, tuple]] = {}
+        self._request_parts = PerConfig()
 
     def parse_stats(self, config: dict, location: ConfigLocation) -> list:
         raise NotImplementedError
 
     def parsed_stats(self, config: dict) -> list:
         """``parse_stats`` of a config the router hands over again and again, parsed once."""
-        cached = self._parsed.get(id(config))
-        if cached is None or cached[0] is not config:
-            cached = self._parsed[id(config)] = (config, self.parse_stats(config, ConfigLocation("config")))  # keeps config alive
-        return cached[1]
+        return self._parsed.get(config, lambda config: self.parse_stats(config, ConfigLocation("config")))
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
         collector = ErrorCollector()
@@ -155,13 +153,13 @@ class LogTensorStats(ScheduledStats):
 
     def _requests(self, config: dict) -> tuple[tuple[str, ...], list[BlockwiseRange], tuple]:
         """The config's plain statistics, its blockwise ones and its window key, worked out once per config."""
-        cached = self._request_parts.get(id(config))
-        if cached is None or cached[0] is not config:
+
+        def parts(config: dict) -> tuple[tuple[str, ...], list[BlockwiseRange], tuple]:
             stats = self.parsed_stats(config)
             plain = tuple(stat for stat in stats if isinstance(stat, str))
-            blockwise = [stat for stat in stats if isinstance(stat, BlockwiseRange)]
-            cached = self._request_parts[id(config)] = (config, (plain, blockwise, window_key(config)))  # keeps config alive
-        return cached[1]
+            return plain, [stat for stat in stats if isinstance(stat, BlockwiseRange)], window_key(config)
+
+        return self._request_parts.get(config, parts)
 
     @api_method
     def inspect_tensor(
