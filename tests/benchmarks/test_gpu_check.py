@@ -109,3 +109,18 @@ def test_a_step_past_its_allowance_is_ended_with_the_processes_it_started(tmp_pa
     while running(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running(worker)
+
+
+def test_without_an_output_folder_it_says_how_to_call_it():
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "usage: scripts/gpu_check.sh OUT_DIR" in result.stderr
+
+
+def test_a_reference_folder_without_the_reference_is_refused_with_the_reason(tmp_path, monkeypatch):
+    import harness
+
+    monkeypatch.setenv(harness.REFERENCE_PATH_VARIABLE, str(tmp_path))  # holds no nvdlfw_inspect
+    python, reason = harness.reference_python()
+    assert python is None and harness.REFERENCE_PATH_VARIABLE in reason and "imports from" in reason
+    monkeypatch.setenv(harness.REFERENCE_PATH_VARIABLE, "")
+    assert harness.reference_python() == (None, f"{harness.REFERENCE_PATH_VARIABLE} is empty: no reference to time")
