@@ -28,8 +28,9 @@ from harness import InProcess, device_name, interleave, mean_seconds, print_rati
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
-from lowprec import quantization
-from lowprec.formats import E4M3
+from lowprec import kernels
+from lowprec.formats.elements import E4M3
+from lowprec.quant import per_tensor
 
 OTHER_LAYERS_ONLY = {
     "elsewhere": {
@@ -132,7 +133,7 @@ def training_table(
         name, *flags = variant.split("-")
         recipe = recipes.get(name)
         layer = layer_for(name, "compiled" in flags)
-        quantization.FUSED_KERNELS = "unfused" not in flags
+        kernels.set_kernel_mode("emulated" if "unfused" in flags else "auto")
 
         def one_step():
             with lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
@@ -141,7 +142,7 @@ def training_table(
         try:
             return mean_seconds(one_step, args.steps, device)
         finally:
-            quantization.FUSED_KERNELS = True
+            kernels.set_kernel_mode("auto")
 
     if torchao_layer is not None:
         try:  # a third-party comparison: torchao failing on this torch must not cost our figures
@@ -217,8 +218,8 @@ def cast_bandwidth_table(args: argparse.Namespace, device: str, side: int) -> di
     next to a copy."""
     x = torch.randn(side, side, device=device, dtype=torch.bfloat16)
     size = x.numel() * x.element_size()
-    delayed = quantization.DelayedScalingQuantizer(E4M3, lowprec.DelayedScaling())
-    current = quantization.CurrentScalingQuantizer(E4M3)
+    delayed = per_tensor.DelayedScalingQuantizer(E4M3, lowprec.DelayedScaling())
+    current = per_tensor.CurrentScalingQuantizer(E4M3)
     # (label, work, bytes moved): a copy reads and writes 128 MiB; a cast with its transpose reads
     # 128 MiB and writes two 64 MiB FP8 copies; current scaling reads the tensor once more for its amax
     variants = {

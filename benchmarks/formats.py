@@ -24,7 +24,7 @@ import torch
 from harness import InProcess, device_name, interleave, mean_seconds, print_ratio_table, synchronize, write_json
 
 import lowprec
-from lowprec import quantization
+from lowprec import kernels
 from lowprec.modules.gemm_unit import make_quantizers
 
 RECIPES = {
@@ -65,11 +65,11 @@ def training_table(args: argparse.Namespace, device: str, dtype: torch.dtype) ->
 
 def unfused(cast, x: torch.Tensor):
     """``cast(x)`` with the fused Triton kernels off: the torch emulation."""
-    saved, quantization.FUSED_KERNELS = quantization.FUSED_KERNELS, False
+    saved = kernels.set_kernel_mode("emulated")
     try:
         return cast(x)
     finally:
-        quantization.FUSED_KERNELS = saved
+        kernels.set_kernel_mode(saved)
 
 
 def quantize_table(args: argparse.Namespace, device: str, side: int) -> dict[str, float]:

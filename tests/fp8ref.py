@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lowprec.formats import E4M3, E5M2, FP8Format
+from lowprec.formats.elements import E4M3, E5M2, FP8Format
 
 
 def current_fake_quant(t: torch.Tensor, fmt: FP8Format = E4M3, margin: int = 0) -> torch.Tensor:

@@ -5,10 +5,9 @@ Importing ``lowprec`` makes its debug features (config namespace ``transformer_e
 """
 
 from lowprec.autocast import autocast, fp8_autocast
-from lowprec.block_tensor import BlockScaledTensor
 from lowprec.debug import FEATURE_DIR
-from lowprec.formats import E4M3, E5M2, FP8Format
-from lowprec.fp4 import E2M1, FP4Format
+from lowprec.formats.elements import E2M1, E4M3, E5M2, FP4Format, FP8Format
+from lowprec.kernels import kernel_mode, set_kernel_mode
 from lowprec.modules import (
     Conv1D,
     ConvertReport,
@@ -19,7 +18,7 @@ from lowprec.modules import (
     convert,
     convert_with_report,
 )
-from lowprec.quantization import Float8Tensor
+from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
 from lowprec.recipe import (
     DelayedScaling,
     Float8BlockScaling,
@@ -57,4 +56,6 @@ __all__ = [
     "convert",
     "convert_with_report",
     "fp8_autocast",
+    "kernel_mode",
+    "set_kernel_mode",
 ]

@@ -23,9 +23,8 @@ import logging
 
 import torch
 
-from lowprec.block_tensor import BlockScaledTensor
-from lowprec.formats import E5M2
-from lowprec.quantization import Float8Tensor
+from lowprec.formats.elements import E5M2
+from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
 
 Operand = torch.Tensor | Float8Tensor | BlockScaledTensor
 Quantized = (Float8Tensor, BlockScaledTensor)

@@ -1,7 +1,7 @@
 """Scaling recipes: how a layer picks the scales that map its tensors into a low-precision format's range.
 
 Per-tensor FP8: ``DelayedScaling``, ``Float8CurrentScaling``. Block-scaled (one scale per block of
-values along the GEMM's inner dimension, see ``block_scales.py``): ``MXFP8BlockScaling``,
+values along the GEMM's inner dimension, see ``formats/scales.py``): ``MXFP8BlockScaling``,
 ``Float8BlockScaling``, ``NVFP4BlockScaling``. Names, fields and defaults follow Transformer Engine's
 ``transformer_engine.common.recipe``, so configs and code written for it carry over.
 """
@@ -11,18 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from lowprec import formats
-from lowprec.formats import FP8Format
-from lowprec.fp4 import E2M1, FP4Format
+from lowprec.formats import elements
+from lowprec.formats.elements import E2M1, FP4Format, FP8Format
 
 
 class Format(Enum):
     """Which format the forward tensors (activations, weights) and the gradients use. ``E2M1`` is FP4,
     only for ``NVFP4BlockScaling.fp4_format``."""
 
-    E4M3 = (formats.E4M3, formats.E4M3)
-    E5M2 = (formats.E5M2, formats.E5M2)
-    HYBRID = (formats.E4M3, formats.E5M2)
+    E4M3 = (elements.E4M3, elements.E4M3)
+    E5M2 = (elements.E5M2, elements.E5M2)
+    HYBRID = (elements.E4M3, elements.E5M2)
     E2M1 = (E2M1, E2M1)
 
     @property

@@ -69,7 +69,7 @@ def fsdp2(model: torch.nn.Module) -> torch.nn.Module:
 def count_weight_casts() -> dict[str, int]:
     """Counts the weight casts the caches made and those they reused (``WeightCache.quantize`` calls
     that returned the cast they already held)."""
-    from lowprec.weight_cache import WeightCache
+    from lowprec.quant.weight_cache import WeightCache
 
     counts = {"cast": 0, "reused": 0}
     original = WeightCache.quantize

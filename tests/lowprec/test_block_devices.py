@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import lowprec
-from lowprec import quantization
-from lowprec.block_quantization import block_quantizers
+from lowprec import kernels
+from lowprec.quant.block import block_quantizers
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs a CUDA GPU with FP8 conversions"
@@ -34,11 +34,11 @@ def casts(recipe, device: str, x: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: repr(r)[:60])
 @pytest.mark.parametrize("fused", [True, False], ids=["triton", "torch"])
 def test_cuda_casts_equal_the_cpu_casts_bit_for_bit(recipe, fused, monkeypatch):
-    monkeypatch.setattr(quantization, "FUSED_KERNELS", fused)
+    monkeypatch.setattr(kernels, "_mode", "auto" if fused else "emulated")
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(300, 520, generator=g) * torch.logspace(-8, 8, 520)).to(torch.bfloat16)
     x[0, :4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40])
-    assert quantization.uses_fused_kernels(x.cuda()) == fused
+    assert kernels.runs_on(x.cuda()) == fused
     for got, want in zip(casts(recipe, "cuda", x), casts(recipe, "cpu", x), strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lowprec.block_quantization import block_quantizers
-from lowprec.formats import E4M3
+from lowprec.formats.elements import E4M3
 from lowprec.gemm import emulated_block_gemm, gemm
-from lowprec.quantization import CurrentScalingQuantizer
+from lowprec.quant.block import block_quantizers
+from lowprec.quant.per_tensor import CurrentScalingQuantizer
 from lowprec.recipe import Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
 
 RECIPES = {"mxfp8": MXFP8BlockScaling(), "float8-block": Float8BlockScaling(), "nvfp4": NVFP4BlockScaling()}

@@ -9,15 +9,13 @@ import math
 import pytest
 import torch
 
-from lowprec import hadamard
-from lowprec.block_quantization import BlockQuantizer, block_quantizers
-from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
-from lowprec.block_scaling import block_scaling_quantize, mxfp8_quantize
-from lowprec.block_tensor import BlockScaledTensor
-from lowprec.formats import E4M3, E5M2
-from lowprec.fp4 import E2M1
+from lowprec.formats import hadamard
+from lowprec.formats.elements import E2M1, E4M3, E5M2
+from lowprec.formats.noise import RoundingStream
+from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
+from lowprec.quant.block import BlockQuantizer, block_quantizers, block_scaling_quantize, mxfp8_quantize
+from lowprec.quant.protocol import BlockScaledTensor
 from lowprec.recipe import Float8BlockScaling, Format, MXFP8BlockScaling, NVFP4BlockScaling
-from lowprec.seeding import RoundingStream
 
 NAN, INF = float("nan"), float("inf")
 
@@ -200,7 +198,7 @@ def test_tensors_rebuild_the_quantized_tensor():
 
 
 def test_what_if_statistics_quantize_exactly_as_the_training_recipes():
-    """``block_scaling.py`` (LogFp8TensorStats' ``mxfp8_`` and ``fp8_block_scaling_`` statistics) casts with the
+    """``quant/block.py`` (LogFp8TensorStats' ``mxfp8_`` and ``fp8_block_scaling_`` statistics) casts with the
     recipes' own rules: the same bytes and scales. A NaN leaves its block's scale alone (it used to make it 2**127)."""
     g = torch.Generator().manual_seed(6)
     x = torch.randn(70, 150, generator=g) * torch.exp2(torch.randint(-10, 10, (70, 1), generator=g))

@@ -9,8 +9,8 @@ from logreader import read_stats
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
-from lowprec.block_tensor import BlockScaledTensor
-from lowprec.weight_cache import WeightCache
+from lowprec.quant.protocol import BlockScaledTensor
+from lowprec.quant.weight_cache import WeightCache
 
 RECIPES = {
     "mxfp8": lowprec.MXFP8BlockScaling(),
@@ -86,7 +86,7 @@ def test_bf16_layers_and_empty_batches(recipe):
 
 
 def test_the_weight_cast_is_reused_until_a_gemm_needs_the_columnwise_copy():
-    quantizer = lowprec.block_quantization.block_quantizers(lowprec.MXFP8BlockScaling(), "fc1")["weight"]
+    quantizer = lowprec.quant.block.block_quantizers(lowprec.MXFP8BlockScaling(), "fc1")["weight"]
     weight, cache = torch.nn.Parameter(torch.randn(16, 64)), WeightCache()
     rowwise_only = cache.quantize(weight, quantizer, transpose=False)
     assert isinstance(rowwise_only, BlockScaledTensor) and rowwise_only.columnwise is None

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lowprec.block_scales import FP32_MAX, Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ceil_log2
-from lowprec.formats import E4M3, E5M2
+from lowprec.formats.elements import E4M3, E5M2
+from lowprec.formats.scales import FP32_MAX, Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ceil_log2
 
 INF = float("inf")
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lowprec.formats import E4M3, E5M2, fp8_format
+from lowprec.formats.elements import E4M3, E5M2, fp8_format
 
 
 def test_limits_and_lookup():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lowprec.fp4 import E2M1
-from lowprec.seeding import RoundingStream, uniform
+from lowprec.formats.elements import E2M1
+from lowprec.formats.noise import RoundingStream, uniform
 
 
 def values(x: list[float], noise: torch.Tensor | None = None) -> list[float]:
@@ -70,7 +70,7 @@ def test_grid_values_are_exact_under_any_noise(magnitude):
 
 
 def reference_hash32(x: int) -> int:
-    """``seeding.hash32`` on Python integers, written from its definition."""
+    """``noise.hash32`` on Python integers, written from its definition."""
     for multiplier in (0x21F0AAAD, 0x735A2D97):
         x ^= x >> 16
         x = (x * multiplier) % 2**32

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lowprec.formats import E4M3, E5M2
+from lowprec.formats.elements import E4M3, E5M2
 from lowprec.gemm import ACCUMULATION_BOUND, emulated_fp8_gemm, gemm, scaled_mm_unsupported
-from lowprec.quantization import CurrentScalingQuantizer, Float8Tensor
+from lowprec.quant.per_tensor import CurrentScalingQuantizer
+from lowprec.quant.protocol import Float8Tensor
 
 HAS_FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 

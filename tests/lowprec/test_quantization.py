@@ -7,19 +7,13 @@ import math
 import pytest
 import torch
 
-from lowprec.block_scaling import block_scaling_quantize, mxfp8_quantize
-from lowprec.formats import E4M3, E5M2
-from lowprec.quantization import (
-    FP32_MAX,
-    CurrentScalingQuantizer,
-    DelayedScalingQuantizer,
-    Float8Tensor,
-    amax_of,
-    quantize_with_scale,
-    scale_from_amax,
-)
+from lowprec.formats.elements import E4M3, E5M2
+from lowprec.formats.scales import FP32_MAX, scale_from_amax
+from lowprec.quant.block import block_scaling_quantize, mxfp8_quantize
+from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer, amax_of, quantize_with_scale
+from lowprec.quant.protocol import Float8Tensor
+from lowprec.quant.weight_cache import WeightCache
 from lowprec.recipe import DelayedScaling
-from lowprec.weight_cache import WeightCache
 
 
 def test_scale_from_amax():

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lowprec.formats import E4M3, E5M2
-from lowprec.fp4 import E2M1
+from lowprec.formats.elements import E2M1, E4M3, E5M2
 from lowprec.recipe import DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, NVFP4BlockScaling
 
 

@@ -4,7 +4,7 @@ Both ranks see the same data, so the averaged gradient is exactly each rank's gr
 loss and weight must match the single-process run bit for bit (``torch.equal``), with current and
 delayed scaling. FSDP2 used to drift after a few steps: its unsharded parameter is one tensor whose
 storage is freed and refilled, often at the same address, without a version bump, and the weight
-cache took the new step's weight for the old one (see ``lowprec.weight_cache``).
+cache took the new step's weight for the old one (see ``lowprec.quant.weight_cache``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from logreader import read_stats
 from statref import reference_stats
 
 import lowprec
-from lowprec.quantization import CurrentScalingQuantizer
-from lowprec.weight_cache import WeightCache, owns_its_storage
+from lowprec.quant.per_tensor import CurrentScalingQuantizer
+from lowprec.quant.weight_cache import WeightCache, owns_its_storage
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

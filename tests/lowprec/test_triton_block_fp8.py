@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lowprec.block_quantization import MX_BLOCK, BlockQuantizer
-from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule
-from lowprec.formats import E4M3, E5M2
-from lowprec.quantization import uses_fused_kernels
+from lowprec.formats.elements import E4M3, E5M2
+from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule
+from lowprec.kernels import runs_on
+from lowprec.quant.block import MX_BLOCK, BlockQuantizer
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 CHECKS = Path(__file__).with_name("triton_block_fp8_checks.py")
@@ -46,13 +46,13 @@ def test_kernel_in_the_triton_interpreter():
 def test_kernel_compiles_for_hopper_with_exact_conversions(fmt, dtype, kind, square, block):
     from triton_aot import hopper_ptx
 
-    from lowprec import triton_block_fp8
+    from lowprec.kernels import block_fp8
 
     constexprs = {"INV_FP8_MAX": 1.0 / fmt.max, "FP8_MAX": fmt.max, "MIN_NORMAL_EXP": fmt.min_normal_exp}
     constexprs |= {"MANTISSA_BITS": fmt.mantissa_bits, "IS_E4M3": fmt is E4M3}
     constexprs |= {"SCALE_KIND": kind, "SQUARE": square, "COLUMNWISE": True, "BLOCK": block}
     signature = SIGNATURE | {"x_ptr": dtype} | ({} if kind == 0 else dict.fromkeys(["scales_ptr", "scales_t_ptr"], "*fp32"))
-    ptx = hopper_ptx(triton_block_fp8._block_fp8_tile, signature, constexprs, triton_block_fp8.OPTIONS)
+    ptx = hopper_ptx(block_fp8._block_fp8_tile, signature, constexprs, block_fp8.OPTIONS)
     name = "e4m3x2" if fmt is E4M3 else "e5m2x2"
     assert f"cvt.rn.satfinite.{name}.f32" in ptx  # round to nearest even, as the emulation
     assert ".ftz" not in ptx and "fma" not in ptx  # subnormals kept, each rounding as written
@@ -61,15 +61,15 @@ def test_kernel_compiles_for_hopper_with_exact_conversions(fmt, dtype, kind, squ
 
 
 def test_unsupported_blocks_are_refused_with_what_is_allowed():
-    from lowprec import triton_block_fp8
+    from lowprec.kernels import block_fp8
 
-    assert triton_block_fp8.supports(MXScaleRule(E4M3), (32, 32)) and not triton_block_fp8.supports(MXScaleRule(E4M3), (16, 32))
+    assert block_fp8.supports(MXScaleRule(E4M3), (32, 32)) and not block_fp8.supports(MXScaleRule(E4M3), (16, 32))
     with pytest.raises(ValueError, match=r"casts 1 x B or B x B blocks, B in \(32, 64, 128\), got \(1, 16\)"):
-        triton_block_fp8.quantize_block_fp8(torch.zeros(2, 2), Float8BlockScaleRule(E4M3), (1, 16), columnwise=False)
+        block_fp8.quantize_block_fp8(torch.zeros(2, 2), Float8BlockScaleRule(E4M3), (1, 16), columnwise=False)
 
 
 def test_cpu_tensors_keep_the_torch_path():
-    assert not uses_fused_kernels(torch.randn(4, 40))
+    assert not runs_on(torch.randn(4, 40))
     cast = BlockQuantizer(MXScaleRule(E4M3), E4M3, (1, MX_BLOCK), E4M3).quantize(torch.randn(4, 40), transpose=True)
     assert cast.rowwise.data.shape == (4, 64) and cast.columnwise.data.shape == (40, 32)
 
@@ -91,7 +91,7 @@ def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(rule, block, dtype):
     x[0, :5] = torch.tensor([float("nan"), -float("nan"), float("inf"), -0.0, 1e-40]).to(dtype)
     x[40:72, 64:96] = 0.0
     quantizer = BlockQuantizer(rule, rule.element, block, rule.element)
-    assert uses_fused_kernels(x.cuda())
+    assert runs_on(x.cuda())
     cuda, cpu = quantizer.quantize(x.cuda(), transpose=True), quantizer.quantize(x, transpose=True)
     for got, want in zip(cuda.tensors(), cpu.tensors(), strict=True):
         assert (got is None) == (want is None)

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import lowprec
-from lowprec import quantization
-from lowprec.formats import E4M3, E5M2
-from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, uses_fused_kernels
+from lowprec import kernels
+from lowprec.formats.elements import E4M3, E5M2
+from lowprec.kernels import runs_on
+from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer
 from lowprec.recipe import DelayedScaling
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
@@ -50,12 +51,12 @@ CAST_SIGNATURE = {
 def test_cast_kernel_compiles_for_hopper_with_exact_hardware_conversions(fmt, dtype, transpose, record_amax):
     from triton_aot import hopper_ptx
 
-    from lowprec import triton_cast
+    from lowprec.kernels import fp8_cast
 
     exponent, mantissa = fmt.min_normal_exp, fmt.mantissa_bits
     constexprs = {"FP8_MAX": fmt.max, "MIN_NORMAL_EXP": exponent, "MANTISSA_BITS": mantissa, "IS_E4M3": fmt is E4M3}
-    constexprs |= {"TRANSPOSE": transpose, "RECORD_AMAX": record_amax, "TILE": triton_cast.TILE}
-    ptx = hopper_ptx(triton_cast._cast_tile, CAST_SIGNATURE | {"x_ptr": dtype}, constexprs, triton_cast.OPTIONS)
+    constexprs |= {"TRANSPOSE": transpose, "RECORD_AMAX": record_amax, "TILE": fp8_cast.TILE}
+    ptx = hopper_ptx(fp8_cast._cast_tile, CAST_SIGNATURE | {"x_ptr": dtype}, constexprs, fp8_cast.OPTIONS)
     name = "e4m3x2" if fmt is E4M3 else "e5m2x2"
     assert f"cvt.rn.satfinite.{name}.f32" in ptx  # round to nearest even, as the emulation
     assert ".ftz" not in ptx  # subnormals are not flushed
@@ -65,34 +66,34 @@ def test_cast_kernel_compiles_for_hopper_with_exact_hardware_conversions(fmt, dt
 def test_amax_kernel_compiles_for_hopper():
     from triton_aot import hopper_ptx
 
-    from lowprec import triton_cast
+    from lowprec.kernels import fp8_cast
 
     signature = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"}
-    ptx = hopper_ptx(triton_cast._amax_blocks, signature, {"BLOCK": triton_cast.AMAX_BLOCK}, triton_cast.OPTIONS)
+    ptx = hopper_ptx(fp8_cast._amax_blocks, signature, {"BLOCK": fp8_cast.AMAX_BLOCK}, fp8_cast.OPTIONS)
     assert "max" in ptx and "atom" not in ptx  # partials, no contended atomics
 
 
 def test_scale_kernels_compile_for_hopper_with_exact_division():
     from triton_aot import hopper_ptx
 
-    from lowprec import triton_scales
+    from lowprec.kernels import fp8_scales
 
-    common = {"FP8_MAX": 448.0, "MARGIN_FACTOR": 2.0, "BLOCK": triton_scales.PARTIALS_BLOCK}
+    common = {"FP8_MAX": 448.0, "MARGIN_FACTOR": 2.0, "BLOCK": fp8_scales.PARTIALS_BLOCK}
     current = {"partials_ptr": "*fp32", "n": "i32", "scale_ptr": "*fp32", "scale_inv_ptr": "*fp32"}
     current |= dict.fromkeys(common, "constexpr")
     delayed = {"partials_ptr": "*fp32", "n": "i32", "history_ptr": "*fp32", "new_history_ptr": "*fp32"}
     delayed |= {"scale_ptr": "*fp32", "new_scale_ptr": "*fp32", "new_scale_inv_ptr": "*fp32"}
     delayed |= dict.fromkeys(["HISTORY", "HISTORY_BLOCK", "USE_MAX", *common], "constexpr")
     for kernel, signature, constexprs in (
-        (triton_scales._current_scale, current, common),
-        (triton_scales._delayed_update, delayed, common | {"HISTORY": 1000, "HISTORY_BLOCK": 1024, "USE_MAX": True}),
+        (fp8_scales._current_scale, current, common),
+        (fp8_scales._delayed_update, delayed, common | {"HISTORY": 1000, "HISTORY_BLOCK": 1024, "USE_MAX": True}),
     ):
-        ptx = hopper_ptx(kernel, signature, constexprs, triton_scales.OPTIONS)
+        ptx = hopper_ptx(kernel, signature, constexprs, fp8_scales.OPTIONS)
         assert "div.rn.f32" in ptx and "div.full" not in ptx and "div.approx" not in ptx
 
 
 def test_cpu_tensors_keep_the_torch_path():
-    assert not uses_fused_kernels(torch.randn(4, 4))
+    assert not runs_on(torch.randn(4, 4))
     cast = CurrentScalingQuantizer(E4M3).quantize(torch.randn(4, 4), transpose=True)
     assert cast.other_layout is None
 
@@ -120,7 +121,7 @@ def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(fmt, dtype, make):
 @pytest.mark.parametrize("make", [CurrentScalingQuantizer, lambda fmt: DelayedScalingQuantizer(fmt, DelayedScaling())])
 def test_unfused_cuda_casts_equal_the_cpu_emulation_bit_for_bit(fmt, dtype, make, monkeypatch):
     """torch's own CUDA path (NaN loses its sign in the GPU's multiply) writes the same bytes too."""
-    monkeypatch.setattr(quantization, "FUSED_KERNELS", False)
+    monkeypatch.setattr(kernels, "_mode", "emulated")
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(1000, 777, generator=g) * torch.logspace(-8, 8, 777)).to(dtype)
     x[0, :4] = torch.tensor([float("nan"), -float("nan"), float("inf"), -0.0]).to(dtype)

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lowprec.block_quantization import BlockQuantizer
-from lowprec.block_scales import NVFP4ScaleRule
-from lowprec.formats import E4M3
-from lowprec.fp4 import E2M1
-from lowprec.seeding import RoundingStream
+from lowprec.formats.elements import E2M1, E4M3
+from lowprec.formats.noise import RoundingStream
+from lowprec.formats.scales import NVFP4ScaleRule
+from lowprec.quant.block import BlockQuantizer
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 CHECKS = Path(__file__).with_name("triton_nvfp4_checks.py")
@@ -47,10 +46,10 @@ def test_kernel_in_the_triton_interpreter():
 def test_kernel_compiles_for_hopper_with_exact_arithmetic(dtype, block_height, stochastic, columnwise):
     from triton_aot import hopper_ptx
 
-    from lowprec import triton_nvfp4
+    from lowprec.kernels import nvfp4
 
-    constexprs = {"BLOCK_HEIGHT": block_height, "COLUMNWISE": columnwise, "STOCHASTIC": stochastic, "TILE": triton_nvfp4.TILE}
-    ptx = hopper_ptx(triton_nvfp4._nvfp4_tile, SIGNATURE | {"x_ptr": dtype}, constexprs, triton_nvfp4.OPTIONS)
+    constexprs = {"BLOCK_HEIGHT": block_height, "COLUMNWISE": columnwise, "STOCHASTIC": stochastic, "TILE": nvfp4.TILE}
+    ptx = hopper_ptx(nvfp4._nvfp4_tile, SIGNATURE | {"x_ptr": dtype}, constexprs, nvfp4.OPTIONS)
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx  # the block scales round to nearest even, as the emulation's
     assert "div.rn.f32" in ptx  # the multipliers are IEEE reciprocals
     assert ".ftz" not in ptx and "fma" not in ptx  # subnormals kept, each rounding as written
@@ -60,21 +59,21 @@ def test_kernel_compiles_for_hopper_with_exact_arithmetic(dtype, block_height, s
         **dict.fromkeys(["rows", "cols", "stride_row", "stride_col"], "i32"),
     }
     amax_ptx = hopper_ptx(
-        triton_nvfp4._amax_tile,
+        nvfp4._amax_tile,
         amax_signature | dict.fromkeys(["TILE_ROWS", "TILE_COLS"], "constexpr"),
-        {"TILE_ROWS": triton_nvfp4.AMAX_TILE_ROWS, "TILE_COLS": triton_nvfp4.AMAX_TILE_COLS},
-        triton_nvfp4.OPTIONS,
+        {"TILE_ROWS": nvfp4.AMAX_TILE_ROWS, "TILE_COLS": nvfp4.AMAX_TILE_COLS},
+        nvfp4.OPTIONS,
     )
     assert ".ftz" not in amax_ptx
 
 
 def test_arguments_are_checked():
-    from lowprec import triton_nvfp4
+    from lowprec.kernels import nvfp4
 
     with pytest.raises(ValueError, match="2-D"):
-        triton_nvfp4.quantize_nvfp4(torch.zeros(2, 3, 16), 1, False)
+        nvfp4.quantize_nvfp4(torch.zeros(2, 3, 16), 1, False)
     with pytest.raises(ValueError, match="block height"):
-        triton_nvfp4.quantize_nvfp4(torch.zeros(32, 32), 32, False)
+        nvfp4.quantize_nvfp4(torch.zeros(32, 32), 32, False)
 
 
 @needs_fp8_gpu
@@ -82,7 +81,7 @@ def test_arguments_are_checked():
 @pytest.mark.parametrize("block_height", [1, 16])
 @pytest.mark.parametrize("stochastic", [False, True])
 def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(dtype, block_height, stochastic):
-    from lowprec import triton_nvfp4
+    from lowprec.kernels import nvfp4
 
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(1000, 777, generator=g) * torch.logspace(-6, 6, 777)).to(dtype)
@@ -95,7 +94,7 @@ def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(dtype, block_height, sto
     )
     keys = (stream.key(2, "rowwise"), stream.key(2, "columnwise")) if stochastic else None
     want = quantizer.quantize(x, transpose=True).tensors()
-    got = triton_nvfp4.quantize_nvfp4(x.cuda(), block_height, columnwise=True, keys=keys)
+    got = nvfp4.quantize_nvfp4(x.cuda(), block_height, columnwise=True, keys=keys)
     for part, expected in zip(got, want, strict=True):
         assert part.is_cuda and part.dtype == expected.dtype and part.shape == expected.shape
         assert torch.equal(part.cpu().reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8))

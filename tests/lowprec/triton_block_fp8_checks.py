@@ -8,7 +8,7 @@ process where ``TRITON_INTERPRET=1`` (set before Triton loads) makes it run on C
    the boundaries of the scale rules, zero blocks, NaN of any sign and payload (alone in a block too),
    infinities, fp32 subnormals, shapes not divisible by the block, strided views, fp32/bf16/fp16
    inputs, E4M3 and E5M2.
-2. ``BlockQuantizer`` uses the kernel where ``uses_fused_kernels`` holds (and only there, never for
+2. ``BlockQuantizer`` uses the kernel where ``kernels.runs_on`` holds (and only there, never for
    NVFP4), and a Linear trained under MXFP8 and under FP8 block scaling gives bit-identical results with it.
 """
 
@@ -26,10 +26,11 @@ from triton_cast_checks import bits, train  # noqa: E402  (this file's folder is
 from triton_strict import index_as_triton_36  # noqa: E402
 
 import lowprec  # noqa: E402
-from lowprec import quantization, triton_block_fp8  # noqa: E402
-from lowprec.block_quantization import BlockQuantizer, block_quantizers  # noqa: E402
-from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule, ScaleRule  # noqa: E402
-from lowprec.formats import E4M3, E5M2, FP8Format  # noqa: E402
+from lowprec import kernels  # noqa: E402
+from lowprec.formats.elements import E4M3, E5M2, FP8Format  # noqa: E402
+from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, ScaleRule  # noqa: E402
+from lowprec.kernels import block_fp8  # noqa: E402
+from lowprec.quant.block import BlockQuantizer, block_quantizers  # noqa: E402
 
 NAN_BITS = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0x7FFFFFFF, 0xFFFFFFFF]
 RULES = {  # name: (rule, block width)
@@ -120,7 +121,7 @@ def check_cases(failures: list[str]) -> int:
     for name, rule, block, x in cases():
         count += 1
         want = emulation(rule, block).quantize(x, transpose=True)
-        data, scales, data_t, scales_t = triton_block_fp8.quantize_block_fp8(x, rule, block, columnwise=True)
+        data, scales, data_t, scales_t = block_fp8.quantize_block_fp8(x, rule, block, columnwise=True)
         pairs = {
             "rowwise bytes": (data, want.rowwise.data),
             "rowwise scales": (scales, want.rowwise.scales),
@@ -138,8 +139,8 @@ def check_rowwise_only(failures: list[str]) -> None:
     g = torch.Generator().manual_seed(4)
     for rule, block in ((MXScaleRule(E4M3), (1, 32)), (Float8BlockScaleRule(E5M2), (128, 128))):
         x = special_case(g, block[1]).to(torch.bfloat16).t()
-        both = triton_block_fp8.quantize_block_fp8(x, rule, block, columnwise=True)
-        alone = triton_block_fp8.quantize_block_fp8(x, rule, block, columnwise=False)
+        both = block_fp8.quantize_block_fp8(x, rule, block, columnwise=True)
+        alone = block_fp8.quantize_block_fp8(x, rule, block, columnwise=False)
         if not (
             torch.equal(bits(alone[0]), bits(both[0]))
             and torch.equal(bits(alone[1]), bits(both[1]))
@@ -149,7 +150,7 @@ def check_rowwise_only(failures: list[str]) -> None:
 
 
 def check_wiring(failures: list[str]) -> None:
-    original_uses, original_kernel = quantization.uses_fused_kernels, triton_block_fp8.quantize_block_fp8
+    original_uses, original_kernel = kernels.runs_on, block_fp8.quantize_block_fp8
     calls: list[tuple[tuple[int, ...], tuple[int, int]]] = []
 
     def spy(x, rule, block, columnwise):
@@ -165,14 +166,14 @@ def check_wiring(failures: list[str]) -> None:
     }
     results = {}
     try:
-        triton_block_fp8.quantize_block_fp8 = spy
+        block_fp8.quantize_block_fp8 = spy
         for name, quantizer in quantizers.items():
-            quantization.uses_fused_kernels = lambda t: t.dim() == 2
+            kernels.runs_on = lambda t: t.dim() == 2
             fused = quantizer.quantize(x, transpose=True)
-            quantization.uses_fused_kernels = lambda t: False
+            kernels.runs_on = lambda t: False
             results[name] = fused, quantizer.quantize(x, transpose=True)
     finally:
-        triton_block_fp8.quantize_block_fp8, quantization.uses_fused_kernels = original_kernel, original_uses
+        block_fp8.quantize_block_fp8, kernels.runs_on = original_kernel, original_uses
     if calls != [((60, 40), (32, 32)), ((60, 40), (128, 128))]:
         failures.append(f"the kernel ran for {calls}, not once for each FP8 block cast (and never for NVFP4)")
     for name, (fused, plain) in results.items():
@@ -187,7 +188,7 @@ def check_wiring(failures: list[str]) -> None:
 
 
 def check_training(failures: list[str]) -> None:
-    original = quantization.uses_fused_kernels
+    original = kernels.runs_on
     try:
         for recipe in (lowprec.MXFP8BlockScaling(), lowprec.Float8BlockScaling(use_f32_scales=True)):
             fused, plain = train(True, recipe), train(False, recipe)
@@ -195,7 +196,7 @@ def check_training(failures: list[str]) -> None:
                 if not torch.equal(fused[key], plain[key]):
                     failures.append(f"{type(recipe).__name__} training: {key} differs")
     finally:
-        quantization.uses_fused_kernels = original
+        kernels.runs_on = original
 
 
 def main() -> None:

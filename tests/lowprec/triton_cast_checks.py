@@ -28,8 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for trit
 from triton_strict import index_as_triton_36  # noqa: E402
 
 import lowprec  # noqa: E402
-from lowprec import quantization, triton_cast, triton_scales  # noqa: E402
-from lowprec.formats import E4M3, E5M2  # noqa: E402
+from lowprec import kernels  # noqa: E402
+from lowprec.formats.elements import E4M3, E5M2  # noqa: E402
+from lowprec.formats.scales import scale_from_amax  # noqa: E402
+from lowprec.kernels import (
+    fp8_cast,  # noqa: E402
+    fp8_scales,  # noqa: E402
+)
+from lowprec.quant import per_tensor  # noqa: E402
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -67,7 +73,7 @@ def check_casts(failures: list[str]) -> int:
     for name, fmt, x, scale in value_cases():
         count += 1
         want = bits(fmt.cast(x.float() * scale))
-        data, data_t, partials = triton_cast.cast_fp8(x, scale, fmt, transpose=True, record_amax=True)
+        data, data_t, partials = fp8_cast.cast_fp8(x, scale, fmt, transpose=True, record_amax=True)
         amax = partials.amax()
         if not torch.equal(bits(data), want):
             wrong = (bits(data) != want).nonzero()[:3].tolist()
@@ -76,10 +82,10 @@ def check_casts(failures: list[str]) -> int:
             failures.append(f"{name}: transposed bytes differ")
         if not same_amax(amax, x.float().abs().amax()):
             failures.append(f"{name}: amax {amax.item()} != {x.float().abs().amax().item()}")
-        alone, none_t, no_partials = triton_cast.cast_fp8(x, scale, fmt, transpose=False)
+        alone, none_t, no_partials = fp8_cast.cast_fp8(x, scale, fmt, transpose=False)
         if not torch.equal(bits(alone), want) or none_t is not None or no_partials is not None:
             failures.append(f"{name}: cast without transpose and amax differs")
-    data, data_t, partials = triton_cast.cast_fp8(torch.zeros(0, 5), torch.tensor(1.0), E4M3, True, True)
+    data, data_t, partials = fp8_cast.cast_fp8(torch.zeros(0, 5), torch.tensor(1.0), E4M3, True, True)
     if data.shape != (0, 5) or data_t.shape != (5, 0) or partials.amax().item() != 0.0:
         failures.append("empty tensor")
     return count
@@ -98,16 +104,16 @@ def check_nan_bytes(failures: list[str]) -> None:
         nans = torch.tensor(nan_bits, dtype=torch.int64).to(int_dtype).view(dtype)
         x = torch.cat([nans, torch.tensor([1.0, -2.0], dtype=dtype)]).reshape(2, 4)
         for fmt in (E4M3, E5M2):
-            data, data_t, _ = triton_cast.cast_fp8(x, torch.tensor(3.0), fmt, transpose=True)
+            data, data_t, _ = fp8_cast.cast_fp8(x, torch.tensor(3.0), fmt, transpose=True)
             for name, got, nan_at in (("bytes", data, x.isnan()), ("transposed bytes", data_t, x.isnan().t())):
                 if bits(got)[nan_at].unique().tolist() != [0x7F] or bits(got)[~nan_at].eq(0x7F).any():
                     failures.append(f"NaN {dtype} {fmt.name}: {name} {bits(got).tolist()}")
 
 
 def check_amax(failures: list[str]) -> None:
-    triton_cast.AMAX_PROGRAMS = 3  # several rounds of the loop with small tensors
+    fp8_cast.AMAX_PROGRAMS = 3  # several rounds of the loop with small tensors
     g = torch.Generator().manual_seed(1)
-    n = triton_cast.AMAX_BLOCK * 7 + 5
+    n = fp8_cast.AMAX_BLOCK * 7 + 5
     for name, x in [
         ("random", torch.randn(n, generator=g)),
         ("bf16 2-D", torch.randn(n // 3, 3, generator=g).to(torch.bfloat16)),
@@ -116,7 +122,7 @@ def check_amax(failures: list[str]) -> None:
         ("non-contiguous", torch.randn(300, 200, generator=g).t()),
         ("one element", torch.tensor([-3.5])),
     ] + [(f"NaN at {i}", torch.randn(n, generator=g).index_fill_(0, torch.tensor([i]), math.nan)) for i in (0, 4096, n - 1)]:
-        got, want = triton_cast.amax_of(x), x.float().abs().amax()
+        got, want = fp8_cast.amax_of(x), x.float().abs().amax()
         if not same_amax(got, want):
             failures.append(f"amax {name}: {got.item()} != {want.item()}")
 
@@ -133,20 +139,18 @@ def check_scales(failures: list[str]) -> None:
     }
     for name, x in tensors.items():
         for fmt, margin in ((E4M3, 0), (E5M2, 3)):
-            scale, scale_inv = triton_scales.current_scaling(x, fmt, margin)
-            want = quantization.scale_from_amax(x.abs().amax(), fmt, margin)
+            scale, scale_inv = fp8_scales.current_scaling(x, fmt, margin)
+            want = scale_from_amax(x.abs().amax(), fmt, margin)
             if not (torch.equal(scale, want) and torch.equal(scale_inv, want.reciprocal())):
                 failures.append(f"current scale {name} {fmt.name}: {scale.item()}, {scale_inv.item()} != {want.item()}")
     amaxes = [3.0, 0.0, 250.0, math.nan, 1e-3, math.inf, 7.5, 1e-44, 2.0]
     for length, algo, margin in ((1, "max", 0), (5, "max", 1), (4, "most_recent", 0), (1024, "max", 2)):
         recipe = lowprec.DelayedScaling(amax_history_len=length, amax_compute_algo=algo, margin=margin)
-        reference = quantization.DelayedScalingQuantizer(E4M3, recipe)
+        reference = per_tensor.DelayedScalingQuantizer(E4M3, recipe)
         history, scale = reference.amax_history.clone(), reference.scale.clone()
         for amax in amaxes:
             partials = torch.tensor([amax / 2, amax, 0.0])
-            history, scale, scale_inv = triton_scales.delayed_scaling_update(
-                partials, history, scale, E4M3, margin, algo == "max"
-            )
+            history, scale, scale_inv = fp8_scales.delayed_scaling_update(partials, history, scale, E4M3, margin, algo == "max")
             reference.record_amax(torch.tensor(amax))
             same = torch.equal(history.nan_to_num(-1), reference.amax_history.nan_to_num(-1))
             if not (same and torch.equal(scale, reference.scale) and torch.equal(scale_inv, reference.scale_inv)):
@@ -158,7 +162,7 @@ def check_scales(failures: list[str]) -> None:
 
 def train(fused: bool, recipe) -> dict[str, torch.Tensor]:
     """Three steps of a Linear (two micro-batches each) on the CPU, the kernels standing in for CUDA's."""
-    quantization.uses_fused_kernels = (lambda t: t.dim() == 2) if fused else (lambda t: False)
+    kernels.runs_on = (lambda t: t.dim() == 2) if fused else (lambda t: False)
     torch.manual_seed(0)
     layer = lowprec.Linear(48, 40, name="fc")
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
@@ -180,15 +184,15 @@ def train(fused: bool, recipe) -> dict[str, torch.Tensor]:
 
 
 def check_training(failures: list[str]) -> None:
-    original = quantization.uses_fused_kernels
+    original = kernels.runs_on
     try:
         for recipe in (lowprec.DelayedScaling(amax_history_len=4), lowprec.Float8CurrentScaling()):
             fused, plain = train(True, recipe), train(False, recipe)
             for key in plain:
                 if not torch.equal(fused[key], plain[key]):
                     failures.append(f"training {type(recipe).__name__}: {key} differs")
-        quantization.uses_fused_kernels = lambda t: t.dim() == 2
-        cast = quantization.CurrentScalingQuantizer(E5M2).quantize(torch.randn(20, 36), transpose=True)
+        kernels.runs_on = lambda t: t.dim() == 2
+        cast = per_tensor.CurrentScalingQuantizer(E5M2).quantize(torch.randn(20, 36), transpose=True)
         if (
             cast.other_layout is None
             or not torch.equal(bits(cast.column_major()), bits(cast.data))
@@ -196,12 +200,12 @@ def check_training(failures: list[str]) -> None:
         ):
             failures.append("the fused cast's other layout is not used as the column-major operand")
     finally:
-        quantization.uses_fused_kernels = original
+        kernels.runs_on = original
 
 
 def check_scaled_mm_layouts(failures: list[str]) -> None:
     from lowprec import gemm
-    from lowprec.quantization import Float8Tensor
+    from lowprec.quant.protocol import Float8Tensor
 
     copies: list[str] = []
     original = {name: getattr(Float8Tensor, name) for name in ("row_major", "column_major")}
@@ -216,7 +220,7 @@ def check_scaled_mm_layouts(failures: list[str]) -> None:
 
         return layout
 
-    patches = [(quantization, "uses_fused_kernels", lambda t: t.dim() == 2), (gemm, "scaled_mm_unsupported", lambda a, b: None)]
+    patches = [(kernels, "runs_on", lambda t: t.dim() == 2), (gemm, "scaled_mm_unsupported", lambda a, b: None)]
     patches += [(Float8Tensor, name, watching(name)) for name in original]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     calls = []

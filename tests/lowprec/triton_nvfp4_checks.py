@@ -13,7 +13,7 @@
    the emulation's 4-D noise is ``uniform`` over the padded 2-D shape in row-major order; the kernel's
    noise equals ``uniform``'s formula at element indices beyond 2**32 too.
 3. The rowwise-only cast equals the rowwise part of the rowwise + columnwise one; the amax pass ignores NaN.
-4. ``BlockQuantizer`` casts every NVFP4 tensor with the kernel where ``uses_fused_kernels`` holds (the
+4. ``BlockQuantizer`` casts every NVFP4 tensor with the kernel where ``kernels.runs_on`` holds (the
    Hadamard-transformed columnwise copy from a second launch), bit-identical to the torch path, and a
    Linear trained under NVFP4BlockScaling gives bit-identical results with it.
 """
@@ -36,12 +36,16 @@ from triton_cast_checks import train  # noqa: E402  (this file's folder is on th
 from triton_strict import index_as_triton_36  # noqa: E402
 
 import lowprec  # noqa: E402
-from lowprec import quantization, triton_nvfp4  # noqa: E402
-from lowprec.block_quantization import BlockQuantizer, block_quantizers  # noqa: E402
-from lowprec.block_scales import NVFP4ScaleRule  # noqa: E402
-from lowprec.formats import E4M3  # noqa: E402
-from lowprec.fp4 import E2M1, MAGNITUDES  # noqa: E402
-from lowprec.seeding import MASK32, NOISE_BITS, RoundingStream, hash32, uniform  # noqa: E402
+from lowprec import kernels  # noqa: E402
+from lowprec.formats.elements import (  # noqa: E402
+    E2M1,
+    E4M3,  # noqa: E402
+    MAGNITUDES,
+)
+from lowprec.formats.noise import MASK32, NOISE_BITS, RoundingStream, hash32, uniform  # noqa: E402
+from lowprec.formats.scales import NVFP4ScaleRule  # noqa: E402
+from lowprec.kernels import nvfp4  # noqa: E402
+from lowprec.quant.block import BlockQuantizer, block_quantizers  # noqa: E402
 
 NAN_BITS = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0x7FFFFFFF, 0xFFFFFFFF]
 FP32_MAX = torch.finfo(torch.float32).max
@@ -193,7 +197,7 @@ def check_cases(failures: list[str]) -> int:
         for height in (1, 16):
             count += 1
             want = reference(x, height)
-            compare(f"{name}, {height} x 16", triton_nvfp4.quantize_nvfp4(x, height, columnwise=True), want, failures)
+            compare(f"{name}, {height} x 16", nvfp4.quantize_nvfp4(x, height, columnwise=True), want, failures)
     return count
 
 
@@ -217,9 +221,9 @@ def check_stochastic(failures: list[str]) -> int:
         for height in (1, 16):
             count += 1
             want = emulation(height, stream, offset).quantize(x, transpose=True).tensors()
-            got = triton_nvfp4.quantize_nvfp4(x, height, columnwise=True, keys=keys)
+            got = nvfp4.quantize_nvfp4(x, height, columnwise=True, keys=keys)
             compare(f"stochastic {name}, {height} x 16, offset {offset}", got, want, failures)
-            nearest = triton_nvfp4.quantize_nvfp4(x, height, columnwise=True)
+            nearest = nvfp4.quantize_nvfp4(x, height, columnwise=True)
             if x.numel() > 100 and torch.equal(nearest[0], got[0]):
                 failures.append(f"stochastic {name}: rounds as round to nearest does")
     if key_halves != {False, True}:
@@ -247,7 +251,7 @@ def exact_sum_case(key: int) -> torch.Tensor:
 def _noise_kernel(index_ptr, out_ptr, key_lo, key_hi, n, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)
     index = tl.load(index_ptr + offsets, mask=offsets < n, other=0)
-    tl.store(out_ptr + offsets, triton_nvfp4._uniform(index, key_lo.to(tl.uint32), key_hi.to(tl.uint32)), mask=offsets < n)
+    tl.store(out_ptr + offsets, nvfp4._uniform(index, key_lo.to(tl.uint32), key_hi.to(tl.uint32)), mask=offsets < n)
 
 
 def check_noise(failures: list[str]) -> None:
@@ -277,7 +281,7 @@ def check_amax(failures: list[str]) -> None:
         torch.randn(130, 3, generator=g),
     ):
         want = torch.where(x.isnan(), 0.0, x.float().abs()).amax()
-        got = triton_nvfp4.tensor_amax(x)
+        got = nvfp4.tensor_amax(x)
         if got.shape != () or got.dtype != torch.float32 or not torch.equal(bits(got), bits(want)):
             failures.append(f"tensor_amax {got} != {want} for shape {tuple(x.shape)}")
 
@@ -291,8 +295,8 @@ def check_rowwise_only(failures: list[str]) -> None:
         (1, special_case(g), (stream.key(0, "rowwise"), stream.key(0, "columnwise"))),
         (16, special_case(g)[3:], (stream.key(1, "rowwise"), stream.key(1, "columnwise"))),
     ):
-        both = triton_nvfp4.quantize_nvfp4(x, height, columnwise=True, keys=keys)
-        alone = triton_nvfp4.quantize_nvfp4(x, height, columnwise=False, keys=keys)
+        both = nvfp4.quantize_nvfp4(x, height, columnwise=True, keys=keys)
+        alone = nvfp4.quantize_nvfp4(x, height, columnwise=False, keys=keys)
         if not (
             all(torch.equal(bits(a), bits(b)) for a, b in zip(alone[:3], both[:3], strict=True)) and alone[3:] == (None,) * 3
         ):
@@ -301,8 +305,8 @@ def check_rowwise_only(failures: list[str]) -> None:
 
 def check_wiring(failures: list[str]) -> None:
     """``BlockQuantizer`` of each NVFP4 tensor (Hadamard transform, 16 x 16 blocks, stochastic rounding) casts
-    with the kernel where ``uses_fused_kernels`` holds, the same bits and offsets as the torch path."""
-    original_uses, original_kernel = quantization.uses_fused_kernels, triton_nvfp4.quantize_nvfp4
+    with the kernel where ``kernels.runs_on`` holds, the same bits and offsets as the torch path."""
+    original_uses, original_kernel = kernels.runs_on, nvfp4.quantize_nvfp4
     calls: list[tuple[tuple[int, ...], int, bool, bool]] = []
 
     def spy(x, block_height, columnwise, keys=None):
@@ -312,13 +316,13 @@ def check_wiring(failures: list[str]) -> None:
     x = torch.randn(3, 20, 40, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     results = {}
     try:
-        triton_nvfp4.quantize_nvfp4 = spy
+        nvfp4.quantize_nvfp4 = spy
         for fused in (True, False):
-            quantization.uses_fused_kernels = (lambda t: t.dim() == 2) if fused else (lambda t: False)
+            kernels.runs_on = (lambda t: t.dim() == 2) if fused else (lambda t: False)
             quantizers = block_quantizers(lowprec.NVFP4BlockScaling(seed=7), "fc")
             results[fused] = {name: [q.quantize(x, transpose=True), q.quantize(x)] for name, q in quantizers.items()}
     finally:
-        triton_nvfp4.quantize_nvfp4, quantization.uses_fused_kernels = original_kernel, original_uses
+        nvfp4.quantize_nvfp4, kernels.runs_on = original_kernel, original_uses
     want_calls = [  # activation: rowwise, then its transformed transpose; weight: 16 x 16, both at once; gradient: noise
         ((60, 40), 1, False, False), ((40, 64), 1, False, False), ((60, 40), 1, False, False),
         ((60, 40), 16, True, False), ((60, 40), 16, False, False),
@@ -337,12 +341,12 @@ def check_wiring(failures: list[str]) -> None:
 
 
 def check_training(failures: list[str]) -> None:
-    original = quantization.uses_fused_kernels
+    original = kernels.runs_on
     try:
         recipe = lowprec.NVFP4BlockScaling(seed=2)
         fused, plain = train(True, recipe), train(False, recipe)
     finally:
-        quantization.uses_fused_kernels = original
+        kernels.runs_on = original
     for key in plain:
         if not torch.equal(fused[key], plain[key]):
             failures.append(f"NVFP4 training: {key} differs")

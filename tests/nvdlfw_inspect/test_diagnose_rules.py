@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from lowprec.debug import names
-from lowprec.formats import E4M3, E5M2
+from lowprec.formats.elements import E4M3, E5M2
 from nvdlfw_inspect.diagnose import Thresholds, diagnose, diagnose_statistics
 from nvdlfw_inspect.diagnose.config import layer_features, to_yaml
 from nvdlfw_inspect.diagnose.remedies import TENSOR_GEMMS, Remedy

@@ -15,14 +15,14 @@ import torch.nn.functional as F
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import active_recipe
-from lowprec.block_quantization import block_quantizers
 from lowprec.debug.layer_state import DebugLayerState
 from lowprec.debug.quantizer import DebugProcessing
 from lowprec.modules.linear_function import LinearFunction, PlainProcessing, Processing
 from lowprec.modules.recompute import ForwardHistory, in_backward, replay_quantizers
-from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer
+from lowprec.quant.block import block_quantizers
+from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer
+from lowprec.quant.weight_cache import WeightCache
 from lowprec.recipe import BLOCK_RECIPES, DelayedScaling, Recipe
-from lowprec.weight_cache import WeightCache
 
 
 @torch._disable_dynamo  # torch.compiler.disable, but importing torch._dynamo (1.3 s) only when first called

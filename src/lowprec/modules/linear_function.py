@@ -11,10 +11,10 @@ from typing import Any, Protocol
 
 import torch
 
-from lowprec.block_tensor import BlockScaledTensor
 from lowprec.gemm import Operand, gemm
-from lowprec.quantization import Float8Tensor, Quantizer
-from lowprec.weight_cache import WeightCache
+from lowprec.quant.per_tensor import Quantizer
+from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
+from lowprec.quant.weight_cache import WeightCache
 
 
 class Processing(Protocol):

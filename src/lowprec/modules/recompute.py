@@ -22,10 +22,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lowprec.block_quantization import BlockQuantizer
 from lowprec.debug.plan import LayerPlan
 from lowprec.modules.linear_function import CastState
-from lowprec.quantization import DelayedScalingQuantizer, FixedScaleQuantizer, Quantizer
+from lowprec.quant.block import BlockQuantizer
+from lowprec.quant.per_tensor import DelayedScalingQuantizer, FixedScaleQuantizer, Quantizer
 from lowprec.recipe import Recipe
 
 

@@ -13,10 +13,9 @@ from test_log_fp8_tensor_stats import Collect, block_ref, fp8_config, mxfp8_ref,
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
-from lowprec.block_quantization import block_quantizers
 from lowprec.debug.features.log_fp8_tensor_stats import own_quantization
-from lowprec.formats import E4M3, E5M2, FP8Format
-from lowprec.fp4 import MAGNITUDES
+from lowprec.formats.elements import E4M3, E5M2, MAGNITUDES, FP8Format
+from lowprec.quant.block import block_quantizers
 from nvdlfw_inspect.errors import ConfigError
 
 E2M1_GRID = torch.tensor(MAGNITUDES, dtype=torch.float64)

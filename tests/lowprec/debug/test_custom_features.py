@@ -16,7 +16,7 @@ import nvdlfw_inspect.api as debug_api
 FEATURES = """
 import torch
 from lowprec.debug.features.api import TEConfigAPIMapper
-from lowprec.quantization import Float8Tensor
+from lowprec.quant.protocol import Float8Tensor
 from nvdlfw_inspect.registry import Registry, api_method
 
 SEEN = []

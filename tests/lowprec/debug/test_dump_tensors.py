@@ -13,8 +13,8 @@ from test_block_debug_features import mx_fake
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
-from lowprec.formats import E4M3
-from lowprec.quantization import CurrentScalingQuantizer
+from lowprec.formats.elements import E4M3
+from lowprec.quant.per_tensor import CurrentScalingQuantizer
 from nvdlfw_inspect.errors import ConfigError
 
 X, DY = torch.randn(16, 64), torch.randn(16, 48)

@@ -11,7 +11,7 @@ from debugrun import CURRENT, make_linear, section, start, train_step
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
-from lowprec.formats import E4M3, E5M2, FP8Format
+from lowprec.formats.elements import E4M3, E5M2, FP8Format
 from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.logging import BaseLogger
 

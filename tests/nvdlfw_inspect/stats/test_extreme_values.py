@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lowprec.formats import E4M3
-from lowprec.quantization import quantize_with_scale
+from lowprec.formats.elements import E4M3
+from lowprec.quant.per_tensor import quantize_with_scale
 from nvdlfw_inspect.stats import kernels
 from nvdlfw_inspect.stats.derive import derive_stats, supported_stats
 from nvdlfw_inspect.stats.partials import empty_partials

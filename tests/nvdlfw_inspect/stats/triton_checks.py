@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for stat
 from statref import reference_stats  # noqa: E402
 from triton_strict import index_as_triton_36  # noqa: E402
 
-from lowprec.formats import E4M3, E5M2  # noqa: E402
-from lowprec.quantization import quantize_with_scale  # noqa: E402
+from lowprec.formats.elements import E4M3, E5M2  # noqa: E402
+from lowprec.quant.per_tensor import quantize_with_scale  # noqa: E402
 from nvdlfw_inspect.stats import kernels  # noqa: E402
 from nvdlfw_inspect.stats.derive import derive_stats, supported_stats  # noqa: E402
 from nvdlfw_inspect.stats.partials import FIELDS, INDEX, empty_partials  # noqa: E402

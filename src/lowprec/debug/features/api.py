@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from lowprec.debug.names import GEMMS, TENSORS
-from lowprec.quantization import Float8Tensor
+from lowprec.quant.protocol import Float8Tensor
 from nvdlfw_inspect.base import BaseConfigAPIMapper, BaseNamespaceAPI
 from nvdlfw_inspect.debug_features.generic_feature_api import ItemLocation, check_keys, tensor_views
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector

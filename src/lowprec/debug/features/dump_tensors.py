@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.block_tensor import BlockScaledData, BlockScaledTensor
 from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.features.log_tensor_stats import schedule
-from lowprec.quantization import Float8Tensor
+from lowprec.quant.protocol import BlockScaledData, BlockScaledTensor, Float8Tensor
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_window
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.logging import get_logger

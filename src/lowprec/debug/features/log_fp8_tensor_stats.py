@@ -17,15 +17,14 @@ from typing import Any
 
 import torch
 
-from lowprec.block_quantization import BlockQuantizer
-from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
-from lowprec.block_scaling import block_scaling_quantizer, mxfp8_quantizer
-from lowprec.block_tensor import BlockScaledTensor
-from lowprec.debug.features.block_scale_stats import SCALE_STATS, feed_scale_stats
+from lowprec.debug.block_scale_stats import SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
-from lowprec.debug.features.quantized_stats import Quantized, from_block, per_tensor, quantization_fields
-from lowprec.formats import E4M3, E5M2, FP8Format
-from lowprec.quantization import CurrentScalingQuantizer, DelayedScalingQuantizer, Float8Tensor, Quantizer
+from lowprec.debug.quantized_stats import Quantized, from_block, per_tensor, quantization_fields
+from lowprec.formats.elements import E4M3, E5M2, FP8Format
+from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
+from lowprec.quant.block import BlockQuantizer, block_scaling_quantizer, mxfp8_quantizer
+from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer
+from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
 from lowprec.recipe import DelayedScaling
 from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_key
 from nvdlfw_inspect.errors import ConfigLocation

@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from lowprec.block_quantization import BlockQuantizer, block_quantizers
-from lowprec.debug.features.block_scale_stats import SCALE_STATS, feed_scale_stats
+from lowprec.debug.block_scale_stats import SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_fp8_tensor_stats import NVFP4, own_quantization, recipe_of
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
-from lowprec.debug.features.quantized_stats import Quantized, from_block, quantization_fields
-from lowprec.quantization import Float8Tensor
+from lowprec.debug.quantized_stats import Quantized, from_block, quantization_fields
+from lowprec.quant.block import BlockQuantizer, block_quantizers
+from lowprec.quant.protocol import Float8Tensor
 from lowprec.recipe import NVFP4BlockScaling
 from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_key
 from nvdlfw_inspect.errors import ConfigLocation

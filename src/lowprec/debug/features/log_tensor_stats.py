@@ -16,7 +16,7 @@ import torch
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.schedule import next_enabled_iter
-from lowprec.quantization import Float8Tensor
+from lowprec.quant.protocol import Float8Tensor
 from nvdlfw_inspect.debug_features.generic_feature_api import PerConfig
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, stats_list, validate_window, window_key
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector

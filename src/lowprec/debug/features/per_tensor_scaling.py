@@ -6,8 +6,9 @@ import torch
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import ModifiesSelectedTensors
-from lowprec.formats import E4M3, E5M2
-from lowprec.quantization import CurrentScalingQuantizer, Float8Tensor, Quantizer
+from lowprec.formats.elements import E4M3, E5M2
+from lowprec.quant.per_tensor import CurrentScalingQuantizer, Quantizer
+from lowprec.quant.protocol import Float8Tensor
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 

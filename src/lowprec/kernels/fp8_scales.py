@@ -1,7 +1,7 @@
 """Scales of FP8 casts computed on the GPU by one tiny Triton kernel each, from the amax partials that
-``triton_cast`` writes: current scaling's scale, and delayed scaling's amax history and next scale.
+``kernels.fp8_cast`` writes: current scaling's scale, and delayed scaling's amax history and next scale.
 
-Every rounding follows ``quantization.scale_from_amax`` as torch performs it (``fp8_max / amax`` is
+Every rounding follows ``formats.scales.scale_from_amax`` as torch performs it (``fp8_max / amax`` is
 ``reciprocal(amax) * fp8_max`` there), with correctly rounded divisions, so the scales equal the CPU
 emulation's bit for bit.
 """
@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lowprec.formats import FP8Format
-from lowprec.triton_cast import OPTIONS, _nan_aware_max, amax_partials
+from lowprec.formats.elements import FP8Format
+from lowprec.kernels.fp8_cast import OPTIONS, _nan_aware_max, amax_partials
 
 PARTIALS_BLOCK = 1024
 FP32_MAX = tl.constexpr(torch.finfo(torch.float32).max)
@@ -23,7 +23,7 @@ FP32_MAX = tl.constexpr(torch.finfo(torch.float32).max)
 def _max_of_partials(partials_ptr, n, BLOCK: tl.constexpr):
     running = tl.zeros((BLOCK,), dtype=tl.float32)
     start = 0
-    while start < n:  # not ``for``: see ``triton_cast``'s docstring
+    while start < n:  # not ``for``: see ``kernels.fp8_cast``'s docstring
         offsets = start + tl.arange(0, BLOCK)
         value = tl.load(partials_ptr + offsets, mask=offsets < n, other=0.0)
         running = tl.where((value > running) | (value != value), value, running)
@@ -33,7 +33,7 @@ def _max_of_partials(partials_ptr, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _scale_from_amax(reference, fallback, FP8_MAX: tl.constexpr, MARGIN_FACTOR: tl.constexpr):
-    """``quantization.scale_from_amax`` step by step, each rounding as torch does it there:
+    """``formats.scales.scale_from_amax`` step by step, each rounding as torch does it there:
     ``fp8_max / amax`` is ``reciprocal(amax) * fp8_max`` in torch, then ``/ 2**margin``."""
     usable = (reference == reference) & (reference < float("inf")) & (reference > 0.0)
     scale = tl.math.div_rn(1.0, tl.where(usable, reference, 1.0)) * FP8_MAX

@@ -29,11 +29,20 @@ from dataclasses import dataclass
 
 import torch
 
-from lowprec.formats import E4M3, FP8Format
-from lowprec.fp4 import E2M1
+from lowprec.formats.elements import E2M1, E4M3, FP8Format
 
 FP32_MAX = torch.finfo(torch.float32).max
 E8M0_BIAS = 127
+
+
+def scale_from_amax(amax: torch.Tensor, fmt: FP8Format, margin: int = 0, fallback: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """``fp8_max / amax / 2**margin`` in fp32, fp32 max if that overflows; ``fallback`` where amax is
+    0 or not finite."""
+    amax = amax.float()
+    usable = torch.isfinite(amax) & (amax > 0)
+    scale = fmt.max / torch.where(usable, amax, 1.0) / (2.0**margin)
+    scale = torch.where(torch.isinf(scale), FP32_MAX, scale)
+    return torch.where(usable, scale, fallback)
 
 
 @dataclass

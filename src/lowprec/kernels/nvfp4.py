@@ -10,13 +10,13 @@ Codes and scales equal ``BlockQuantizer``'s bit for bit. The amax pass writes on
 the encode and decode scales follow from it with ``NVFP4ScaleRule.scales``'s torch arithmetic. Each
 program of the cast holds one tile, whole 16-element blocks of both orientations; elements beyond the
 tensor read as zeros (the emulation's padding, which 16 x 16 blocks store). As in ``block_scales``: a
-block's scale is ``e4m3(amax * (S_enc * fp32(1/6)))`` (``triton_cast.fp8_bytes``: round to nearest even,
+block's scale is ``e4m3(amax * (S_enc * fp32(1/6)))`` (``fp8_cast.fp8_bytes``: round to nearest even,
 saturated at 448, a block holding NaN gets the byte 0x7F), its values are multiplied by the IEEE
 reciprocal of ``scale * S_dec`` (fp32 max if that overflows; NaN for a NaN scale, so the whole block
 becomes code 0). E2M1 codes (one per ``uint8``, bit 3 the sign) round to nearest even, or
 stochastically: ``floor(units + noise)`` is computed exactly in fp32 as ``whole + (frac >= 1 - noise)``
 (``units`` is below 4, so ``whole`` and ``frac`` are exact, and ``1 - noise`` is exact for noise a multiple
-of 2**-24), with ``seeding.uniform``'s counter-based hash of the element's row-major index in that
+of 2**-24), with ``noise.uniform``'s counter-based hash of the element's row-major index in that
 orientation's padded shape, in uint32 arithmetic (wrapping as the torch version's ``& MASK32`` does).
 With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors.
 """
@@ -27,11 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from lowprec.block_scales import FP32_MAX
-from lowprec.formats import E4M3
-from lowprec.fp4 import E2M1
-from lowprec.seeding import HASH_MULTIPLIERS, MASK32, NOISE_BITS
-from lowprec.triton_cast import OPTIONS, fp8_bytes, load_tile
+from lowprec.formats.elements import E2M1, E4M3
+from lowprec.formats.noise import HASH_MULTIPLIERS, MASK32, NOISE_BITS
+from lowprec.formats.scales import FP32_MAX
+from lowprec.kernels.fp8_cast import OPTIONS, fp8_bytes, load_tile
 from nvdlfw_inspect.stats.triton_partials import round_to_grid
 
 NVFP4_BLOCK = 16  # elements per block along the GEMM's inner dimension
@@ -47,7 +46,7 @@ LOW_MASK = tl.constexpr(MASK32)
 
 @triton.jit
 def _hash32(x):
-    """``seeding.hash32`` of uint32 ``x``: uint32 products wrap, shifts are logical."""
+    """``noise.hash32`` of uint32 ``x``: uint32 products wrap, shifts are logical."""
     x = x ^ (x >> 16)
     x = x * tl.full(x.shape, HASH_MULTIPLIER_0, tl.uint32)
     x = x ^ (x >> 16)
@@ -57,7 +56,7 @@ def _hash32(x):
 
 @triton.jit
 def _uniform(index, key_lo, key_hi):
-    """``seeding.uniform``'s noise of int64 element ``index`` under the key whose 32-bit halves are the
+    """``noise.uniform``'s noise of int64 element ``index`` under the key whose 32-bit halves are the
     uint32 ``key_lo`` and ``key_hi``: fp32 multiples of 2**-24 in [0, 1)."""
     index_lo = (index & LOW_MASK).to(tl.uint32)
     index_hi = (index >> 32).to(tl.uint32)

@@ -6,24 +6,35 @@ columnwise one too (the operand of the GEMM that reads the tensor transposed), e
 high-precision values. For ``y = x W^T``: fprop reads x and W rowwise (blocks along K), dgrad
 ``dy W`` reads dy rowwise and W columnwise (blocks along N), wgrad ``dy^T x`` reads dy and x
 columnwise (blocks along the tokens). Casts are emulated with torch operations on the tensor's device or,
-on CUDA GPUs, run as fused Triton kernels (``triton_block_fp8``, ``triton_nvfp4``); either way the stored
-values and scales are bit for bit those the format defines (``block_scales.py``), the same on every device.
+on CUDA GPUs, run as fused Triton kernels (``kernels.block_fp8``, ``kernels.nvfp4``); either way the stored
+values and scales are bit for bit those the format defines (``formats/scales.py``), the same on every device.
+
+What-if quantization for statistics (``mxfp8_quantize``, ``block_scaling_quantize``):
+- MXFP8: blocks of 32 consecutive elements of a row (of a column for the columnwise copy), each with
+  an E8M0 scale byte ``e`` (the block's values are ``data * 2**(e-127)``), ``e = 127 +
+  ceil(log2(amax * fp32(1/fp8_max)))`` (``MXFP8BlockScaling``'s rule, ``formats/scales.py``).
+- FP8 block scaling: 128 x 128 tiles, each with an fp32 power-of-two scale
+  ``2**floor(log2(fp8_max / amax))`` (``Float8BlockScaling``'s weight rule).
+
+Both pad the tensor with zeros to whole blocks; zeros quantize to zero, so padding changes no
+statistic of the values. Block amaxes ignore NaN, as in training.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from lowprec import hadamard
-from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ScaleRule
-from lowprec.block_tensor import BlockLayout, BlockScaledData, BlockScaledTensor, ElementFormat
-from lowprec.formats import FP8Format
-from lowprec.fp4 import E2M1, FP4Format
+from lowprec import kernels
+from lowprec.formats import hadamard
+from lowprec.formats.elements import E2M1, ElementFormat, FP4Format, FP8Format
+from lowprec.formats.noise import RoundingStream
+from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ScaleRule
+from lowprec.quant.protocol import BlockLayout, BlockScaledData, BlockScaledTensor
 from lowprec.recipe import BlockRecipe, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
-from lowprec.seeding import RoundingStream
 
 MX_BLOCK, FLOAT8_BLOCK, NVFP4_BLOCK = 32, 128, 16
 
@@ -84,26 +95,24 @@ class BlockQuantizer:
         return BlockQuantizer(self.rule, self.element, self.block, self.format, self.hadamard_seed, self.rounding, fixed)
 
     def _uses_kernel(self, x: torch.Tensor) -> bool:
-        """Whether a fused Triton kernel casts ``x``: ``triton_nvfp4``'s for NVFP4, ``triton_block_fp8``'s for
-        MXFP8 and FP8 block scaling in blocks it handles, on a device where ``uses_fused_kernels`` holds
-        (imported here: ``quantization`` imports this module, and the kernels need Triton)."""
-        from lowprec import quantization
-
-        if not quantization.uses_fused_kernels(x):
+        """Whether a fused Triton kernel casts ``x``: ``kernels.nvfp4``'s for NVFP4, ``kernels.block_fp8``'s for
+        MXFP8 and FP8 block scaling in blocks it handles, on a device where ``kernels.runs_on`` holds
+        (the kernel modules are imported only here: they need Triton)."""
+        if not kernels.runs_on(x):
             return False
         if isinstance(self.rule, NVFP4ScaleRule):
             return self.block[1] == NVFP4_BLOCK and self.block[0] in (1, NVFP4_BLOCK)
-        from lowprec import triton_block_fp8
+        from lowprec.kernels import block_fp8
 
-        return self.hadamard_seed is None and triton_block_fp8.supports(self.rule, self.block)
+        return self.hadamard_seed is None and block_fp8.supports(self.rule, self.block)
 
     def _quantize_fused(self, x: torch.Tensor, transpose: bool, dtype: torch.dtype, offset: int | None) -> BlockScaledTensor:
         if isinstance(self.rule, NVFP4ScaleRule):
             rowwise, columnwise = self._nvfp4_kernel(x, transpose, offset)
             return BlockScaledTensor(rowwise, columnwise, self.format, dtype, offset)
-        from lowprec import triton_block_fp8
+        from lowprec.kernels import block_fp8
 
-        data, scales, data_t, scales_t = triton_block_fp8.quantize_block_fp8(x, self.rule, self.block, transpose)
+        data, scales, data_t, scales_t = block_fp8.quantize_block_fp8(x, self.rule, self.block, transpose)
         rowwise = BlockScaledData(data, scales, None, BlockLayout(self.element, self.block, tuple(x.shape)))
         columnwise = None
         if transpose:
@@ -115,18 +124,18 @@ class BlockQuantizer:
     ) -> tuple[BlockScaledData, BlockScaledData | None]:
         """Both orientations from one kernel, or, when the columnwise one goes through the Hadamard transform,
         the rowwise one from the kernel and the columnwise one from a second launch on the transformed transpose."""
-        from lowprec import triton_nvfp4
+        from lowprec.kernels import nvfp4
 
         keys = None if offset is None else (self.rounding.key(offset, "rowwise"), self.rounding.key(offset, "columnwise"))
         both = transpose and self.hadamard_seed is None
-        data, scales, inv, data_t, scales_t, inv_t = triton_nvfp4.quantize_nvfp4(x, self.block[0], both, keys)
+        data, scales, inv, data_t, scales_t, inv_t = nvfp4.quantize_nvfp4(x, self.block[0], both, keys)
         rowwise = BlockScaledData(data, scales, inv, BlockLayout(self.element, self.block, tuple(x.shape)))
         if not transpose:
             return rowwise, None
         if not both:
             transformed = self._padded(x.t().float(), self.hadamard_seed)
             column_keys = None if keys is None else (keys[1], 0)
-            data_t, scales_t, inv_t, *_ = triton_nvfp4.quantize_nvfp4(transformed, self.block[0], False, column_keys)
+            data_t, scales_t, inv_t, *_ = nvfp4.quantize_nvfp4(transformed, self.block[0], False, column_keys)
         layout = BlockLayout(self.element, self.block, tuple(x.t().shape), self.hadamard_seed)
         return rowwise, BlockScaledData(data_t, scales_t, inv_t, layout)
 
@@ -194,3 +203,45 @@ def block_quantizers(recipe: BlockRecipe, layer_name: str) -> dict[str, BlockQua
     raise TypeError(
         f"recipe must be one of MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling, got {type(recipe).__name__}"
     )
+
+
+@dataclass
+class BlockQuantized:
+    """FP8 ``data`` (padded, blocks along the last dimension), one ``scale_inv`` per block (MXFP8: the
+    raw E8M0 byte as a float; block scaling: fp32 ``1/scale``) and the ``dequantized`` fp32 values in
+    the input's 2-D shape."""
+
+    data: torch.Tensor
+    scale_inv: torch.Tensor
+    dequantized: torch.Tensor
+
+
+def as_2d(tensor: torch.Tensor) -> torch.Tensor:
+    """``[-1, last_dim]``, the view every GEMM operand has."""
+    return tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
+
+
+def mxfp8_quantizer(fmt: FP8Format) -> BlockQuantizer:
+    """What-if MXFP8: blocks of 32 along the rows (``transpose``: also down the columns)."""
+    return BlockQuantizer(MXScaleRule(fmt), fmt, (1, MX_BLOCK), fmt)
+
+
+def block_scaling_quantizer(fmt: FP8Format) -> BlockQuantizer:
+    """What-if FP8 block scaling: 128 x 128 tiles with power-of-two scales."""
+    return BlockQuantizer(Float8BlockScaleRule(fmt), fmt, (FLOAT8_BLOCK, FLOAT8_BLOCK), fmt)
+
+
+def mxfp8_quantize(tensor: torch.Tensor, fmt: FP8Format, columnwise: bool = False) -> BlockQuantized:
+    """MXFP8 of ``tensor`` viewed as 2-D; ``columnwise`` takes blocks down the columns."""
+    quantizer = mxfp8_quantizer(fmt)
+    x = as_2d(tensor.detach())
+    part = quantizer.quantize(x.t() if columnwise else x).rowwise
+    dequantized = part.dequantize()
+    scale_bytes = part.scales.view(torch.uint8).reshape(-1).float()
+    return BlockQuantized(part.data, scale_bytes, dequantized.t() if columnwise else dequantized)
+
+
+def block_scaling_quantize(tensor: torch.Tensor, fmt: FP8Format) -> BlockQuantized:
+    """128 x 128-tile FP8 of ``tensor`` viewed as 2-D (its transpose has the same tiles and values)."""
+    part = block_scaling_quantizer(fmt).quantize(as_2d(tensor.detach())).rowwise
+    return BlockQuantized(part.data, part.scales.reshape(-1), part.dequantize())

@@ -18,11 +18,83 @@ from dataclasses import dataclass
 
 import torch
 
-from lowprec import hadamard
-from lowprec.formats import FP8Format
-from lowprec.fp4 import FP4Format
+from lowprec.formats import hadamard
+from lowprec.formats.elements import ElementFormat, FP8Format
 
-ElementFormat = FP8Format | FP4Format
+
+class Float8Tensor:
+    """FP8 ``data`` with its fp32 ``scale_inv``; ``dtype`` is the high-precision dtype it stands for.
+
+    ``other_layout``, when present, holds the same values in the other memory order (a column-major
+    view when ``data`` is row-major), made by the fused cast so that GEMMs wanting that order need no
+    copy. ``scale``, when known, is the scale the cast multiplied by (statistics recompute the cast
+    from it: its reciprocal ``scale_inv`` does not always give it back exactly).
+    """
+
+    def __init__(
+        self,
+        data: torch.Tensor,
+        scale_inv: torch.Tensor,
+        fmt: FP8Format,
+        dtype: torch.dtype,
+        other_layout: torch.Tensor | None = None,
+        scale: torch.Tensor | None = None,
+    ):
+        self.data = data
+        self.scale_inv = scale_inv
+        self.format = fmt
+        self.dtype = dtype
+        self.other_layout = other_layout
+        self.scale = scale
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def t(self) -> Float8Tensor:
+        """The transpose (views of the same bytes)."""
+        other = self.other_layout.t() if self.other_layout is not None else None
+        return Float8Tensor(self.data.t(), self.scale_inv, self.format, self.dtype, other, self.scale)
+
+    def row_major(self) -> torch.Tensor:
+        """The values in row-major order: a stored layout if one is, else a copy."""
+        for layout in (self.data, self.other_layout):
+            if layout is not None and layout.is_contiguous():
+                return layout
+        return self.data.contiguous()
+
+    def column_major(self) -> torch.Tensor:
+        """The values in column-major order (``.t()`` contiguous): a stored layout if one is, else a copy."""
+        for layout in (self.data, self.other_layout):
+            if layout is not None and layout.t().is_contiguous():
+                return layout
+        return self.data.t().contiguous().t()
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return (self.data.float() * self.scale_inv).to(dtype or self.dtype)
+
+    TENSOR_COUNT = 4  # what tensors() returns
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(data, scale_inv, other_layout, scale)``: what autograd must save (and checkpointing may
+        recompute) to rebuild this tensor with :meth:`from_tensors`."""
+        return self.data, self.scale_inv, self.other_layout, self.scale
+
+    def metadata(self) -> tuple[FP8Format, torch.dtype]:
+        """What :meth:`from_tensors` needs besides :meth:`tensors`."""
+        return self.format, self.dtype
+
+    @classmethod
+    def from_tensors(cls, tensors: tuple[torch.Tensor | None, ...], fmt: FP8Format, dtype: torch.dtype) -> Float8Tensor:
+        data, scale_inv, other_layout, scale = tensors
+        return cls(data, scale_inv, fmt, dtype, other_layout, scale)
+
+    def __repr__(self) -> str:
+        return f"Float8Tensor({self.format.name}, shape={tuple(self.shape)}, dtype={self.dtype})"
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ import weakref
 
 import torch
 
-from lowprec.block_tensor import BlockScaledTensor
-from lowprec.quantization import Float8Tensor, Quantizer, uses_fused_kernels
+from lowprec import kernels
+from lowprec.quant.per_tensor import Quantizer
+from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)  # how many hold a storage (a private torch function)
 
@@ -48,7 +49,7 @@ def lacks_transpose(cast: Float8Tensor | BlockScaledTensor, weight: torch.Tensor
     its columnwise quantization, or a fused FP8 cast made without its other memory order."""
     if isinstance(cast, BlockScaledTensor):
         return cast.columnwise is None
-    return cast.other_layout is None and uses_fused_kernels(weight)
+    return cast.other_layout is None and kernels.runs_on(weight)
 
 
 class WeightCache:

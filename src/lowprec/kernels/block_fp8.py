@@ -10,7 +10,7 @@ zeros (the emulation's padding, which B x B blocks store); block amaxes ignore N
 ``block_scales``: ``MXScaleRule``'s exponent ``ceil(log2(amax * fp32(1 / fp8_max)))`` read off the fp32
 bits, clamped to [-127, 127]; ``Float8BlockScaleRule``'s ``fp8_max / amax`` (IEEE division), fp32 max
 for an overflow, 1 for an amax of 0 or inf, truncated to a power of two by clearing its mantissa, stored
-as its IEEE reciprocal. The cast is ``triton_cast.fp8_bytes`` of ``x * multiplier``. With
+as its IEEE reciprocal. The cast is ``fp8_cast.fp8_bytes`` of ``x * multiplier``. With
 ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors.
 """
 
@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from lowprec.block_scales import Float8BlockScaleRule, MXScaleRule, ScaleRule
-from lowprec.formats import E4M3, FP8Format
-from lowprec.triton_cast import OPTIONS, fp8_bytes, load_tile
+from lowprec.formats.elements import E4M3, FP8Format
+from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, ScaleRule
+from lowprec.kernels.fp8_cast import OPTIONS, fp8_bytes, load_tile
 
 E8M0, FP32_POWER_OF_2, FP32 = 0, 1, 2  # the kernel's SCALE_KIND: how block amaxes become scales
 BLOCK_WIDTHS = (32, 64, 128)  # tiles the kernel handles (BLOCK x BLOCK, a power of two)

@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from lowprec.seeding import derived_seed
+from lowprec.formats.noise import derived_seed
 
 SIZE = 16
 

@@ -4,14 +4,14 @@
 transpose (``torch._scaled_mm`` wants its second operand column-major, so dgrad and wgrad need the
 other layout), and optionally records the tensor's amax: with delayed scaling the scale is known
 before the cast, so that and one tiny kernel that updates the amax history and the scales
-(``triton_scales.delayed_scaling_update``) are the whole quantization. With current scaling
-``triton_scales.current_scaling`` reads the tensor once more first for its amax and scale.
+(``fp8_scales.delayed_scaling_update``) are the whole quantization. With current scaling
+``fp8_scales.current_scaling`` reads the tensor once more first for its amax and scale.
 
 The bytes, amaxes and scales equal the CPU emulation's exactly: each value is first rounded to the
 format's grid (round to nearest even, the format's subnormals included) with float arithmetic, so
 the hardware conversion that follows only re-encodes an exactly representable value; every NaN
 becomes the positive NaN byte 0x7F, as in ``FP8Format.cast`` (a GPU's ``x * scale`` already drops
-the sign of NaN); scales round as ``quantization.scale_from_amax`` does. With ``TRITON_INTERPRET=1``
+the sign of NaN); scales round as ``formats.scales.scale_from_amax`` does. With ``TRITON_INTERPRET=1``
 the kernels run on CPU tensors, which is how the tests check them without a GPU.
 
 Loops are ``while`` loops: Triton 3.6's interpreter turns a tensor loop bound of ``range`` (a kernel
@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lowprec.formats import E4M3, FP8Format
+from lowprec.formats.elements import E4M3, FP8Format
 from nvdlfw_inspect.stats.triton_partials import round_to_grid
 
 TILE = 64
@@ -135,7 +135,7 @@ def cast_fp8(
     """``(bytes, transposed bytes, amax partials)``: the FP8 bytes of ``tensor * scale`` (a 2-D
     tensor, any strides), those of its transpose (contiguous) if ``transpose``, and if
     ``record_amax`` one partial ``max |tensor|`` per tile (fp32; their max is the amax, see
-    ``triton_scales``); what is not asked for is None."""
+    ``kernels.fp8_scales``); what is not asked for is None."""
     rows, cols = tensor.shape
     out = torch.empty((rows, cols), dtype=fmt.dtype, device=tensor.device)
     out_t = torch.empty((cols, rows), dtype=fmt.dtype, device=tensor.device) if transpose else None

@@ -12,10 +12,9 @@ from typing import Any
 
 import torch
 
-from lowprec.block_scaling import as_2d
-from lowprec.block_tensor import BlockScaledData
-from lowprec.fp4 import SIGN_BIT, FP4Format
-from lowprec.quantization import Float8Tensor
+from lowprec.formats.elements import SIGN_BIT, FP4Format
+from lowprec.quant.block import as_2d
+from lowprec.quant.protocol import BlockScaledData, Float8Tensor
 
 
 @dataclass
