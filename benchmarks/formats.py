@@ -25,7 +25,6 @@ from harness import InProcess, device_name, interleave, mean_seconds, print_rati
 
 import lowprec
 from lowprec import kernels
-from lowprec.modules.gemm_unit import make_quantizers
 
 RECIPES = {
     "high precision": None,
@@ -80,7 +79,7 @@ def quantize_table(args: argparse.Namespace, device: str, side: int) -> dict[str
     work = {"copy (ceiling)": lambda: x.clone()}
     for label, recipe in RECIPES.items():
         if recipe is not None:
-            quantizer = make_quantizers(recipe, "bench")["activation"]
+            quantizer = recipe.quantizers("bench")["activation"]
             work[label] = lambda quantizer=quantizer: quantizer.quantize(x)
             if device == "cuda":
                 work[f"{label} (torch)"] = lambda quantizer=quantizer: unfused(quantizer.quantize, x)

@@ -92,6 +92,14 @@ def check_fp8_debugging(directory: Path, stdout: str) -> None:
     assert "transformer_layer.layernorm_mlp.fc1: Tensor: activation, gemm fprop - High precision" in plan
 
 
+def check_quantize(directory: Path, stdout: str) -> None:
+    lines = stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["NVFP4BlockScaling", "MXFP8BlockScaling", "Float8CurrentScaling"]
+    errors = [float(line.split("relative error ")[1].split("%")[0]) for line in lines]
+    assert errors[0] > 3 * errors[1] and 1 < errors[1] < 5  # 4 bits lose far more than 8
+    assert "scales (16, 64) torch.uint8" in lines[0] and "scales (256, 32) torch.uint8" in lines[1]
+
+
 def check_compare(directory: Path, stdout: str) -> None:
     assert stdout.strip().endswith("compare.html") and (directory / "compare_logs" / "compare.html").exists()
     assert {run.name for run in (directory / "compare_logs").iterdir() if run.is_dir()} == {"bf16", "delayed", "mxfp8"}
@@ -105,6 +113,7 @@ CHECKS = {
     "FP8 layers: `lowprec`": None,  # its assertion is appended to the snippet
     "Converting an existing model: `lowprec.convert`": check_convert,
     "Comparing formats: `nvdlfw-inspect compare`": check_compare,
+    "Studying a format on your own tensors: `lowprec.quantize`": check_quantize,
     "Debugging FP8 training (config namespace `transformer_engine`)": check_fp8_debugging,
 }
 APPENDED = {

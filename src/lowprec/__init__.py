@@ -19,6 +19,7 @@ from lowprec.modules import (
     convert_with_report,
 )
 from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
+from lowprec.quant.public import QuantizedView, quantize
 from lowprec.recipe import (
     DelayedScaling,
     Float8BlockScaling,
@@ -51,11 +52,13 @@ __all__ = [
     "Linear",
     "MXFP8BlockScaling",
     "NVFP4BlockScaling",
+    "QuantizedView",
     "TransformerLayer",
     "autocast",
     "convert",
     "convert_with_report",
     "fp8_autocast",
     "kernel_mode",
+    "quantize",
     "set_kernel_mode",
 ]

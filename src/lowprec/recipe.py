@@ -13,6 +13,14 @@ from enum import Enum
 
 from lowprec.formats import elements
 from lowprec.formats.elements import E2M1, FP4Format, FP8Format
+from lowprec.formats.noise import RoundingStream
+from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
+from lowprec.quant.block import FLOAT8_BLOCK, FLOAT8_BLOCK_LABEL, MX_BLOCK, MXFP8_LABEL, NVFP4_BLOCK, NVFP4_LABEL, BlockQuantizer
+from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer
+from lowprec.quant.protocol import Quantizer
+
+OPERANDS = ("activation", "weight", "gradient")
+"""The tensors a recipe casts: the GEMMs of a linear layer read each in one or two orientations."""
 
 
 class Format(Enum):
@@ -39,8 +47,22 @@ FP8_FORMATS = (Format.E4M3, Format.E5M2, Format.HYBRID)
 _AMAX_ALGOS = ("max", "most_recent")
 
 
+class Recipe:
+    """Base of the recipes: ``quantizers`` says how each operand of a layer's GEMMs is cast."""
+
+    def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
+        """One quantizer per operand (``OPERANDS``), configured as Transformer Engine configures them;
+        ``layer_name`` keys what is drawn per layer (stochastic-rounding noise)."""
+        raise NotImplementedError
+
+
+def _per_operand(fmt: Format, make) -> dict[str, Quantizer]:
+    """``make(format)`` per operand: the forward format for activation and weight, the backward one for the gradient."""
+    return {"activation": make(fmt.forward), "weight": make(fmt.forward), "gradient": make(fmt.backward)}
+
+
 @dataclass(frozen=True)
-class DelayedScaling:
+class DelayedScaling(Recipe):
     """Scale from the amax of earlier casts: the largest of the last ``amax_history_len`` (``"max"``)
     or the latest one (``"most_recent"``). The first cast of a tensor uses scale 1.
 
@@ -62,9 +84,12 @@ class DelayedScaling:
                 f"DelayedScaling.amax_compute_algo must be one of {list(_AMAX_ALGOS)}, got {self.amax_compute_algo!r}"
             )
 
+    def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
+        return _per_operand(self.fp8_format, lambda fmt: DelayedScalingQuantizer(fmt, self))
+
 
 @dataclass(frozen=True)
-class Float8CurrentScaling:
+class Float8CurrentScaling(Recipe):
     """One scale per tensor from its own amax at the time of the cast: ``scale = fp8_max / amax``."""
 
     fp8_format: Format = Format.HYBRID
@@ -72,9 +97,12 @@ class Float8CurrentScaling:
     def __post_init__(self) -> None:
         _check_format(self.fp8_format)
 
+    def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
+        return _per_operand(self.fp8_format, CurrentScalingQuantizer)
+
 
 @dataclass(frozen=True)
-class MXFP8BlockScaling:
+class MXFP8BlockScaling(Recipe):
     """MXFP8 (OCP Microscaling): FP8 elements, one E8M0 (power-of-two) scale per 32 consecutive values
     along the GEMM's inner dimension. ``fp8_format`` defaults to E4M3 for every tensor, as in Transformer
     Engine (HYBRID: E5M2 gradients). ``enable_2d_quantization``: one scale per 32 x 32 block of the
@@ -90,9 +118,18 @@ class MXFP8BlockScaling:
         _check_format(self.fp8_format)
         _check_bool("MXFP8BlockScaling.enable_2d_quantization", self.enable_2d_quantization)
 
+    def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
+        fwd, bwd = self.fp8_format.forward, self.fp8_format.backward
+        weight_block = (MX_BLOCK, MX_BLOCK) if self.enable_2d_quantization else (1, MX_BLOCK)
+        return {
+            "activation": BlockQuantizer(MXScaleRule(fwd), fwd, (1, MX_BLOCK), fwd, label=MXFP8_LABEL),
+            "weight": BlockQuantizer(MXScaleRule(fwd), fwd, weight_block, fwd, label=MXFP8_LABEL),
+            "gradient": BlockQuantizer(MXScaleRule(bwd), bwd, (1, MX_BLOCK), bwd, label=MXFP8_LABEL),
+        }
+
 
 @dataclass(frozen=True)
-class Float8BlockScaling:
+class Float8BlockScaling(Recipe):
     """FP8 with fp32 scales per block (Transformer Engine's "blockwise" recipe): ``1`` = 1 x 128 tiles
     along the inner dimension, ``2`` = 128 x 128 blocks, per tensor (activations ``x``, weights ``w``,
     gradients ``grad``). Scales are powers of two unless ``use_f32_scales``. Two 2-D operands may not
@@ -118,9 +155,23 @@ class Float8BlockScaling:
                 "operands; set at most one of them to 2"
             )
 
+    def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
+        power_2 = not self.use_f32_scales
+
+        def quantizer(fmt: FP8Format, dim: int) -> BlockQuantizer:
+            block = (FLOAT8_BLOCK, FLOAT8_BLOCK) if dim == 2 else (1, FLOAT8_BLOCK)
+            return BlockQuantizer(Float8BlockScaleRule(fmt, power_2), fmt, block, fmt, label=FLOAT8_BLOCK_LABEL)
+
+        fwd, bwd = self.fp8_format.forward, self.fp8_format.backward
+        return {
+            "activation": quantizer(fwd, self.x_block_scaling_dim),
+            "weight": quantizer(fwd, self.w_block_scaling_dim),
+            "gradient": quantizer(bwd, self.grad_block_scaling_dim),
+        }
+
 
 @dataclass(frozen=True)
-class NVFP4BlockScaling:
+class NVFP4BlockScaling(Recipe):
     """NVFP4: E2M1 elements, one E4M3 scale per 16 consecutive values along the inner dimension, and one
     fp32 scale per tensor. As in Transformer Engine, by default weights use 16 x 16 blocks, gradients
     stochastic rounding, and the wgrad operands (activation and gradient, columnwise) the random
@@ -147,9 +198,19 @@ class NVFP4BlockScaling:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ValueError(f"NVFP4BlockScaling.seed must be an integer in [0, 2**63), got {self.seed!r}")
 
+    def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
+        fmt, rule, row = self.fp8_format.forward, NVFP4ScaleRule(), (1, NVFP4_BLOCK)
+        rht = None if self.disable_rht else self.seed
+        weight_block = row if self.disable_2d_quantization else (NVFP4_BLOCK, NVFP4_BLOCK)
+        rounding = None if self.disable_stochastic_rounding else RoundingStream(self.seed, f"{layer_name}.gradient")
+        return {
+            "activation": BlockQuantizer(rule, E2M1, row, fmt, hadamard_seed=rht, label=NVFP4_LABEL),
+            "weight": BlockQuantizer(rule, E2M1, weight_block, fmt, label=NVFP4_LABEL),
+            "gradient": BlockQuantizer(rule, E2M1, row, fmt, hadamard_seed=rht, rounding=rounding, label=NVFP4_LABEL),
+        }
+
 
 BlockRecipe = MXFP8BlockScaling | Float8BlockScaling | NVFP4BlockScaling
-Recipe = DelayedScaling | Float8CurrentScaling | BlockRecipe
 RECIPES = (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)
 BLOCK_RECIPES = (MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)
 

@@ -8,7 +8,6 @@ import torch
 
 import lowprec
 from lowprec import kernels
-from lowprec.quant.block import block_quantizers
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs a CUDA GPU with FP8 conversions"
@@ -25,9 +24,9 @@ RECIPES = [
 def casts(recipe, device: str, x: torch.Tensor) -> list[torch.Tensor]:
     """Every tensor of two casts (with the transpose) by each of a fresh layer's quantizers, on ``device``."""
     out = []
-    for quantizer in block_quantizers(recipe, "fc1").values():
+    for quantizer in recipe.quantizers("fc1").values():
         for _ in range(2):  # a second cast takes the next stochastic-rounding offset
-            out += [t.cpu() for t in quantizer.quantize(x.to(device), transpose=True).tensors() if t is not None]
+            out += [t.cpu() for t in quantizer.quantize(x.to(device), transpose=True).inner_tensors().values() if t is not None]
     return out
 
 

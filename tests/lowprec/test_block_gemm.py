@@ -9,7 +9,6 @@ import torch
 
 from lowprec.formats.elements import E4M3
 from lowprec.gemm import emulated_block_gemm, gemm
-from lowprec.quant.block import block_quantizers
 from lowprec.quant.per_tensor import CurrentScalingQuantizer
 from lowprec.recipe import Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
 
@@ -24,7 +23,7 @@ def operands(seed: int = 0):
 @pytest.mark.parametrize("recipe", RECIPES.values(), ids=RECIPES.keys())
 def test_the_three_gemms_of_a_linear_layer(recipe):
     x, w, dy = operands()
-    q = block_quantizers(recipe, "fc1")
+    q = recipe.quantizers("fc1")
     qx, qw, qdy = q["activation"].quantize(x, True), q["weight"].quantize(w, True), q["gradient"].quantize(dy, True)
     # fprop x W^T: x rowwise (blocks along K) and W rowwise; dgrad dy W: dy rowwise and W columnwise (along N)
     assert torch.equal(gemm(qx, qw.t(), torch.float32), qx.rowwise.dequantize() @ qw.rowwise.dequantize().t())
@@ -39,7 +38,7 @@ def test_the_three_gemms_of_a_linear_layer(recipe):
 
 def test_hadamard_operands_multiply_as_transformed():
     x, _, dy = operands(1)
-    q = block_quantizers(NVFP4BlockScaling(disable_stochastic_rounding=True), "fc1")
+    q = NVFP4BlockScaling(disable_stochastic_rounding=True).quantizers("fc1")
     qx, qdy = q["activation"].quantize(x, True), q["gradient"].quantize(dy, True)
     transformed = (qdy.columnwise.values() @ qx.columnwise.values().t())[:24, :72]
     assert torch.equal(emulated_block_gemm(qdy.t(), qx, torch.float32), transformed)
@@ -49,7 +48,7 @@ def test_hadamard_operands_multiply_as_transformed():
 
 def test_a_right_operand_needs_its_columnwise_quantization():
     x, w, _ = operands()
-    q = block_quantizers(MXFP8BlockScaling(), "fc1")
+    q = MXFP8BlockScaling().quantizers("fc1")
     with pytest.raises(
         ValueError, match="no quantization blocked along the GEMM's inner dimension: quantize with transpose=True"
     ):
@@ -58,7 +57,7 @@ def test_a_right_operand_needs_its_columnwise_quantization():
 
 def test_mixed_operands_run_in_high_precision():
     x, w, _ = operands()
-    qw = block_quantizers(MXFP8BlockScaling(), "fc1")["weight"].quantize(w, True)
+    qw = MXFP8BlockScaling().quantizers("fc1")["weight"].quantize(w, True)
     assert torch.equal(gemm(x, qw.t(), torch.float32), x @ qw.dequantize().t())
     qx = CurrentScalingQuantizer(E4M3).quantize(x)
     assert torch.equal(gemm(qx, qw.t(), torch.float32), qx.dequantize() @ qw.dequantize().t())

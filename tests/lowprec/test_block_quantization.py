@@ -13,7 +13,7 @@ from lowprec.formats import hadamard
 from lowprec.formats.elements import E2M1, E4M3, E5M2
 from lowprec.formats.noise import RoundingStream
 from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
-from lowprec.quant.block import BlockQuantizer, block_quantizers, block_scaling_quantize, mxfp8_quantize
+from lowprec.quant.block import BlockQuantizer, block_scaling_quantize, mxfp8_quantize
 from lowprec.quant.protocol import BlockScaledTensor
 from lowprec.recipe import Float8BlockScaling, Format, MXFP8BlockScaling, NVFP4BlockScaling
 
@@ -54,11 +54,11 @@ def test_mxfp8_gradients_in_e5m2_and_the_recipes_quantizers():
     q = mxfp8(E5M2).quantize(torch.tensor([[57344.0, 1.125, 1.375]])).rowwise
     assert q.scales.view(torch.uint8).tolist() == [[127]]
     assert q.data.float()[0, :3].tolist() == [57344.0, 1.0, 1.5]  # 2 mantissa bits: ties to even
-    hybrid = block_quantizers(MXFP8BlockScaling(fp8_format=Format.HYBRID), "fc1")
+    hybrid = MXFP8BlockScaling(fp8_format=Format.HYBRID).quantizers("fc1")
     assert [hybrid[t].element for t in ("activation", "weight", "gradient")] == [E4M3, E4M3, E5M2]
-    default = block_quantizers(MXFP8BlockScaling(), "fc1")
+    default = MXFP8BlockScaling().quantizers("fc1")
     assert default["gradient"].element is E4M3 and default["weight"].block == (1, 32)
-    assert block_quantizers(MXFP8BlockScaling(enable_2d_quantization=True), "fc1")["weight"].block == (32, 32)
+    assert MXFP8BlockScaling(enable_2d_quantization=True).quantizers("fc1")["weight"].block == (32, 32)
 
 
 def test_columnwise_is_the_rowwise_quantization_of_the_transpose():
@@ -102,11 +102,11 @@ def test_float8_block_scaling_by_hand():
 
 
 def test_float8_block_scaling_recipe_tiles():
-    quantizers = block_quantizers(Float8BlockScaling(), "fc1")
+    quantizers = Float8BlockScaling().quantizers("fc1")
     assert [quantizers[t].block for t in ("activation", "weight", "gradient")] == [(1, 128), (128, 128), (1, 128)]
     assert quantizers["weight"].rule.power_2
-    assert not block_quantizers(Float8BlockScaling(use_f32_scales=True), "fc1")["weight"].rule.power_2
-    both_1d = block_quantizers(Float8BlockScaling(w_block_scaling_dim=1, x_block_scaling_dim=2), "fc1")
+    assert not Float8BlockScaling(use_f32_scales=True).quantizers("fc1")["weight"].rule.power_2
+    both_1d = Float8BlockScaling(w_block_scaling_dim=1, x_block_scaling_dim=2).quantizers("fc1")
     assert both_1d["weight"].block == (1, 128) and both_1d["activation"].block == (128, 128)
 
 
@@ -128,14 +128,12 @@ def test_nvfp4_by_hand():
 
 
 def test_nvfp4_recipe_quantizers_follow_transformer_engine():
-    q = block_quantizers(NVFP4BlockScaling(seed=3), "fc1")
+    q = NVFP4BlockScaling(seed=3).quantizers("fc1")
     assert q["activation"].hadamard_seed == 3 and q["activation"].rounding is None and q["activation"].block == (1, 16)
     assert q["weight"].hadamard_seed is None and q["weight"].rounding is None and q["weight"].block == (16, 16)
     assert q["gradient"].hadamard_seed == 3 and q["gradient"].rounding.name == "fc1.gradient"
     assert all(quantizer.format is E4M3 for quantizer in q.values())
-    plain = block_quantizers(
-        NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True, disable_2d_quantization=True), "x"
-    )
+    plain = NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True, disable_2d_quantization=True).quantizers("x")
     assert all(p.hadamard_seed is None and p.rounding is None and p.block == (1, 16) for p in plain.values())
 
 
@@ -184,12 +182,14 @@ def test_stochastic_rounding_replays_a_cast_without_advancing_the_stream():
         BlockQuantizer(MXScaleRule(E4M3), E4M3, (1, 32), E4M3, rounding=stream)
 
 
-def test_tensors_rebuild_the_quantized_tensor():
+def test_inner_tensors_rebuild_the_quantized_tensor():
     x = torch.randn(20, 36, generator=torch.Generator().manual_seed(5), dtype=torch.bfloat16)
     for q in (nvfp4(hadamard_seed=0).quantize(x, transpose=True), mxfp8().quantize(x)):
-        tensors = q.tensors()
-        assert len(tensors) == BlockScaledTensor.TENSOR_COUNT
-        rebuilt = BlockScaledTensor.from_tensors(tensors, *q.metadata())
+        inner = q.inner_tensors()
+        assert list(inner) == [
+            f"{part}_{field}" for part in ("rowwise", "columnwise") for field in ("data", "scales", "tensor_scale_inv")
+        ]
+        rebuilt = BlockScaledTensor.from_inner(inner, q.metadata())
         assert torch.equal(rebuilt.dequantize(), q.dequantize()) and rebuilt.dtype == torch.bfloat16
         assert rebuilt.dequantize().dtype == torch.bfloat16 and rebuilt.shape == (20, 36)
     assert repr(q) == "BlockScaledTensor(FP8E4M3, block=(1, 32), shape=(20, 36), dtype=torch.bfloat16, columnwise=False)"
@@ -203,20 +203,20 @@ def test_what_if_statistics_quantize_exactly_as_the_training_recipes():
     g = torch.Generator().manual_seed(6)
     x = torch.randn(70, 150, generator=g) * torch.exp2(torch.randint(-10, 10, (70, 1), generator=g))
     x[3, 5] = NAN
-    trained = block_quantizers(MXFP8BlockScaling(), "fc1")["activation"].quantize(x, transpose=True)
+    trained = MXFP8BlockScaling().quantizers("fc1")["activation"].quantize(x, transpose=True)
     for columnwise, part in ((False, trained.rowwise), (True, trained.columnwise)):
         what_if = mxfp8_quantize(x, E4M3, columnwise)
         assert torch.equal(what_if.data.view(torch.uint8), part.data.view(torch.uint8))
         assert torch.equal(what_if.scale_inv, part.scales.view(torch.uint8).reshape(-1).float())
     assert mxfp8_quantize(x, E4M3).scale_inv[3 * 5].item() < 254  # row 3, first block: scaled by its other values
-    weight = block_quantizers(Float8BlockScaling(), "fc1")["weight"].quantize(x).rowwise
+    weight = Float8BlockScaling().quantizers("fc1")["weight"].quantize(x).rowwise
     assert torch.equal(block_scaling_quantize(x, E4M3).data.view(torch.uint8), weight.data.view(torch.uint8))
     torch.testing.assert_close(block_scaling_quantize(x, E4M3).dequantized, weight.dequantize(), rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("recipe", [MXFP8BlockScaling(), Float8BlockScaling(), NVFP4BlockScaling()], ids=repr)
 def test_empty_tensors_quantize_to_empty_blocks(recipe):
-    for quantizer in block_quantizers(recipe, "fc1").values():
+    for quantizer in recipe.quantizers("fc1").values():
         for shape in ((5, 0), (0, 0), (0, 7)):
             q = quantizer.quantize(torch.zeros(shape), transpose=True)
             assert q.shape == shape and q.dequantize().shape == shape and q.t().dequantize().shape == shape[::-1]

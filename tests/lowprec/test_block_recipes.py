@@ -86,7 +86,7 @@ def test_bf16_layers_and_empty_batches(recipe):
 
 
 def test_the_weight_cast_is_reused_until_a_gemm_needs_the_columnwise_copy():
-    quantizer = lowprec.quant.block.block_quantizers(lowprec.MXFP8BlockScaling(), "fc1")["weight"]
+    quantizer = lowprec.MXFP8BlockScaling().quantizers("fc1")["weight"]
     weight, cache = torch.nn.Parameter(torch.randn(16, 64)), WeightCache()
     rowwise_only = cache.quantize(weight, quantizer, transpose=False)
     assert isinstance(rowwise_only, BlockScaledTensor) and rowwise_only.columnwise is None

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lowprec.formats.elements import E4M3, E5M2
-from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule
+from lowprec.formats.elements import E2M1, E4M3, E5M2
+from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
 from lowprec.kernels import runs_on
 from lowprec.quant.block import MX_BLOCK, BlockQuantizer
 
@@ -63,9 +63,24 @@ def test_kernel_compiles_for_hopper_with_exact_conversions(fmt, dtype, kind, squ
 def test_unsupported_blocks_are_refused_with_what_is_allowed():
     from lowprec.kernels import block_fp8
 
-    assert block_fp8.supports(MXScaleRule(E4M3), (32, 32)) and not block_fp8.supports(MXScaleRule(E4M3), (16, 32))
+    assert block_fp8.supports(MXScaleRule(E4M3), E4M3, (32, 32)) and not block_fp8.supports(MXScaleRule(E4M3), E4M3, (16, 32))
     with pytest.raises(ValueError, match=r"casts 1 x B or B x B blocks, B in \(32, 64, 128\), got \(1, 16\)"):
         block_fp8.quantize_block_fp8(torch.zeros(2, 2), Float8BlockScaleRule(E4M3), (1, 16), columnwise=False)
+
+
+def test_only_the_rules_own_fp8_element_format_takes_the_kernel(monkeypatch):
+    """The kernel writes the rule's FP8 bytes: another element format under an MX or block rule (E5M2 values
+    under an E4M3 rule, E2M1, any future format) must take the torch path, never be encoded as E4M3/E5M2."""
+    from lowprec import kernels
+
+    monkeypatch.setattr(kernels, "runs_on", lambda t: True)
+    x = torch.randn(4, 64)
+    assert BlockQuantizer(MXScaleRule(E4M3), E4M3, (1, MX_BLOCK), E4M3)._uses_kernel(x)
+    assert BlockQuantizer(Float8BlockScaleRule(E5M2), E5M2, (1, 128), E5M2)._uses_kernel(x)
+    assert not BlockQuantizer(MXScaleRule(E4M3), E5M2, (1, MX_BLOCK), E4M3)._uses_kernel(x)
+    assert not BlockQuantizer(MXScaleRule(E4M3), E2M1, (1, MX_BLOCK), E4M3)._uses_kernel(x)
+    assert not BlockQuantizer(NVFP4ScaleRule(), E4M3, (1, 16), E4M3)._uses_kernel(x)
+    assert BlockQuantizer(NVFP4ScaleRule(), E2M1, (1, 16), E4M3)._uses_kernel(x)
 
 
 def test_cpu_tensors_keep_the_torch_path():
@@ -93,7 +108,7 @@ def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(rule, block, dtype):
     quantizer = BlockQuantizer(rule, rule.element, block, rule.element)
     assert runs_on(x.cuda())
     cuda, cpu = quantizer.quantize(x.cuda(), transpose=True), quantizer.quantize(x, transpose=True)
-    for got, want in zip(cuda.tensors(), cpu.tensors(), strict=True):
+    for got, want in zip(cuda.inner_tensors().values(), cpu.inner_tensors().values(), strict=True):
         assert (got is None) == (want is None)
         if got is not None:
             assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))

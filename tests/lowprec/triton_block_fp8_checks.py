@@ -30,7 +30,7 @@ from lowprec import kernels  # noqa: E402
 from lowprec.formats.elements import E4M3, E5M2, FP8Format  # noqa: E402
 from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, ScaleRule  # noqa: E402
 from lowprec.kernels import block_fp8  # noqa: E402
-from lowprec.quant.block import BlockQuantizer, block_quantizers  # noqa: E402
+from lowprec.quant.block import BlockQuantizer  # noqa: E402
 
 NAN_BITS = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0x7FFFFFFF, 0xFFFFFFFF]
 RULES = {  # name: (rule, block width)
@@ -160,9 +160,9 @@ def check_wiring(failures: list[str]) -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3, 20, 40, generator=g).to(torch.bfloat16)
     quantizers = {
-        "MXFP8": block_quantizers(lowprec.MXFP8BlockScaling(enable_2d_quantization=True), "fc")["weight"],
-        "block": block_quantizers(lowprec.Float8BlockScaling(), "fc")["weight"],
-        "NVFP4": block_quantizers(lowprec.NVFP4BlockScaling(), "fc")["weight"],
+        "MXFP8": lowprec.MXFP8BlockScaling(enable_2d_quantization=True).quantizers("fc")["weight"],
+        "block": lowprec.Float8BlockScaling().quantizers("fc")["weight"],
+        "NVFP4": lowprec.NVFP4BlockScaling().quantizers("fc")["weight"],
     }
     results = {}
     try:
@@ -179,7 +179,7 @@ def check_wiring(failures: list[str]) -> None:
     for name, (fused, plain) in results.items():
         if fused.dtype != plain.dtype or fused.shape != plain.shape:
             failures.append(f"{name} fused cast: dtype or shape differ")
-        for got, want in zip(fused.tensors(), plain.tensors(), strict=True):
+        for got, want in zip(fused.inner_tensors().values(), plain.inner_tensors().values(), strict=True):
             same = got is not None and torch.equal(bits(got.reshape(-1)), bits(want.reshape(-1)))
             if (got is None) != (want is None) or (got is not None and not same):
                 failures.append(f"{name}: fused BlockQuantizer cast differs from the torch path")

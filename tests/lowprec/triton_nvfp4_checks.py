@@ -45,7 +45,7 @@ from lowprec.formats.elements import (  # noqa: E402
 from lowprec.formats.noise import MASK32, NOISE_BITS, RoundingStream, hash32, uniform  # noqa: E402
 from lowprec.formats.scales import NVFP4ScaleRule  # noqa: E402
 from lowprec.kernels import nvfp4  # noqa: E402
-from lowprec.quant.block import BlockQuantizer, block_quantizers  # noqa: E402
+from lowprec.quant.block import BlockQuantizer  # noqa: E402
 
 NAN_BITS = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0x7FFFFFFF, 0xFFFFFFFF]
 FP32_MAX = torch.finfo(torch.float32).max
@@ -66,7 +66,7 @@ def reference(x: torch.Tensor, block_height: int) -> tuple:
     straight to the orientations it would cast."""
     quantizer = emulation(block_height)
     if x.shape[1]:
-        return quantizer.quantize(x, transpose=True).tensors()
+        return quantizer.quantize(x, transpose=True).inner_tensors().values()
     rowwise, columnwise = (
         quantizer._orientation(x.float(), None, None, "rowwise"),
         quantizer._orientation(x.float().t(), None, None, "columnwise"),
@@ -220,7 +220,7 @@ def check_stochastic(failures: list[str]) -> int:
         key_halves.update((key & 0xFFFFFFFF) >= 2**31 for key in keys)
         for height in (1, 16):
             count += 1
-            want = emulation(height, stream, offset).quantize(x, transpose=True).tensors()
+            want = emulation(height, stream, offset).quantize(x, transpose=True).inner_tensors().values()
             got = nvfp4.quantize_nvfp4(x, height, columnwise=True, keys=keys)
             compare(f"stochastic {name}, {height} x 16, offset {offset}", got, want, failures)
             nearest = nvfp4.quantize_nvfp4(x, height, columnwise=True)
@@ -319,7 +319,7 @@ def check_wiring(failures: list[str]) -> None:
         nvfp4.quantize_nvfp4 = spy
         for fused in (True, False):
             kernels.runs_on = (lambda t: t.dim() == 2) if fused else (lambda t: False)
-            quantizers = block_quantizers(lowprec.NVFP4BlockScaling(seed=7), "fc")
+            quantizers = lowprec.NVFP4BlockScaling(seed=7).quantizers("fc")
             results[fused] = {name: [q.quantize(x, transpose=True), q.quantize(x)] for name, q in quantizers.items()}
     finally:
         nvfp4.quantize_nvfp4, kernels.runs_on = original_kernel, original_uses
@@ -334,7 +334,7 @@ def check_wiring(failures: list[str]) -> None:
         for fused, plain in zip(casts, results[False][name], strict=True):
             if fused.metadata() != plain.metadata() or fused.rounding_offset != plain.rounding_offset:
                 failures.append(f"{name}: fused metadata {fused.metadata()} != {plain.metadata()}")
-            for got, want in zip(fused.tensors(), plain.tensors(), strict=True):
+            for got, want in zip(fused.inner_tensors().values(), plain.inner_tensors().values(), strict=True):
                 same = got is not None and want is not None and torch.equal(bits(got.reshape(-1)), bits(want.reshape(-1)))
                 if (got is None) != (want is None) or (got is not None and not same):
                     failures.append(f"{name}: the fused BlockQuantizer cast differs from the torch path")

@@ -16,7 +16,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.names import TENSOR_GEMMS
 from lowprec.debug.plan import LayerPlan, Precision
 from lowprec.gemm import Operand
-from lowprec.quant.per_tensor import Quantizer
+from lowprec.quant.protocol import Quantizer
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.utils import get_distributed_world_size
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lowprec.formats.elements import E4M3, FP8Format
+from lowprec.formats.elements import E4M3, E5M2, ElementFormat, FP8Format
 from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, ScaleRule
 from lowprec.kernels.fp8_cast import OPTIONS, fp8_bytes, load_tile
 
@@ -120,11 +120,14 @@ def scale_kind(rule: ScaleRule) -> int | None:
     return None
 
 
-def supports(rule: ScaleRule, block: tuple[int, int]) -> bool:
-    """Whether the kernel casts blocks of ``block`` (height, width) under ``rule``: 1 x B or B x B blocks
+def supports(rule: ScaleRule, element: ElementFormat, block: tuple[int, int]) -> bool:
+    """Whether the kernel casts ``element`` values in blocks of ``block`` (height, width) under ``rule``: E4M3
+    or E5M2 elements, the rule's own format (the kernel writes ``rule.element``'s bytes), 1 x B or B x B blocks
     with B in ``BLOCK_WIDTHS``, MXFP8 or FP8 block-scaling scales."""
     height, width = block
-    return scale_kind(rule) is not None and width in BLOCK_WIDTHS and height in (1, width)
+    if scale_kind(rule) is None or element not in (E4M3, E5M2) or element != rule.element:
+        return False
+    return width in BLOCK_WIDTHS and height in (1, width)
 
 
 def quantize_block_fp8(
@@ -134,7 +137,7 @@ def quantize_block_fp8(
     ``rule`` in ``block``s (see :func:`supports`): the rowwise bytes (``rule.element.dtype``, padded as
     the emulation pads) and scales (E8M0 ``float8_e8m0fnu`` or fp32 inverse scales), and with
     ``columnwise`` those of the transpose, else None."""
-    if not supports(rule, block):
+    if not supports(rule, rule.element, block):
         raise ValueError(f"the fused block kernel casts 1 x B or B x B blocks, B in {BLOCK_WIDTHS}, got {block} with {rule}")
     fmt: FP8Format = rule.element
     kind, square, width = scale_kind(rule), block[0] > 1, block[1]

@@ -19,8 +19,7 @@ from lowprec.debug.layer_state import DebugLayerState
 from lowprec.debug.quantizer import DebugProcessing
 from lowprec.modules.linear_function import LinearFunction, PlainProcessing, Processing
 from lowprec.modules.recompute import ForwardHistory, in_backward, replay_quantizers
-from lowprec.quant.block import block_quantizers
-from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer
+from lowprec.quant.protocol import Quantizer
 from lowprec.quant.weight_cache import WeightCache
 from lowprec.recipe import BLOCK_RECIPES, DelayedScaling, Recipe
 
@@ -37,19 +36,6 @@ def run_eagerly(function: Any, *args: Any) -> Any:
 def runs_eagerly(recipe: Recipe | None) -> bool:
     """Whether a layer under ``recipe`` breaks a ``torch.compile`` graph (see ``run_eagerly``)."""
     return isinstance(recipe, (DelayedScaling, *BLOCK_RECIPES))
-
-
-def make_quantizers(recipe: Recipe, layer_name: str) -> dict[str, Quantizer]:
-    """One quantizer per input tensor: the forward format for activation and weight, the backward
-    format for the gradient; block recipes configure each tensor as Transformer Engine does
-    (``layer_name`` keys their stochastic-rounding noise)."""
-    if isinstance(recipe, BLOCK_RECIPES):
-        return block_quantizers(recipe, layer_name)
-    fmt = recipe.fp8_format
-    formats = {"activation": fmt.forward, "weight": fmt.forward, "gradient": fmt.backward}
-    if isinstance(recipe, DelayedScaling):
-        return {name: DelayedScalingQuantizer(f, recipe) for name, f in formats.items()}
-    return {name: CurrentScalingQuantizer(f) for name, f in formats.items()}
 
 
 class GemmUnit:
@@ -69,7 +55,7 @@ class GemmUnit:
             return {}
         if recipe != self._recipe:
             self._recipe = recipe
-            self._quantizers = make_quantizers(recipe, layer_name)
+            self._quantizers = recipe.quantizers(layer_name)
         return self._quantizers
 
     def linear(self, layer_name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

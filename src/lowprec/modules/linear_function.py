@@ -12,8 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from lowprec.gemm import Operand, gemm
-from lowprec.quant.per_tensor import Quantizer
-from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
+from lowprec.quant.protocol import CastState, QuantizedTensor, Quantizer
 from lowprec.quant.weight_cache import WeightCache
 
 
@@ -48,9 +47,9 @@ class PlainProcessing:
         return tensor
 
 
-QUANTIZED = (Float8Tensor, BlockScaledTensor)
-OperandKind = tuple[type, tuple] | None
-"""How to rebuild a saved operand: a quantized tensor's class and ``metadata()``, or None for a plain tensor."""
+OperandKind = tuple[type[QuantizedTensor], tuple[str, ...], dict[str, Any]] | None
+"""How to rebuild a saved operand: a quantized tensor's class, the names of its inner tensors and its
+metadata, or None for a plain tensor."""
 
 
 def save_operands(ctx: Any, *operands: Operand) -> list[OperandKind]:
@@ -59,9 +58,10 @@ def save_operands(ctx: Any, *operands: Operand) -> list[OperandKind]:
     tensors: list[torch.Tensor | None] = []
     kinds: list[OperandKind] = []
     for operand in operands:
-        if isinstance(operand, QUANTIZED):
-            tensors.extend(operand.tensors())
-            kinds.append((type(operand), operand.metadata()))
+        if isinstance(operand, QuantizedTensor):
+            inner = operand.inner_tensors()
+            tensors.extend(inner.values())
+            kinds.append((type(operand), tuple(inner), operand.metadata()))
         else:
             tensors.append(operand)
             kinds.append(None)
@@ -77,15 +77,9 @@ def saved_operands(ctx: Any) -> list[Operand]:
         if kind is None:
             operands.append(next(tensors))
         else:
-            cls, metadata = kind
-            components = tuple(next(tensors) for _ in range(cls.TENSOR_COUNT))
-            operands.append(cls.from_tensors(components, *metadata))
+            cls, names, metadata = kind
+            operands.append(cls.from_inner({name: next(tensors) for name in names}, metadata))
     return operands
-
-
-CastState = tuple[torch.Tensor, torch.Tensor] | int | None
-"""What a recomputation needs to repeat a cast: a per-tensor cast's (scale, scale_inv), a block cast's
-stochastic-rounding offset (None: it used none)."""
 
 
 def cast_states(*operands: Operand) -> dict[str, CastState]:
@@ -94,11 +88,8 @@ def cast_states(*operands: Operand) -> dict[str, CastState]:
     states: dict[str, CastState] = {}
     for name, pair in (("activation", operands[:2]), ("weight", operands[2:])):
         for operand in pair:
-            if isinstance(operand, Float8Tensor) and operand.scale is not None:
-                states[name] = (operand.scale, operand.scale_inv)
-                break
-            if isinstance(operand, BlockScaledTensor):
-                states[name] = operand.rounding_offset
+            if isinstance(operand, QuantizedTensor) and operand.cast_state() is not None:
+                states[name] = operand.cast_state()
                 break
     return states
 

@@ -23,9 +23,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lowprec.debug.plan import LayerPlan
-from lowprec.modules.linear_function import CastState
-from lowprec.quant.block import BlockQuantizer
-from lowprec.quant.per_tensor import DelayedScalingQuantizer, FixedScaleQuantizer, Quantizer
+from lowprec.quant.protocol import CastState, Quantizer
 from lowprec.recipe import Recipe
 
 
@@ -77,15 +75,4 @@ def replay_quantizers(live: dict[str, Quantizer], cast_states: dict[str, CastSta
     """Quantizers that repeat a forward's casts: each input cast with the scale (or the noise) the
     original used. An input the original did not cast keeps a quantizer that records nothing
     (``modify_tensor`` features may still ask for it)."""
-    replay: dict[str, Quantizer] = {}
-    for name, quantizer in live.items():
-        state = cast_states.get(name)
-        if isinstance(quantizer, BlockQuantizer):
-            replay[name] = quantizer.replaying(state)
-        elif state is not None:
-            replay[name] = FixedScaleQuantizer(quantizer.format, *state)
-        elif isinstance(quantizer, DelayedScalingQuantizer):
-            replay[name] = FixedScaleQuantizer(quantizer.format, quantizer.scale, quantizer.scale_inv)
-        else:
-            replay[name] = quantizer
-    return replay
+    return {name: quantizer.replaying(cast_states.get(name)) for name, quantizer in live.items()}

@@ -33,10 +33,11 @@ from lowprec.formats import hadamard
 from lowprec.formats.elements import E2M1, ElementFormat, FP4Format, FP8Format
 from lowprec.formats.noise import RoundingStream
 from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ScaleRule
-from lowprec.quant.protocol import BlockLayout, BlockScaledData, BlockScaledTensor
-from lowprec.recipe import BlockRecipe, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
+from lowprec.quant.protocol import BlockLayout, BlockScaledData, BlockScaledTensor, CastState
 
 MX_BLOCK, FLOAT8_BLOCK, NVFP4_BLOCK = 32, 128, 16
+MXFP8_LABEL, FLOAT8_BLOCK_LABEL, NVFP4_LABEL = "mxfp8", "fp8_block_scaling", "nvfp4"
+"""How statistics name the block recipes (``LogFp8TensorStats``' ``mxfp8_underflows%``)."""
 
 
 class BlockQuantizer:
@@ -44,7 +45,8 @@ class BlockQuantizer:
     the scaled values, ``block`` is ``(height, width)`` with width along the GEMM's inner dimension.
     ``hadamard_seed``: the columnwise quantization first goes through the random Hadamard transform.
     ``rounding``: stochastic rounding with that noise stream (E2M1 elements only); ``fixed_offset``
-    replays one earlier cast's noise (see :meth:`replaying`)."""
+    replays one earlier cast's noise (see :meth:`replaying`). ``label``: the statistics name of the recipe that
+    made it (empty: none did)."""
 
     def __init__(
         self,
@@ -55,6 +57,7 @@ class BlockQuantizer:
         hadamard_seed: int | None = None,
         rounding: RoundingStream | None = None,
         fixed_offset: int | None = None,
+        label: str = "",
     ):
         if rounding is not None and not isinstance(element, FP4Format):
             raise ValueError(f"stochastic rounding is implemented for E2M1 elements only, got element format {element.name}")
@@ -65,6 +68,7 @@ class BlockQuantizer:
         self.hadamard_seed = hadamard_seed
         self.rounding = rounding
         self.fixed_offset = fixed_offset
+        self.label = label
 
     @property
     def dtype(self) -> torch.dtype:
@@ -85,14 +89,16 @@ class BlockQuantizer:
         columnwise = self._orientation(x.t(), self.hadamard_seed, offset, "columnwise") if transpose else None
         return BlockScaledTensor(rowwise, columnwise, self.format, tensor.dtype, offset)
 
-    def replaying(self, offset: int | None) -> BlockQuantizer:
+    def replaying(self, offset: CastState) -> BlockQuantizer:
         """A quantizer that repeats a cast of this one (a recomputed forward): stochastic rounding with the
         noise of cast ``offset`` (None: of the next cast), without advancing the stream. Without
         stochastic rounding the casts are deterministic and this quantizer itself repeats them."""
         if self.rounding is None:
             return self
         fixed = offset if offset is not None else self.rounding.next_offset
-        return BlockQuantizer(self.rule, self.element, self.block, self.format, self.hadamard_seed, self.rounding, fixed)
+        return BlockQuantizer(
+            self.rule, self.element, self.block, self.format, self.hadamard_seed, self.rounding, fixed, self.label
+        )
 
     def _uses_kernel(self, x: torch.Tensor) -> bool:
         """Whether a fused Triton kernel casts ``x``: ``kernels.nvfp4``'s for NVFP4, ``kernels.block_fp8``'s for
@@ -101,10 +107,10 @@ class BlockQuantizer:
         if not kernels.runs_on(x):
             return False
         if isinstance(self.rule, NVFP4ScaleRule):
-            return self.block[1] == NVFP4_BLOCK and self.block[0] in (1, NVFP4_BLOCK)
+            return self.element == E2M1 and self.block[1] == NVFP4_BLOCK and self.block[0] in (1, NVFP4_BLOCK)
         from lowprec.kernels import block_fp8
 
-        return self.hadamard_seed is None and block_fp8.supports(self.rule, self.block)
+        return self.hadamard_seed is None and block_fp8.supports(self.rule, self.element, self.block)
 
     def _quantize_fused(self, x: torch.Tensor, transpose: bool, dtype: torch.dtype, offset: int | None) -> BlockScaledTensor:
         if isinstance(self.rule, NVFP4ScaleRule):
@@ -166,45 +172,6 @@ class BlockQuantizer:
         return BlockScaledData(data.reshape(padded_rows, padded_cols), scales.stored, scales.tensor_scale_inv, layout)
 
 
-def block_quantizers(recipe: BlockRecipe, layer_name: str) -> dict[str, BlockQuantizer]:
-    """The quantizers of one layer's activation, weight and gradient under a block recipe, as
-    Transformer Engine configures them (``layer_name`` keys the stochastic-rounding noise)."""
-    if isinstance(recipe, MXFP8BlockScaling):
-        fwd, bwd = recipe.fp8_format.forward, recipe.fp8_format.backward
-        weight_block = (MX_BLOCK, MX_BLOCK) if recipe.enable_2d_quantization else (1, MX_BLOCK)
-        return {
-            "activation": BlockQuantizer(MXScaleRule(fwd), fwd, (1, MX_BLOCK), fwd),
-            "weight": BlockQuantizer(MXScaleRule(fwd), fwd, weight_block, fwd),
-            "gradient": BlockQuantizer(MXScaleRule(bwd), bwd, (1, MX_BLOCK), bwd),
-        }
-    if isinstance(recipe, Float8BlockScaling):
-        fwd, bwd = recipe.fp8_format.forward, recipe.fp8_format.backward
-        power_2 = not recipe.use_f32_scales
-
-        def quantizer(fmt: FP8Format, dim: int) -> BlockQuantizer:
-            block = (FLOAT8_BLOCK, FLOAT8_BLOCK) if dim == 2 else (1, FLOAT8_BLOCK)
-            return BlockQuantizer(Float8BlockScaleRule(fmt, power_2), fmt, block, fmt)
-
-        return {
-            "activation": quantizer(fwd, recipe.x_block_scaling_dim),
-            "weight": quantizer(fwd, recipe.w_block_scaling_dim),
-            "gradient": quantizer(bwd, recipe.grad_block_scaling_dim),
-        }
-    if isinstance(recipe, NVFP4BlockScaling):
-        fmt, rule, row = recipe.fp8_format.forward, NVFP4ScaleRule(), (1, NVFP4_BLOCK)
-        rht = None if recipe.disable_rht else recipe.seed
-        weight_block = row if recipe.disable_2d_quantization else (NVFP4_BLOCK, NVFP4_BLOCK)
-        rounding = None if recipe.disable_stochastic_rounding else RoundingStream(recipe.seed, f"{layer_name}.gradient")
-        return {
-            "activation": BlockQuantizer(rule, E2M1, row, fmt, hadamard_seed=rht),
-            "weight": BlockQuantizer(rule, E2M1, weight_block, fmt),
-            "gradient": BlockQuantizer(rule, E2M1, row, fmt, hadamard_seed=rht, rounding=rounding),
-        }
-    raise TypeError(
-        f"recipe must be one of MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling, got {type(recipe).__name__}"
-    )
-
-
 @dataclass
 class BlockQuantized:
     """FP8 ``data`` (padded, blocks along the last dimension), one ``scale_inv`` per block (MXFP8: the
@@ -223,12 +190,12 @@ def as_2d(tensor: torch.Tensor) -> torch.Tensor:
 
 def mxfp8_quantizer(fmt: FP8Format) -> BlockQuantizer:
     """What-if MXFP8: blocks of 32 along the rows (``transpose``: also down the columns)."""
-    return BlockQuantizer(MXScaleRule(fmt), fmt, (1, MX_BLOCK), fmt)
+    return BlockQuantizer(MXScaleRule(fmt), fmt, (1, MX_BLOCK), fmt, label=MXFP8_LABEL)
 
 
 def block_scaling_quantizer(fmt: FP8Format) -> BlockQuantizer:
     """What-if FP8 block scaling: 128 x 128 tiles with power-of-two scales."""
-    return BlockQuantizer(Float8BlockScaleRule(fmt), fmt, (FLOAT8_BLOCK, FLOAT8_BLOCK), fmt)
+    return BlockQuantizer(Float8BlockScaleRule(fmt), fmt, (FLOAT8_BLOCK, FLOAT8_BLOCK), fmt, label=FLOAT8_BLOCK_LABEL)
 
 
 def mxfp8_quantize(tensor: torch.Tensor, fmt: FP8Format, columnwise: bool = False) -> BlockQuantized:

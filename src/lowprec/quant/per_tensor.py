@@ -8,14 +8,17 @@ stays on the tensor's device: no value is read back to the host.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from lowprec import kernels
 from lowprec.formats.elements import FP8Format
 from lowprec.formats.scales import scale_from_amax
-from lowprec.quant.block import BlockQuantizer
-from lowprec.quant.protocol import Float8Tensor
-from lowprec.recipe import DelayedScaling
+from lowprec.quant.protocol import CastState, Float8Tensor, Quantizer
+
+DELAYED_LABEL, CURRENT_LABEL = "fp8_delayed_scaling", "fp8_current_scaling"
+"""How statistics name the per-tensor recipes (``LogFp8TensorStats``' ``fp8_delayed_scaling_underflows%``)."""
 
 
 def quantize_with_scale(
@@ -63,6 +66,8 @@ def amax_of(tensor: torch.Tensor) -> torch.Tensor:
 class CurrentScalingQuantizer:
     """Per-tensor current scaling: each cast takes its scale from the tensor's own amax."""
 
+    label = CURRENT_LABEL
+
     def __init__(self, fmt: FP8Format, margin: int = 0):
         self.format = fmt
         self.margin = margin
@@ -89,6 +94,17 @@ class CurrentScalingQuantizer:
             return quantize_with_scale(tensor, scale, self.format, transpose, scale_inv)
         return quantize_with_scale(tensor, self.scale_for(tensor), self.format, transpose)
 
+    def replaying(self, state: CastState) -> Quantizer:
+        return self if state is None else FixedScaleQuantizer(self.format, *state, label=self.label)
+
+
+class AmaxHistorySettings(Protocol):
+    """What delayed scaling takes from its recipe (``lowprec.DelayedScaling``)."""
+
+    margin: int
+    amax_history_len: int
+    amax_compute_algo: str
+
 
 class DelayedScalingQuantizer:
     """Delayed scaling: cast with the scale computed from earlier amaxes, then record this amax.
@@ -97,7 +113,9 @@ class DelayedScalingQuantizer:
     maximum (``"max"``) or the newest (``"most_recent"``). The first cast uses scale 1.
     """
 
-    def __init__(self, fmt: FP8Format, recipe: DelayedScaling):
+    label = DELAYED_LABEL
+
+    def __init__(self, fmt: FP8Format, recipe: AmaxHistorySettings):
         self.format = fmt
         self.recipe = recipe
         self.scale = torch.ones((), dtype=torch.float32)
@@ -149,15 +167,21 @@ class DelayedScalingQuantizer:
         self.scale = scale_from_amax(reference, self.format, self.recipe.margin, fallback=self.scale)
         self.scale_inv = self.scale.reciprocal()
 
+    def replaying(self, state: CastState) -> Quantizer:
+        """Without a state (the original did not cast) the current scale, so nothing is recorded."""
+        scale, scale_inv = state if state is not None else (self.scale, self.scale_inv)
+        return FixedScaleQuantizer(self.format, scale, scale_inv, label=self.label)
+
 
 class FixedScaleQuantizer:
     """Casts with a scale given up front and records nothing: how a recomputed forward (activation
     checkpointing) repeats the casts of its original forward exactly, whatever the recipe."""
 
-    def __init__(self, fmt: FP8Format, scale: torch.Tensor, scale_inv: torch.Tensor):
+    def __init__(self, fmt: FP8Format, scale: torch.Tensor, scale_inv: torch.Tensor, label: str = CURRENT_LABEL):
         self.format = fmt
         self.scale = scale
         self.scale_inv = scale_inv
+        self.label = label
 
     @property
     def dtype(self) -> torch.dtype:
@@ -169,5 +193,5 @@ class FixedScaleQuantizer:
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
         return quantize_with_scale(tensor.detach(), self.scale, self.format, transpose, self.scale_inv)
 
-
-Quantizer = CurrentScalingQuantizer | DelayedScalingQuantizer | FixedScaleQuantizer | BlockQuantizer
+    def replaying(self, state: CastState) -> Quantizer:
+        return self if state is None else FixedScaleQuantizer(self.format, *state, label=self.label)

@@ -1,4 +1,9 @@
-"""``BlockScaledTensor``: a tensor quantized with one scale per block (MXFP8, FP8 block scaling, NVFP4).
+"""What every quantizer and quantized tensor of ``lowprec`` offers, and the two quantized tensors.
+
+A ``Quantizer`` casts high-precision tensors; what it returns is a ``QuantizedTensor`` whose inner
+tensors have names (``inner_tensors()``), so autograd saves them by name and rebuilds the tensor with
+``from_inner`` (no positional tuples to keep in step). ``Float8Tensor`` has one scale per tensor;
+``BlockScaledTensor`` one scale per block (MXFP8, FP8 block scaling, NVFP4).
 
 A block format scales blocks along one dimension, so a tensor and its transpose quantize to different
 values; each GEMM wants its operands blocked along its inner dimension. A ``BlockScaledTensor`` holds
@@ -15,14 +20,67 @@ every block's amax as it is, so padding changes no value; ``dequantize`` crops i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
 from lowprec.formats import hadamard
 from lowprec.formats.elements import ElementFormat, FP8Format
 
+CastState = tuple[torch.Tensor, torch.Tensor] | int | None
+"""What a recomputation needs to repeat a cast: a per-tensor cast's ``(scale, scale_inv)``, a block
+cast's stochastic-rounding offset (None: nothing to repeat, or the cast used no noise)."""
 
-class Float8Tensor:
+
+class QuantizedTensor:
+    """Base of the quantized tensors: a high-precision ``dtype`` it stands for, named inner tensors
+    (what autograd saves) and the metadata that rebuilds it from them."""
+
+    dtype: torch.dtype
+
+    def inner_tensors(self) -> dict[str, torch.Tensor | None]:
+        raise NotImplementedError
+
+    def metadata(self) -> dict[str, Any]:
+        """What :meth:`from_inner` needs besides :meth:`inner_tensors`."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_inner(cls, inner: dict[str, torch.Tensor | None], metadata: dict[str, Any]) -> QuantizedTensor:
+        raise NotImplementedError
+
+    def cast_state(self) -> CastState:
+        """What a recomputed forward needs to cast this tensor again bit for bit."""
+        raise NotImplementedError
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def t(self) -> QuantizedTensor:
+        raise NotImplementedError
+
+
+class Quantizer(Protocol):
+    """Casts tensors to one format. ``format``: the FP8 format features that cast per tensor use for it;
+    ``label``: the statistics name of the recipe that made it (``fp8_delayed_scaling``, ``mxfp8``, ...)."""
+
+    format: FP8Format
+    label: str
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> QuantizedTensor:
+        """``tensor`` cast; with ``transpose`` also what a GEMM reading it transposed needs."""
+        ...
+
+    def replaying(self, state: CastState) -> Quantizer:
+        """A quantizer that repeats the cast whose ``cast_state()`` was ``state`` (a recomputed forward),
+        recording nothing and advancing no noise stream."""
+        ...
+
+
+class Float8Tensor(QuantizedTensor):
     """FP8 ``data`` with its fp32 ``scale_inv``; ``dtype`` is the high-precision dtype it stands for.
 
     ``other_layout``, when present, holds the same values in the other memory order (a column-major
@@ -77,21 +135,18 @@ class Float8Tensor:
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         return (self.data.float() * self.scale_inv).to(dtype or self.dtype)
 
-    TENSOR_COUNT = 4  # what tensors() returns
+    def inner_tensors(self) -> dict[str, torch.Tensor | None]:
+        return {"data": self.data, "scale_inv": self.scale_inv, "other_layout": self.other_layout, "scale": self.scale}
 
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """``(data, scale_inv, other_layout, scale)``: what autograd must save (and checkpointing may
-        recompute) to rebuild this tensor with :meth:`from_tensors`."""
-        return self.data, self.scale_inv, self.other_layout, self.scale
-
-    def metadata(self) -> tuple[FP8Format, torch.dtype]:
-        """What :meth:`from_tensors` needs besides :meth:`tensors`."""
-        return self.format, self.dtype
+    def metadata(self) -> dict[str, Any]:
+        return {"fmt": self.format, "dtype": self.dtype}
 
     @classmethod
-    def from_tensors(cls, tensors: tuple[torch.Tensor | None, ...], fmt: FP8Format, dtype: torch.dtype) -> Float8Tensor:
-        data, scale_inv, other_layout, scale = tensors
-        return cls(data, scale_inv, fmt, dtype, other_layout, scale)
+    def from_inner(cls, inner: dict[str, torch.Tensor | None], metadata: dict[str, Any]) -> Float8Tensor:
+        return cls(inner["data"], inner["scale_inv"], metadata["fmt"], metadata["dtype"], inner["other_layout"], inner["scale"])
+
+    def cast_state(self) -> CastState:
+        return None if self.scale is None else (self.scale, self.scale_inv)
 
     def __repr__(self) -> str:
         return f"Float8Tensor({self.format.name}, shape={tuple(self.shape)}, dtype={self.dtype})"
@@ -136,15 +191,13 @@ class BlockScaledData:
         return out[:rows, :cols]
 
 
-class BlockScaledTensor:
+class BlockScaledTensor(QuantizedTensor):
     """A 2-D tensor quantized blockwise: ``rowwise`` and optionally ``columnwise`` (see module docstring).
 
     ``format`` is the FP8 format that features casting per tensor use for it (the element format for
     FP8 recipes, the recipe's ``fp8_format`` for NVFP4); ``dtype`` the high-precision dtype it stands
     for; ``rounding_offset`` the cast number whose noise stochastic rounding used (None: none used).
     """
-
-    TENSOR_COUNT = 6  # what tensors() returns
 
     def __init__(
         self,
@@ -190,32 +243,30 @@ class BlockScaledTensor:
         values = self.rowwise.dequantize() if self.rowwise is not None else self.columnwise.dequantize().t()
         return values.to(dtype or self.dtype)
 
-    def tensors(self) -> tuple[torch.Tensor | None, ...]:
-        """``(data, scales, tensor_scale_inv)`` of the rowwise then the columnwise quantization (None where
-        absent): what autograd saves to rebuild this tensor with :meth:`from_tensors`."""
-        out: list[torch.Tensor | None] = []
-        for part in (self.rowwise, self.columnwise):
-            out.extend((part.data, part.scales, part.tensor_scale_inv) if part is not None else (None, None, None))
-        return tuple(out)
+    def inner_tensors(self) -> dict[str, torch.Tensor | None]:
+        inner: dict[str, torch.Tensor | None] = {}
+        for name, part in (("rowwise", self.rowwise), ("columnwise", self.columnwise)):
+            for field in ("data", "scales", "tensor_scale_inv"):
+                inner[f"{name}_{field}"] = getattr(part, field) if part is not None else None
+        return inner
 
-    def metadata(self) -> tuple:
-        """What :meth:`from_tensors` needs besides :meth:`tensors`."""
-        layouts = tuple(part.layout if part is not None else None for part in (self.rowwise, self.columnwise))
-        return layouts, self.format, self.dtype, self.rounding_offset
+    def metadata(self) -> dict[str, Any]:
+        layouts = {name: part.layout if part is not None else None for name, part in self._parts()}
+        return {"layouts": layouts, "fmt": self.format, "dtype": self.dtype, "rounding_offset": self.rounding_offset}
 
     @classmethod
-    def from_tensors(
-        cls,
-        tensors: tuple[torch.Tensor | None, ...],
-        layouts: tuple[BlockLayout | None, BlockLayout | None],
-        fmt: FP8Format,
-        dtype: torch.dtype,
-        rounding_offset: int | None,
-    ) -> BlockScaledTensor:
-        parts = []
-        for layout, (data, scales, tensor_scale_inv) in zip(layouts, (tensors[:3], tensors[3:]), strict=True):
-            parts.append(BlockScaledData(data, scales, tensor_scale_inv, layout) if layout is not None else None)
-        return cls(parts[0], parts[1], fmt, dtype, rounding_offset)
+    def from_inner(cls, inner: dict[str, torch.Tensor | None], metadata: dict[str, Any]) -> BlockScaledTensor:
+        parts = {}
+        for name, layout in metadata["layouts"].items():
+            fields = (inner[f"{name}_data"], inner[f"{name}_scales"], inner[f"{name}_tensor_scale_inv"])
+            parts[name] = BlockScaledData(*fields, layout) if layout is not None else None
+        return cls(parts["rowwise"], parts["columnwise"], metadata["fmt"], metadata["dtype"], metadata["rounding_offset"])
+
+    def cast_state(self) -> CastState:
+        return self.rounding_offset
+
+    def _parts(self) -> tuple[tuple[str, BlockScaledData | None], ...]:
+        return (("rowwise", self.rowwise), ("columnwise", self.columnwise))
 
     def __repr__(self) -> str:
         layout = (self.rowwise or self.columnwise).layout

@@ -7,8 +7,7 @@ import weakref
 import torch
 
 from lowprec import kernels
-from lowprec.quant.per_tensor import Quantizer
-from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
+from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor, Quantizer
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)  # how many hold a storage (a private torch function)
 

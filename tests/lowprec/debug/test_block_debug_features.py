@@ -15,7 +15,6 @@ import lowprec
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.log_fp8_tensor_stats import own_quantization
 from lowprec.formats.elements import E4M3, E5M2, MAGNITUDES, FP8Format
-from lowprec.quant.block import block_quantizers
 from nvdlfw_inspect.errors import ConfigError
 
 E2M1_GRID = torch.tensor(MAGNITUDES, dtype=torch.float64)
@@ -257,9 +256,30 @@ def test_block_scale_stats_of_per_tensor_recipes_are_config_errors(log_dir, stat
 def test_own_cast_of_a_high_precision_operand_replays_the_rounding_noise():
     """Stats of a gradient its GEMMs read in high precision: the cast the layer would make, its noise replayed,
     the stream not advanced, so the layer's next real cast is the one it would have made anyway."""
-    quantizer = block_quantizers(lowprec.NVFP4BlockScaling(), "lin")["gradient"]
+    quantizer = lowprec.NVFP4BlockScaling().quantizers("lin")["gradient"]
     g = wide((32, 64), 40)
     seen = own_quantization(g, True, {"quantizer": quantizer, "rowwise_quantized_tensor": g})
     assert quantizer.rounding.next_offset == 0
     real = quantizer.quantize(g, transpose=True).columnwise
     assert torch.equal(seen.data, real.data) and torch.equal(seen.dequantized, real.dequantize().t())
+
+
+@pytest.mark.parametrize("recipe", [lowprec.Float8CurrentScaling(), lowprec.MXFP8BlockScaling()], ids=["fp8", "mxfp8"])
+def test_stats_features_given_a_quantized_tensor_say_so_and_log_nothing(log_dir, recipe):
+    """Block-scaled tensors are recognised where Float8Tensor is: a quantized tensor handed to a statistics
+    feature is not read as a high-precision one (it used to fail on ``.numel()`` for block formats)."""
+    features = {
+        "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]},
+        "LogFp8TensorStats": {"enabled": True, "stats": ["mxfp8_underflows%"], "tensors": ["activation"]},
+        "LogNvfp4TensorStats": {"enabled": True, "stats": ["underflows%"], "tensors": ["activation"]},
+    }
+    start(section(features), log_dir)
+    try:
+        quantized = recipe.quantizers("lin")["activation"].quantize(X)
+        debug_api.transformer_engine.inspect_tensor(layer_name="lin", tensor_name="activation", tensor=quantized, iteration=0)
+        debug_api.step()
+    finally:
+        debug_api.end_debug()
+    debug_log = (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    assert "LogTensorStats needs the high-precision activation; none was given, nothing is logged" in debug_log
+    assert (log_dir / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log").read_text().strip() == ""

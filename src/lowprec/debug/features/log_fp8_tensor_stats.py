@@ -21,10 +21,9 @@ from lowprec.debug.block_scale_stats import SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
 from lowprec.debug.quantized_stats import Quantized, from_block, per_tensor, quantization_fields
 from lowprec.formats.elements import E4M3, E5M2, FP8Format
-from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
-from lowprec.quant.block import BlockQuantizer, block_scaling_quantizer, mxfp8_quantizer
-from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer, Quantizer
-from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
+from lowprec.quant.block import FLOAT8_BLOCK_LABEL, MXFP8_LABEL, block_scaling_quantizer, mxfp8_quantizer
+from lowprec.quant.per_tensor import CURRENT_LABEL, DELAYED_LABEL, CurrentScalingQuantizer, DelayedScalingQuantizer
+from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor, QuantizedTensor, Quantizer
 from lowprec.recipe import DelayedScaling
 from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_key
 from nvdlfw_inspect.errors import ConfigLocation
@@ -32,10 +31,8 @@ from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.partials import empty_partials, set_fields
 
-DELAYED, CURRENT, MXFP8, BLOCK = "fp8_delayed_scaling", "fp8_current_scaling", "mxfp8", "fp8_block_scaling"
-NVFP4 = "nvfp4"  # a layer's own recipe only; what-if NVFP4 is LogNvfp4TensorStats
-RECIPES = (DELAYED, CURRENT, MXFP8, BLOCK)
-BLOCK_RULES = {MXScaleRule: MXFP8, Float8BlockScaleRule: BLOCK, NVFP4ScaleRule: NVFP4}
+DELAYED, CURRENT, MXFP8, BLOCK = DELAYED_LABEL, CURRENT_LABEL, MXFP8_LABEL, FLOAT8_BLOCK_LABEL
+RECIPES = (DELAYED, CURRENT, MXFP8, BLOCK)  # what-if recipes (what-if NVFP4 is LogNvfp4TensorStats)
 PER_TENSOR = (DELAYED, CURRENT)
 NAMES = ("underflows%", "overflows%", "scale_inv_min", "scale_inv_max", "mse", *SCALE_STATS)
 COLUMNWISE = "_columnwise"
@@ -99,15 +96,12 @@ def parse_fp8_stats(config: dict, location: ConfigLocation) -> list[Fp8Stat]:
     return parse_each(stats, location.child("stats"), parse_fp8_stat)
 
 
-def recipe_of(quantizer: Quantizer | BlockQuantizer | None) -> str | None:
-    """The recipe a layer's quantizer belongs to (None: no quantizer, the layer runs without a recipe)."""
-    if isinstance(quantizer, DelayedScalingQuantizer):
-        return DELAYED
-    if isinstance(quantizer, CurrentScalingQuantizer):
-        return CURRENT
-    if isinstance(quantizer, BlockQuantizer):
-        return BLOCK_RULES[type(quantizer.rule)]
-    return None
+def recipe_of(quantizer: Quantizer | None) -> str | None:
+    """The statistics name of the recipe a layer's quantizer belongs to (None: the layer runs without a recipe,
+    or its quantizer came from no recipe)."""
+    if quantizer is None or not quantizer.label:
+        return None
+    return quantizer.label
 
 
 @dataclass(frozen=True)
@@ -149,7 +143,7 @@ class LogFp8TensorStats(ScheduledStats):
     ) -> None:
         if not self.due(config, layer_name, tensor_name, iteration):
             return
-        if tensor is None or isinstance(tensor, Float8Tensor) or tensor.numel() == 0:
+        if tensor is None or isinstance(tensor, QuantizedTensor) or tensor.numel() == 0:
             return
         quantizer = kwargs.get("quantizer")
         own_recipe = recipe_of(quantizer)

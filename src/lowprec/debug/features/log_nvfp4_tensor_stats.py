@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from lowprec.debug.block_scale_stats import SCALE_STATS, feed_scale_stats
-from lowprec.debug.features.log_fp8_tensor_stats import NVFP4, own_quantization, recipe_of
+from lowprec.debug.features.log_fp8_tensor_stats import own_quantization, recipe_of
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
 from lowprec.debug.quantized_stats import Quantized, from_block, quantization_fields
-from lowprec.quant.block import BlockQuantizer, block_quantizers
-from lowprec.quant.protocol import Float8Tensor
+from lowprec.quant.block import NVFP4_LABEL, BlockQuantizer
+from lowprec.quant.protocol import QuantizedTensor
 from lowprec.recipe import NVFP4BlockScaling
 from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_key
 from nvdlfw_inspect.errors import ConfigLocation
@@ -42,9 +42,9 @@ def parse_nvfp4_stats(config: dict, location: ConfigLocation) -> list[str]:
 
 def nvfp4_quantization(tensor: torch.Tensor, tensor_name: str, layer_name: str, own: dict[str, Any]) -> Quantized:
     """The layer's own NVFP4 cast (rowwise) when it runs NVFP4BlockScaling, else the what-if cast."""
-    if recipe_of(own.get("quantizer")) == NVFP4:
+    if recipe_of(own.get("quantizer")) == NVFP4_LABEL:
         return own_quantization(tensor, False, own)
-    quantizer: BlockQuantizer = block_quantizers(WHAT_IF, layer_name)[tensor_name]
+    quantizer: BlockQuantizer = WHAT_IF.quantizers(layer_name)[tensor_name]
     return from_block(quantizer.quantize(tensor).rowwise, False)
 
 
@@ -69,7 +69,7 @@ class LogNvfp4TensorStats(ScheduledStats):
     ) -> None:
         if not self.due(config, layer_name, tensor_name, iteration):
             return
-        if tensor is None or isinstance(tensor, Float8Tensor) or tensor.numel() == 0:
+        if tensor is None or isinstance(tensor, QuantizedTensor) or tensor.numel() == 0:
             return
         stats = self.parsed_stats(config)
         q = nvfp4_quantization(tensor, tensor_name, layer_name, kwargs)

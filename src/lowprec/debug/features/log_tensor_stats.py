@@ -16,7 +16,7 @@ import torch
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.schedule import next_enabled_iter
-from lowprec.quant.protocol import Float8Tensor
+from lowprec.quant.protocol import QuantizedTensor
 from nvdlfw_inspect.debug_features.generic_feature_api import PerConfig
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, stats_list, validate_window, window_key
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
@@ -167,7 +167,7 @@ class LogTensorStats(ScheduledStats):
     ) -> None:
         if not self.due(config, layer_name, tensor_name, iteration, api="look_at_tensor_before_process"):
             return
-        if tensor is None or isinstance(tensor, Float8Tensor):
+        if tensor is None or isinstance(tensor, QuantizedTensor):
             debug_api.log_message(
                 f"LogTensorStats needs the high-precision {tensor_name}; none was given, nothing is logged",
                 layer_name,

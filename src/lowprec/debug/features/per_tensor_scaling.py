@@ -7,8 +7,8 @@ import torch
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import ModifiesSelectedTensors
 from lowprec.formats.elements import E4M3, E5M2
-from lowprec.quant.per_tensor import CurrentScalingQuantizer, Quantizer
-from lowprec.quant.protocol import Float8Tensor
+from lowprec.quant.per_tensor import CurrentScalingQuantizer
+from lowprec.quant.protocol import Float8Tensor, Quantizer
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 
