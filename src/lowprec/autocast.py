@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from lowprec.errors import LowprecTypeError
 from lowprec.recipe import RECIPES, DelayedScaling, Recipe
 
 
@@ -16,11 +17,6 @@ class AutocastState:
 
 
 _stack: list[AutocastState] = [AutocastState()]
-
-
-def current() -> AutocastState:
-    """The innermost autocast state; outside any ``autocast`` FP8 is off."""
-    return _stack[-1]
 
 
 def active_recipe() -> Recipe | None:
@@ -36,12 +32,12 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[Non
     ``enabled=False`` runs them in high precision, also inside an enclosing autocast.
     """
     if not isinstance(enabled, bool):
-        raise TypeError(f"autocast(enabled=...) must be a bool, got {enabled!r}")
+        raise LowprecTypeError(f"autocast(enabled=...) must be a bool, got {enabled!r}")
     if recipe is None:
         recipe = DelayedScaling()
     if not isinstance(recipe, RECIPES):
         allowed = ", ".join(f"lowprec.{cls.__name__}" for cls in RECIPES)
-        raise TypeError(f"autocast recipe must be one of {allowed}; got {type(recipe).__name__}")
+        raise LowprecTypeError(f"autocast recipe must be one of {allowed}; got {type(recipe).__name__}")
     _stack.append(AutocastState(enabled, recipe))
     try:
         yield

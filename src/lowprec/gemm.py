@@ -24,10 +24,9 @@ import logging
 import torch
 
 from lowprec.formats.elements import E5M2
-from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
+from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor, QuantizedTensor
 
 Operand = torch.Tensor | Float8Tensor | BlockScaledTensor
-Quantized = (Float8Tensor, BlockScaledTensor)
 
 logger = logging.getLogger("lowprec")
 ACCUMULATION_BOUND = 2.0**-11  # relative to the sum of |products|: 8x the ~14-bit partial sums' rounding
@@ -46,13 +45,13 @@ def gemm(a: Operand, b: Operand, out_dtype: torch.dtype, bias: torch.Tensor | No
     quantized = _quantized_gemm(a, b, out_dtype)
     if quantized is not None:
         return quantized if bias is None else quantized + bias.to(out_dtype)
-    if isinstance(a, Quantized) or isinstance(b, Quantized):
+    if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
         _say_once(
             "lowprec: a GEMM got one quantized and one high-precision operand, or two of different formats; "
             "it runs in high precision"
         )
-        a = a.dequantize(out_dtype) if isinstance(a, Quantized) else a
-        b = b.t().dequantize(out_dtype).t() if isinstance(b, Quantized) else b  # a right operand as the GEMM reads it
+        a = a.dequantize(out_dtype) if isinstance(a, QuantizedTensor) else a
+        b = b.t().dequantize(out_dtype).t() if isinstance(b, QuantizedTensor) else b  # a right operand as the GEMM reads it
     a, b = a.to(out_dtype), b.to(out_dtype)
     return torch.matmul(a, b) if bias is None else torch.addmm(bias.to(out_dtype), a, b)
 

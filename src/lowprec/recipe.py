@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from lowprec.errors import LowprecValueError
 from lowprec.formats import elements
 from lowprec.formats.elements import E2M1, FP4Format, FP8Format
 from lowprec.formats.noise import RoundingStream
-from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
-from lowprec.quant.block import FLOAT8_BLOCK, FLOAT8_BLOCK_LABEL, MX_BLOCK, MXFP8_LABEL, NVFP4_BLOCK, NVFP4_LABEL, BlockQuantizer
+from lowprec.formats.scales import FLOAT8_BLOCK, MX_BLOCK, NVFP4_BLOCK, Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
+from lowprec.quant.block import FLOAT8_BLOCK_LABEL, MXFP8_LABEL, NVFP4_LABEL, BlockQuantizer
 from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer
 from lowprec.quant.protocol import Quantizer
 
@@ -78,9 +79,9 @@ class DelayedScaling(Recipe):
         _check_format(self.fp8_format)
         _check_margin(self.margin)
         if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
-            raise ValueError(f"DelayedScaling.amax_history_len must be a positive integer, got {self.amax_history_len!r}")
+            raise LowprecValueError(f"DelayedScaling.amax_history_len must be a positive integer, got {self.amax_history_len!r}")
         if self.amax_compute_algo not in _AMAX_ALGOS:
-            raise ValueError(
+            raise LowprecValueError(
                 f"DelayedScaling.amax_compute_algo must be one of {list(_AMAX_ALGOS)}, got {self.amax_compute_algo!r}"
             )
 
@@ -147,10 +148,10 @@ class Float8BlockScaling(Recipe):
         dims = {"x": self.x_block_scaling_dim, "w": self.w_block_scaling_dim, "grad": self.grad_block_scaling_dim}
         for name, dim in dims.items():
             if isinstance(dim, bool) or dim not in (1, 2):
-                raise ValueError(f"Float8BlockScaling.{name}_block_scaling_dim must be 1 or 2, got {dim!r}")
+                raise LowprecValueError(f"Float8BlockScaling.{name}_block_scaling_dim must be 1 or 2, got {dim!r}")
         two_d = [f"{name}_block_scaling_dim" for name, dim in dims.items() if dim == 2]
         if len(two_d) > 1:
-            raise ValueError(
+            raise LowprecValueError(
                 f"Float8BlockScaling: {' and '.join(two_d)} are both 2, but a GEMM cannot take two 2-D block-scaled "
                 "operands; set at most one of them to 2"
             )
@@ -189,14 +190,14 @@ class NVFP4BlockScaling(Recipe):
         for name in ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization"):
             _check_bool(f"NVFP4BlockScaling.{name}", getattr(self, name))
         if self.fp4_format is not Format.E2M1:
-            raise ValueError(f"NVFP4BlockScaling.fp4_format must be lowprec.Format.E2M1, got {self.fp4_format!r}")
+            raise LowprecValueError(f"NVFP4BlockScaling.fp4_format must be lowprec.Format.E2M1, got {self.fp4_format!r}")
         if self.fp8_format is not Format.E4M3:
-            raise ValueError(
+            raise LowprecValueError(
                 f"NVFP4BlockScaling.fp8_format (the format of the block scales) must be lowprec.Format.E4M3, "
                 f"got {self.fp8_format!r}"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise ValueError(f"NVFP4BlockScaling.seed must be an integer in [0, 2**63), got {self.seed!r}")
+            raise LowprecValueError(f"NVFP4BlockScaling.seed must be an integer in [0, 2**63), got {self.seed!r}")
 
     def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
         fmt, rule, row = self.fp8_format.forward, NVFP4ScaleRule(), (1, NVFP4_BLOCK)
@@ -210,21 +211,20 @@ class NVFP4BlockScaling(Recipe):
         }
 
 
-BlockRecipe = MXFP8BlockScaling | Float8BlockScaling | NVFP4BlockScaling
 RECIPES = (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)
 BLOCK_RECIPES = (MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)
 
 
 def _check_format(fmt: object) -> None:
     if fmt not in FP8_FORMATS:
-        raise ValueError(f"fp8_format must be a lowprec.Format ({', '.join(f.name for f in FP8_FORMATS)}), got {fmt!r}")
+        raise LowprecValueError(f"fp8_format must be a lowprec.Format ({', '.join(f.name for f in FP8_FORMATS)}), got {fmt!r}")
 
 
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
+        raise LowprecValueError(f"{name} must be a bool, got {value!r}")
 
 
 def _check_margin(margin: object) -> None:
     if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
-        raise ValueError(f"margin must be a non-negative integer, got {margin!r}")
+        raise LowprecValueError(f"margin must be a non-negative integer, got {margin!r}")

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from lowprec.formats.elements import E2M1, E4M3, E5M2
-from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
+from lowprec.formats.scales import MX_BLOCK, Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
 from lowprec.kernels import runs_on
-from lowprec.quant.block import MX_BLOCK, BlockQuantizer
+from lowprec.quant.block import BlockQuantizer
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 CHECKS = Path(__file__).with_name("triton_block_fp8_checks.py")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lowprec.errors import LowprecValueError
 from lowprec.recipe import (
     DelayedScaling,
     Float8BlockScaling,
@@ -55,13 +56,13 @@ def parse_recipes(names: str | list[str] | tuple[str, ...]) -> list[str]:
     names are a ``ValueError`` naming the known ones."""
     listed = [name.strip() for name in names.split(",")] if isinstance(names, str) else list(names)
     if not listed or any(not isinstance(name, str) or not name for name in listed):
-        raise ValueError(f"recipes must be names from {list(RECIPES)}, got {names!r}")
+        raise LowprecValueError(f"recipes must be names from {list(RECIPES)}, got {names!r}")
     unknown = [name for name in listed if name not in RECIPES]
     if unknown:
-        raise ValueError(
+        raise LowprecValueError(
             f"unknown recipe{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; known: {', '.join(RECIPES)}"
         )
     repeated = sorted({name for name in listed if listed.count(name) > 1})
     if repeated:
-        raise ValueError(f"recipe{'s' if len(repeated) > 1 else ''} given twice: {', '.join(repeated)}")
+        raise LowprecValueError(f"recipe{'s' if len(repeated) > 1 else ''} given twice: {', '.join(repeated)}")
     return listed

@@ -33,6 +33,8 @@ from typing import Protocol
 
 import torch
 
+from lowprec.errors import LowprecValueError
+
 
 class ElementFormat(Protocol):
     """What block quantization needs of an element format (FP8 or FP4 E2M1)."""
@@ -86,7 +88,7 @@ def fp8_format(name: str) -> FP8Format:
     try:
         return FP8_FORMATS[name]
     except KeyError:
-        raise ValueError(f"unknown FP8 format {name!r}; known: {sorted(FP8_FORMATS)}") from None
+        raise LowprecValueError(f"unknown FP8 format {name!r}; known: {sorted(FP8_FORMATS)}") from None
 
 
 MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

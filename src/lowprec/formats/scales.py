@@ -32,6 +32,8 @@ import torch
 from lowprec.formats.elements import E2M1, E4M3, FP8Format
 
 FP32_MAX = torch.finfo(torch.float32).max
+MX_BLOCK, FLOAT8_BLOCK, NVFP4_BLOCK = 32, 128, 16
+"""Values per block along the GEMM's inner dimension: MXFP8, FP8 block scaling (1 x 128 or 128 x 128), NVFP4."""
 E8M0_BIAS = 127
 
 

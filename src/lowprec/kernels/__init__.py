@@ -13,6 +13,8 @@ import importlib.util
 
 import torch
 
+from lowprec.errors import LowprecValueError
+
 KERNEL_MODES = ("auto", "emulated")
 _mode = "auto"
 
@@ -22,7 +24,7 @@ def set_kernel_mode(mode: str) -> str:
     previous mode, so a caller can put it back."""
     global _mode
     if mode not in KERNEL_MODES:
-        raise ValueError(f"lowprec kernel mode must be one of {', '.join(map(repr, KERNEL_MODES))}; got {mode!r}")
+        raise LowprecValueError(f"lowprec kernel mode must be one of {', '.join(map(repr, KERNEL_MODES))}; got {mode!r}")
     previous, _mode = _mode, mode
     return previous
 

@@ -20,9 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
+from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E4M3, E5M2, ElementFormat, FP8Format
 from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, ScaleRule
-from lowprec.kernels.fp8_cast import OPTIONS, fp8_bytes, load_tile
+from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, fp8_bytes, load_tile
 
 E8M0, FP32_POWER_OF_2, FP32 = 0, 1, 2  # the kernel's SCALE_KIND: how block amaxes become scales
 BLOCK_WIDTHS = (32, 64, 128)  # tiles the kernel handles (BLOCK x BLOCK, a power of two)
@@ -58,7 +59,7 @@ def _scales(amax, FP8_MAX: tl.constexpr, INV_FP8_MAX: tl.constexpr, SCALE_KIND: 
     else:
         usable = (amax > 0) & (amax < float("inf"))
         scale = tl.math.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), tl.where(usable, amax, 1.0))
-        scale = tl.where(scale == float("inf"), 3.4028234663852886e38, scale)
+        scale = tl.where(scale == float("inf"), FP32_MAX_CONSTEXPR, scale)
         if SCALE_KIND == 1:  # every such scale is a normal number: clearing the mantissa floors it to a power of two
             scale = (scale.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
         multiplier = tl.where(usable, scale, 1.0)
@@ -138,7 +139,9 @@ def quantize_block_fp8(
     the emulation pads) and scales (E8M0 ``float8_e8m0fnu`` or fp32 inverse scales), and with
     ``columnwise`` those of the transpose, else None."""
     if not supports(rule, rule.element, block):
-        raise ValueError(f"the fused block kernel casts 1 x B or B x B blocks, B in {BLOCK_WIDTHS}, got {block} with {rule}")
+        raise LowprecValueError(
+            f"the fused block kernel casts 1 x B or B x B blocks, B in {BLOCK_WIDTHS}, got {block} with {rule}"
+        )
     fmt: FP8Format = rule.element
     kind, square, width = scale_kind(rule), block[0] > 1, block[1]
     rows, cols = tensor.shape

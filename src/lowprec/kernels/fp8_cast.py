@@ -27,12 +27,14 @@ import triton
 import triton.language as tl
 
 from lowprec.formats.elements import E4M3, FP8Format
+from lowprec.formats.scales import FP32_MAX
 from nvdlfw_inspect.stats.triton_partials import round_to_grid
 
 TILE = 64
 AMAX_BLOCK = 4096
 AMAX_PROGRAMS = 1024
 OPTIONS = {"enable_fp_fusion": False}  # no contracted multiply-adds: every rounding as written
+FP32_MAX_CONSTEXPR = tl.constexpr(FP32_MAX)  # what the kernels clamp infinite scales to
 NAN_BYTE = tl.constexpr(0x7F)  # the canonical positive NaN of E4M3 and E5M2
 
 

@@ -13,10 +13,9 @@ import triton
 import triton.language as tl
 
 from lowprec.formats.elements import FP8Format
-from lowprec.kernels.fp8_cast import OPTIONS, _nan_aware_max, amax_partials
+from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, _nan_aware_max, amax_partials
 
 PARTIALS_BLOCK = 1024
-FP32_MAX = tl.constexpr(torch.finfo(torch.float32).max)
 
 
 @triton.jit
@@ -38,7 +37,7 @@ def _scale_from_amax(reference, fallback, FP8_MAX: tl.constexpr, MARGIN_FACTOR: 
     usable = (reference == reference) & (reference < float("inf")) & (reference > 0.0)
     scale = tl.math.div_rn(1.0, tl.where(usable, reference, 1.0)) * FP8_MAX
     scale = tl.math.div_rn(scale, MARGIN_FACTOR)
-    scale = tl.where(scale == float("inf"), FP32_MAX, scale)
+    scale = tl.where(scale == float("inf"), FP32_MAX_CONSTEXPR, scale)
     return tl.where(usable, scale, fallback)
 
 

@@ -27,13 +27,13 @@ import torch
 import triton
 import triton.language as tl
 
+from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E2M1, E4M3
 from lowprec.formats.noise import HASH_MULTIPLIERS, MASK32, NOISE_BITS
-from lowprec.formats.scales import FP32_MAX
-from lowprec.kernels.fp8_cast import OPTIONS, fp8_bytes, load_tile
+from lowprec.formats.scales import FP32_MAX, NVFP4_BLOCK
+from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, fp8_bytes, load_tile
 from nvdlfw_inspect.stats.triton_partials import round_to_grid
 
-NVFP4_BLOCK = 16  # elements per block along the GEMM's inner dimension
 TILE = 64  # the cast's tiles: TILE x TILE elements, whole blocks of both orientations
 AMAX_TILE_ROWS, AMAX_TILE_COLS = 64, 128  # the amax pass's tiles, one partial each
 BLOCK_HEIGHTS = (1, NVFP4_BLOCK)  # 1 x 16 or 16 x 16 blocks
@@ -101,7 +101,7 @@ def _cast_blocks(
     stored = fp8_bytes(per_block, 448.0, -6, 3, True)
     scale = round_to_grid(tl.where(per_block > 448.0, 448.0, per_block), -6, 3)  # the stored scale's value
     multiplier = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale * decode)
-    multiplier = tl.where(multiplier > 3.4028234663852886e38, 3.4028234663852886e38, multiplier)  # NaN stays
+    multiplier = tl.where(multiplier > FP32_MAX_CONSTEXPR, FP32_MAX_CONSTEXPR, multiplier)  # NaN stays
     scaled = tl.reshape(blocks * multiplier[:, None, :, None], (ROWS, COLS))
     if STOCHASTIC:
         noise = _uniform(noise_index, key_lo, key_hi)
@@ -240,9 +240,9 @@ def quantize_nvfp4(
     even, else ``(rowwise_key, columnwise_key)`` (``RoundingStream.key(offset, "rowwise")`` and
     ``key(offset, "columnwise")``) for stochastic rounding with that cast's noise."""
     if tensor.dim() != 2:
-        raise ValueError(f"quantize_nvfp4 takes a 2-D tensor, got shape {tuple(tensor.shape)}")
+        raise LowprecValueError(f"quantize_nvfp4 takes a 2-D tensor, got shape {tuple(tensor.shape)}")
     if block_height not in BLOCK_HEIGHTS:
-        raise ValueError(f"NVFP4 blocks are 1 x 16 or 16 x 16, got block height {block_height}")
+        raise LowprecValueError(f"NVFP4 blocks are 1 x 16 or 16 x 16, got block height {block_height}")
     rows, cols = tensor.shape
     device = tensor.device
     padded_rows, padded_cols = triton.cdiv(rows, 16) * 16, triton.cdiv(cols, 16) * 16

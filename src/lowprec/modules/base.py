@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from lowprec.errors import LowprecTypeError
 from lowprec.modules.gemm_unit import GemmUnit
 
 _unnamed = itertools.count(1)
@@ -26,7 +27,7 @@ class NamedModule(torch.nn.Module):
     def __init__(self, name: str | None):
         super().__init__()
         if name is not None and not isinstance(name, str):
-            raise TypeError(f"name must be a string, got {name!r}")
+            raise LowprecTypeError(f"name must be a string, got {name!r}")
         self._name = default_name() if name is None else name
 
     @property
@@ -36,7 +37,7 @@ class NamedModule(torch.nn.Module):
     @name.setter
     def name(self, value: str) -> None:
         if not isinstance(value, str):
-            raise TypeError(f"name must be a string, got {value!r}")
+            raise LowprecTypeError(f"name must be a string, got {value!r}")
         self._name = value
         self._name_children(value)
 

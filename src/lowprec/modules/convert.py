@@ -18,6 +18,7 @@ import torch
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.utils import parametrize
 
+from lowprec.errors import LowprecTypeError, LowprecValueError
 from lowprec.modules.base import NamedModule
 from lowprec.modules.conv1d import Conv1D
 from lowprec.modules.linear import Linear
@@ -107,9 +108,9 @@ def convert_with_report(
     matches ``path`` and no ``exclude`` regex does: ``exclude="lm_head"`` keeps the head in high precision.
     """
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise LowprecTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(prefix, str):
-        raise TypeError(f"prefix must be a string, got {prefix!r}")
+        raise LowprecTypeError(f"prefix must be a string, got {prefix!r}")
     selection = _Selection(module_filter_fn, _patterns("include", include), _patterns("exclude", exclude))
     report = ConvertReport(model)
     report.model = _Converter(prefix, selection, report).visit(model, "")
@@ -123,15 +124,15 @@ def _patterns(arg: str, value: str | Sequence[str] | None) -> list[re.Pattern[st
         return None
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
-        raise TypeError(f"{arg} must be a regex string or a list of regex strings, got {value!r}")
+        raise LowprecTypeError(f"{arg} must be a regex string or a list of regex strings, got {value!r}")
     if not items:
-        raise ValueError(f"{arg} must hold at least one regex, got {value!r}; pass None to select every module")
+        raise LowprecValueError(f"{arg} must hold at least one regex, got {value!r}; pass None to select every module")
     compiled = []
     for item in items:
         try:
             compiled.append(re.compile(item))
         except re.error as err:
-            raise ValueError(f"{arg}: {item!r} is not a valid regular expression ({err})") from None
+            raise LowprecValueError(f"{arg}: {item!r} is not a valid regular expression ({err})") from None
     return compiled
 
 
@@ -145,7 +146,7 @@ class _Selection:
         exclude: list[re.Pattern[str]] | None,
     ):
         if fn is not None and not callable(fn):
-            raise TypeError(f"module_filter_fn must be callable as fn(path, module) -> bool, got {fn!r}")
+            raise LowprecTypeError(f"module_filter_fn must be callable as fn(path, module) -> bool, got {fn!r}")
         self.fn, self.include, self.exclude = fn, include, exclude
 
     def keeps(self, path: str, module: torch.nn.Module) -> bool:
@@ -157,7 +158,7 @@ class _Selection:
             return True
         chosen = self.fn(path, module)
         if not isinstance(chosen, bool):
-            raise TypeError(f"module_filter_fn must return a bool, got {chosen!r} for path {path!r}")
+            raise LowprecTypeError(f"module_filter_fn must return a bool, got {chosen!r} for path {path!r}")
         return chosen
 
 

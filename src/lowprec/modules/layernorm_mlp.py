@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lowprec.errors import LowprecValueError
 from lowprec.modules.base import NamedModule
 from lowprec.modules.gemm_unit import GemmUnit
 from lowprec.modules.linear import init_linear_parameters
@@ -61,7 +62,7 @@ class LayerNormMLP(NamedModule):
     ):
         super().__init__(name)
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+            raise LowprecValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.activation = activation
         self._activation, widen = ACTIVATIONS[activation]
         factory = {"device": device, "dtype": params_dtype}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lowprec.errors import LowprecValueError
+
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
 
@@ -14,7 +16,7 @@ class Norm(torch.nn.Module):
     def __init__(self, size: int, normalization: str, eps: float, device=None, dtype=None):
         super().__init__()
         if normalization not in NORMALIZATIONS:
-            raise ValueError(f"normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}")
+            raise LowprecValueError(f"normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}")
         self.normalization, self.eps = normalization, eps
         self.weight = torch.nn.Parameter(torch.ones(size, device=device, dtype=dtype))
         self.bias = torch.nn.Parameter(torch.zeros(size, device=device, dtype=dtype)) if normalization == "LayerNorm" else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lowprec.errors import LowprecValueError
 from lowprec.modules.base import NamedModule
 from lowprec.modules.layernorm_linear import LayerNormLinear
 from lowprec.modules.layernorm_mlp import LayerNormMLP
@@ -39,7 +40,9 @@ class SelfAttention(NamedModule):
     ):
         super().__init__(name)
         if hidden_size % num_attention_heads:
-            raise ValueError(f"hidden_size ({hidden_size}) must be a multiple of num_attention_heads ({num_attention_heads})")
+            raise LowprecValueError(
+                f"hidden_size ({hidden_size}) must be a multiple of num_attention_heads ({num_attention_heads})"
+            )
         self.heads, self.attention_dropout = num_attention_heads, attention_dropout
         self.causal, self.input_format = mask_type == "causal", input_format
         factory = {"device": device, "params_dtype": params_dtype}
@@ -91,9 +94,9 @@ class TransformerLayer(NamedModule):
     ):
         super().__init__(name)
         if attn_input_format not in INPUT_FORMATS:
-            raise ValueError(f"attn_input_format must be one of {list(INPUT_FORMATS)}, got {attn_input_format!r}")
+            raise LowprecValueError(f"attn_input_format must be one of {list(INPUT_FORMATS)}, got {attn_input_format!r}")
         if self_attn_mask_type not in MASK_TYPES:
-            raise ValueError(f"self_attn_mask_type must be one of {list(MASK_TYPES)}, got {self_attn_mask_type!r}")
+            raise LowprecValueError(f"self_attn_mask_type must be one of {list(MASK_TYPES)}, got {self_attn_mask_type!r}")
         self.hidden_dropout = hidden_dropout
         self.self_attention = SelfAttention(
             hidden_size,

@@ -29,13 +29,21 @@ import torch
 import torch.nn.functional as F
 
 from lowprec import kernels
+from lowprec.errors import LowprecValueError
 from lowprec.formats import hadamard
 from lowprec.formats.elements import E2M1, ElementFormat, FP4Format, FP8Format
 from lowprec.formats.noise import RoundingStream
-from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ScaleRule
+from lowprec.formats.scales import (
+    FLOAT8_BLOCK,
+    MX_BLOCK,
+    NVFP4_BLOCK,
+    Float8BlockScaleRule,
+    MXScaleRule,
+    NVFP4ScaleRule,
+    ScaleRule,
+)
 from lowprec.quant.protocol import BlockLayout, BlockScaledData, BlockScaledTensor, CastState
 
-MX_BLOCK, FLOAT8_BLOCK, NVFP4_BLOCK = 32, 128, 16
 MXFP8_LABEL, FLOAT8_BLOCK_LABEL, NVFP4_LABEL = "mxfp8", "fp8_block_scaling", "nvfp4"
 """How statistics name the block recipes (``LogFp8TensorStats``' ``mxfp8_underflows%``)."""
 
@@ -60,7 +68,9 @@ class BlockQuantizer:
         label: str = "",
     ):
         if rounding is not None and not isinstance(element, FP4Format):
-            raise ValueError(f"stochastic rounding is implemented for E2M1 elements only, got element format {element.name}")
+            raise LowprecValueError(
+                f"stochastic rounding is implemented for E2M1 elements only, got element format {element.name}"
+            )
         self.rule = rule
         self.element = element
         self.block = block

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from lowprec.errors import LowprecValueError
 from lowprec.formats import hadamard
 from lowprec.formats.elements import ElementFormat, FP8Format
 
@@ -208,7 +209,7 @@ class BlockScaledTensor(QuantizedTensor):
         rounding_offset: int | None = None,
     ):
         if rowwise is None and columnwise is None:
-            raise ValueError("a BlockScaledTensor needs its rowwise or its columnwise quantization; got neither")
+            raise LowprecValueError("a BlockScaledTensor needs its rowwise or its columnwise quantization; got neither")
         self.rowwise = rowwise
         self.columnwise = columnwise
         self.format = fmt
@@ -232,7 +233,7 @@ class BlockScaledTensor(QuantizedTensor):
     def gemm_rows(self) -> BlockScaledData:
         """The quantization a GEMM reads when this is its left operand (blocks along the rows)."""
         if self.rowwise is None:
-            raise ValueError(
+            raise LowprecValueError(
                 "this BlockScaledTensor has no quantization blocked along the GEMM's inner dimension: quantize "
                 "with transpose=True to have it as a GEMM's right operand"
             )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lowprec.errors import LowprecTypeError, LowprecValueError
 from lowprec.quant.per_tensor import DelayedScalingQuantizer, amax_of
 from lowprec.quant.protocol import BlockScaledData, Float8Tensor, QuantizedTensor
 from lowprec.recipe import RECIPES, Recipe
@@ -83,13 +84,13 @@ def quantize(tensor: torch.Tensor, recipe: Recipe, tensor_name: str = "activatio
     gives (as if its amax history held it), not with the scale 1 of a fresh layer's first cast."""
     if not isinstance(recipe, RECIPES):
         allowed = ", ".join(f"lowprec.{cls.__name__}" for cls in RECIPES)
-        raise TypeError(f"lowprec.quantize: recipe must be one of {allowed}; got {type(recipe).__name__}")
+        raise LowprecTypeError(f"lowprec.quantize: recipe must be one of {allowed}; got {type(recipe).__name__}")
     if tensor_name not in TENSOR_NAMES:
-        raise ValueError(
+        raise LowprecValueError(
             f"lowprec.quantize: tensor_name must be one of {', '.join(map(repr, TENSOR_NAMES))}; got {tensor_name!r}"
         )
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dim() == 0:
-        raise TypeError(
+        raise LowprecTypeError(
             f"lowprec.quantize: tensor must be a floating-point torch.Tensor of 1 or more dimensions; got {tensor!r:.80}"
         )
     quantizer = recipe.quantizers(QUANTIZE_LAYER)[tensor_name]

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from lowprec.debug.names import GEMMS, TENSORS
-from lowprec.quant.protocol import Float8Tensor
+from lowprec.errors import LowprecTypeError, LowprecValueError
+from lowprec.quant.protocol import QuantizedTensor
 from nvdlfw_inspect.base import BaseConfigAPIMapper, BaseNamespaceAPI
 from nvdlfw_inspect.debug_features.generic_feature_api import ItemLocation, check_keys, tensor_views
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
@@ -70,7 +71,7 @@ class TEConfigAPIMapper(BaseConfigAPIMapper):
                 return None
             cfg["gemm"] = gemm
             return cfg
-        raise ValueError("Provide 'gemms_struct: List[Dict]' or 'gemms: List[str]' in the config yaml")
+        raise LowprecValueError("Provide 'gemms_struct: List[Dict]' or 'gemms: List[str]' in the config yaml")
 
     # --- validation at initialize ----------------------------------------------------------------
     def validate_config(self, config: dict, location: ConfigLocation) -> None:
@@ -243,7 +244,7 @@ class TransformerEngineAPI(BaseNamespaceAPI):
     def input_assertions_hook(self, api_name: str, **kwargs: Any) -> None:
         for key in _REQUIRED.get(api_name, ("tensor_name", "gemm")):
             if key not in kwargs:
-                raise TypeError(f"debug_api.transformer_engine.{api_name}() needs the keyword argument '{key}'")
+                raise LowprecTypeError(f"debug_api.transformer_engine.{api_name}() needs the keyword argument '{key}'")
 
     def routing_condition(
         self, api_name: str, config: dict, layer_name: str, feature_obj: Any, **kwargs: Any
@@ -272,20 +273,23 @@ class TransformerEngineAPI(BaseNamespaceAPI):
     def output_assertions_hook(self, api_name: str, ret: Any, **kwargs: Any) -> None:
         if "enabled" in api_name:
             if not isinstance(ret, (bool, tuple)) or (isinstance(ret, tuple) and len(ret) != 2):
-                raise TypeError(f"{api_name} must return a bool or (bool, next_iteration), got {ret!r}")
+                raise LowprecTypeError(f"{api_name} must return a bool or (bool, next_iteration), got {ret!r}")
         elif api_name in ("inspect_tensor", "inspect_tensor_postquantize"):
             if ret is not None:
-                raise TypeError(f"{api_name} must return None, got {type(ret).__name__}")
+                raise LowprecTypeError(f"{api_name} must return None, got {type(ret).__name__}")
         elif api_name == "modify_tensor":
             if kwargs.get("out") is not None:
                 if ret is not None:
-                    raise TypeError("modify_tensor must return None when it is given out= (it updates out in place)")
+                    raise LowprecTypeError("modify_tensor must return None when it is given out= (it updates out in place)")
                 return
-            if not isinstance(ret, (torch.Tensor, Float8Tensor)):
-                raise TypeError(f"modify_tensor must return a torch.Tensor or a lowprec Float8Tensor, got {type(ret).__name__}")
+            if not isinstance(ret, (torch.Tensor, QuantizedTensor)):
+                raise LowprecTypeError(
+                    f"modify_tensor must return a torch.Tensor or a lowprec quantized tensor (Float8Tensor, BlockScaledTensor), "
+                    f"got {type(ret).__name__}"
+                )
             dtype = kwargs.get("dtype")
             if dtype is not None and isinstance(ret, torch.Tensor) and ret.dtype != dtype:
-                raise TypeError(f"modify_tensor returned a {ret.dtype} tensor where {dtype} was asked for")
+                raise LowprecTypeError(f"modify_tensor returned a {ret.dtype} tensor where {dtype} was asked for")
 
     def call_feature(self, call: Any, feat_config: dict, layer_name: str, **kwargs: Any) -> Any:
         """Pass a feature method only the keyword arguments it accepts, so older signatures keep working."""

@@ -18,7 +18,7 @@ import torch
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.features.log_tensor_stats import schedule
-from lowprec.quant.protocol import BlockScaledData, BlockScaledTensor, Float8Tensor
+from lowprec.quant.protocol import BlockScaledData, BlockScaledTensor, Float8Tensor, QuantizedTensor
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_window
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.logging import get_logger
@@ -93,7 +93,7 @@ class DumpTensors(TEConfigAPIMapper):
             dump["high_precision"] = tensor.detach().clone()
         if config.get("quantized_tensor"):
             operands = (kwargs.get("rowwise_quantized_tensor"), kwargs.get("columnwise_quantized_tensor"))
-            operand = next((o for o in operands if isinstance(o, (Float8Tensor, BlockScaledTensor))), None)
+            operand = next((o for o in operands if isinstance(o, QuantizedTensor)), None)
             if operand is not None:
                 dump["quantized"] = plain_quantized(operand)
             else:

@@ -8,8 +8,8 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import ModifiesSelectedTensors
 from lowprec.debug.features.per_tensor_scaling import validate_margin
 from lowprec.formats.elements import E2M1, E4M3, E5M2, FP8_FORMATS
-from lowprec.formats.scales import MXScaleRule, NVFP4ScaleRule
-from lowprec.quant.block import MX_BLOCK, NVFP4_BLOCK, BlockQuantizer
+from lowprec.formats.scales import MX_BLOCK, NVFP4_BLOCK, MXScaleRule, NVFP4ScaleRule
+from lowprec.quant.block import BlockQuantizer
 from lowprec.quant.per_tensor import CurrentScalingQuantizer
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry, api_method

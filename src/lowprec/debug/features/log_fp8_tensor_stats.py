@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
-from lowprec.debug.block_scale_stats import SCALE_STATS, feed_scale_stats
+from lowprec.debug.block_scale_stats import COLUMNWISE, SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
 from lowprec.debug.quantized_stats import Quantized, from_block, per_tensor, quantization_fields
+from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E4M3, E5M2, FP8Format
 from lowprec.quant.block import FLOAT8_BLOCK_LABEL, MXFP8_LABEL, block_scaling_quantizer, mxfp8_quantizer
 from lowprec.quant.per_tensor import CURRENT_LABEL, DELAYED_LABEL, CurrentScalingQuantizer, DelayedScalingQuantizer
@@ -35,7 +36,6 @@ DELAYED, CURRENT, MXFP8, BLOCK = DELAYED_LABEL, CURRENT_LABEL, MXFP8_LABEL, FLOA
 RECIPES = (DELAYED, CURRENT, MXFP8, BLOCK)  # what-if recipes (what-if NVFP4 is LogNvfp4TensorStats)
 PER_TENSOR = (DELAYED, CURRENT)
 NAMES = ("underflows%", "overflows%", "scale_inv_min", "scale_inv_max", "mse", *SCALE_STATS)
-COLUMNWISE = "_columnwise"
 
 
 @dataclass(frozen=True)
@@ -230,16 +230,16 @@ class LogFp8TensorStats(ScheduledStats):
         """The layer's recipe for a stat without a prefix; errors where the stat cannot mean anything."""
         where = f"LogFp8TensorStats: layer '{layer_name}', tensor '{tensor_name}', stat '{stat.written}'"
         if own_recipe is None:
-            raise ValueError(
+            raise LowprecValueError(
                 f"{where}: the layer runs without an FP8 recipe (outside lowprec.autocast), so a stat without a "
                 f"recipe prefix has no meaning; prefix it with one of {list(RECIPES)}"
             )
         if stat.name == "overflows%" and own_recipe != DELAYED:
-            raise ValueError(f"{where}: overflows% exists only under delayed scaling; the layer uses {own_recipe}")
+            raise LowprecValueError(f"{where}: overflows% exists only under delayed scaling; the layer uses {own_recipe}")
         if stat.name in SCALE_STATS and own_recipe in PER_TENSOR:
-            raise ValueError(f"{where}: {stat.name} describes block scales; {own_recipe} has one scale per tensor")
+            raise LowprecValueError(f"{where}: {stat.name} describes block scales; {own_recipe} has one scale per tensor")
         if stat.columnwise and own_recipe in PER_TENSOR:
-            raise ValueError(f"{where}: {own_recipe} has one scale per tensor; drop '{COLUMNWISE}'")
+            raise LowprecValueError(f"{where}: {own_recipe} has one scale per tensor; drop '{COLUMNWISE}'")
         return own_recipe
 
 
