@@ -16,13 +16,14 @@ import torch
 
 from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.debug_manager import DebugManager
+from nvdlfw_inspect.distributed import get_distributed_world_size
 from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError
 from nvdlfw_inspect.explain import feature_matches, plain_text, suggestion
 from nvdlfw_inspect.logging import MetricLogger, close_logger, get_logger, initialize_logger, print_rank_0, print_warning
 from nvdlfw_inspect.registry import Registry
 from nvdlfw_inspect.section_coverage import warn_sections_selecting_none_of
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger, get_distributed_world_size
+from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger
 
 DEBUG_MANAGER: DebugManager | None = None
 

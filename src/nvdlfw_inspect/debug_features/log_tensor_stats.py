@@ -11,6 +11,7 @@ import torch
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.debug_features.generic_feature_api import GenericConfigAPIMapper, PerConfig
+from nvdlfw_inspect.distributed import get_distributed_world_size
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
@@ -18,7 +19,7 @@ from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.derive import derive_tensors
 from nvdlfw_inspect.stats.kernels import unreadable_reason
 from nvdlfw_inspect.stats.partials import empty_partials
-from nvdlfw_inspect.utils import append_parent_docstring, get_distributed_world_size
+from nvdlfw_inspect.utils import append_parent_docstring
 
 WINDOW_KEYS = frozenset({"freq", "start_step", "end_step", "start_end_list"})
 
