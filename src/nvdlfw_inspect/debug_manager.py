@@ -91,7 +91,7 @@ class DebugManager:
             logger.log_message("Reading config from Python dictionary.")
         else:
             logger.log_message(f"Reading config from {self.config_file}.")
-        ConfigManager.load_config(self.config_file, Registry.data)
+        ConfigManager.load_config(self.config_file, Registry.data, Registry.unusable)
         for warning in ConfigManager.warnings:
             logger.log_message(warning, logging.WARNING)
         logger.log_message(f"Loaded configs for dict_keys({ConfigManager.section_names}).")
