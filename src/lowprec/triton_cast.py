@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from lowprec.formats import E4M3, FP8Format
-from nvdlfw_inspect.stats.triton_partials import round_to_grid
+from nvdlfw_inspect.stats.kernels.triton import round_to_grid
 
 TILE = 64
 AMAX_BLOCK = 4096

@@ -32,7 +32,7 @@ from lowprec.formats import E4M3
 from lowprec.fp4 import E2M1
 from lowprec.seeding import HASH_MULTIPLIERS, MASK32, NOISE_BITS
 from lowprec.triton_cast import OPTIONS, fp8_bytes, load_tile
-from nvdlfw_inspect.stats.triton_partials import round_to_grid
+from nvdlfw_inspect.stats.kernels.triton import round_to_grid
 
 NVFP4_BLOCK = 16  # elements per block along the GEMM's inner dimension
 TILE = 64  # the cast's tiles: TILE x TILE elements, whole blocks of both orientations

@@ -16,9 +16,9 @@ from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.stats.derive import derive_tensors
+from nvdlfw_inspect.stats.catalog import TORCH_REDUCTIONS, derive_tensors
+from nvdlfw_inspect.stats.fields import empty_partials
 from nvdlfw_inspect.stats.kernels import unreadable_reason
-from nvdlfw_inspect.stats.partials import empty_partials
 from nvdlfw_inspect.utils import append_parent_docstring
 
 WINDOW_KEYS = frozenset({"freq", "start_step", "end_step", "start_end_list"})
@@ -101,16 +101,6 @@ def _validate_start_end_list(pairs: Any, location: ConfigLocation, closed: bool)
         if i > 0 and (previous_end == -1 or pair[0] < previous_end or (closed and pair[0] == previous_end)):
             raise location.child(i).error(f"overlaps the previous window; the list is {shape}", pair)
         previous_end = pair[1]
-
-
-TORCH_REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "min": torch.min,
-    "max": torch.max,
-    "mean": torch.mean,
-    "std": torch.std,
-    "l1_norm": lambda t: torch.norm(t, p=1),
-    "l2_norm": lambda t: torch.norm(t, p=2),
-}
 
 
 def _version(tensor: torch.Tensor) -> int | None:

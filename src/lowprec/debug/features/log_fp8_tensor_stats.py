@@ -31,7 +31,7 @@ from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_ke
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.stats.partials import empty_partials, set_fields
+from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
 DELAYED, CURRENT, MXFP8, BLOCK = "fp8_delayed_scaling", "fp8_current_scaling", "mxfp8", "fp8_block_scaling"
 NVFP4 = "nvfp4"  # a layer's own recipe only; what-if NVFP4 is LogNvfp4TensorStats

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nvdlfw_inspect.stats import STAT_PARTIALS, compute_partials, derive_stats, merge_partials, supported_stats
-from nvdlfw_inspect.stats.derive import derive_floats, derive_tensors, fields_for
-from nvdlfw_inspect.stats.partials import FIELDS, empty_partials
+from nvdlfw_inspect.stats.catalog import derive_floats, derive_tensors, fields_for
+from nvdlfw_inspect.stats.fields import FIELDS, empty_partials
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 EVERY = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
