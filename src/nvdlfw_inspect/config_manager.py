@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from nvdlfw_inspect.errors import ConfigError, ConfigLocation, ErrorCollector
+from nvdlfw_inspect.errors import ConfigError, ConfigLocation, ErrorCollector, is_int
 
 BASE_NAMESPACE = "base"
 SECTION_KEYS = ("enabled", "layers")
@@ -53,9 +53,7 @@ def extract_layer_number(layer_name: str) -> int | None:
 def _parse_number_item(item: Any, location: ConfigLocation) -> range | None:
     """One ``layer_numbers`` entry: an int, ``"N"``, ``"A-B"`` (inclusive) or ``"all"`` (returned as None)."""
     allowed = "a non-negative int, a string 'A-B' (inclusive range), or 'all'"
-    if isinstance(item, bool):
-        raise location.error("invalid layer number", item, allowed)
-    if isinstance(item, int):
+    if is_int(item):
         if item < 0:
             raise location.error("layer numbers cannot be negative", item, allowed)
         return range(item, item + 1)
