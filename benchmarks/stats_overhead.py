@@ -127,7 +127,7 @@ def seconds_per_call(fn: Callable[[], object], device: str, repeats: int = 20) -
 def print_bandwidth(device: str, mib: int) -> tuple[float, float]:
     """Bytes per second of ``compute_partials`` reading a ``mib`` MiB bf16 tensor, and of a copy (read +
     write) of it."""
-    from nvdlfw_inspect.stats.partials import compute_partials
+    from nvdlfw_inspect.stats.kernels import compute_partials
 
     x = torch.randn(mib * 2**19, device=device, dtype=torch.bfloat16)
     size = x.numel() * x.element_size()

@@ -19,7 +19,6 @@ from lowprec.modules import (
     convert_with_report,
 )
 from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor
-from lowprec.quant.public import QuantizedView, quantize
 from lowprec.recipe import (
     DelayedScaling,
     Float8BlockScaling,
@@ -28,6 +27,7 @@ from lowprec.recipe import (
     MXFP8BlockScaling,
     NVFP4BlockScaling,
 )
+from lowprec.study import QuantizedView, quantize
 from nvdlfw_inspect.feature_loading import register_default_feature_dir
 
 register_default_feature_dir(FEATURE_DIR)

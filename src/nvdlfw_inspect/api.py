@@ -16,13 +16,14 @@ import torch
 
 from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.debug_manager import DebugManager
-from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError
+from nvdlfw_inspect.distributed import get_distributed_world_size
+from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError, is_int
 from nvdlfw_inspect.explain import feature_matches, plain_text, suggestion
 from nvdlfw_inspect.logging import MetricLogger, close_logger, get_logger, initialize_logger, print_rank_0, print_warning
 from nvdlfw_inspect.registry import Registry
 from nvdlfw_inspect.section_coverage import warn_sections_selecting_none_of
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger, get_distributed_world_size
+from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger
 
 DEBUG_MANAGER: DebugManager | None = None
 
@@ -121,7 +122,7 @@ def step() -> None:
 def initialize_training_step(train_step: int) -> None:
     """Set the iteration counter, e.g. when resuming from a checkpoint (does not replace ``step``)."""
     if DEBUG_MANAGER is not None:
-        if isinstance(train_step, bool) or not isinstance(train_step, int) or train_step < 0:
+        if not is_int(train_step) or train_step < 0:
             raise ValueError(f"train_step must be a non-negative integer, got {train_step!r}")
         DEBUG_MANAGER.set_iteration(train_step)
 

@@ -13,6 +13,7 @@ import torch
 
 from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.errors import ConfigLocation, closest
+from nvdlfw_inspect.logging import get_logger
 from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger
 
 _MISS = object()
@@ -174,8 +175,6 @@ class BaseNamespaceAPI(ABC):
                     return self._call_several(api_name, cached, layer_name, kwargs)
                 return self.call_feature(cached[0], cached[1], layer_name, **kwargs)
 
-        from nvdlfw_inspect.logging import get_logger
-
         logger = get_logger()
         if uid not in logger.logged_api_encountered:
             logger.logged_api_encountered.add(uid)
@@ -244,8 +243,6 @@ class BaseNamespaceAPI(ABC):
             raise
 
     def _log_executed(self, api_name: str, message: str) -> None:
-        from nvdlfw_inspect.logging import get_logger
-
         logger = get_logger()
         if api_name not in logger.logged_api_executed:
             logger.logged_api_executed.add(api_name)

@@ -61,7 +61,7 @@ def config_errors(path: Path, feature_dirs: list[str]) -> list[ConfigError]:
     if not path.is_file():
         raise UserError(f"config file not found: {str(path)!r}")
     with loaded_features(feature_dirs):
-        return find_config_errors(path, Registry.data)
+        return find_config_errors(path, Registry.data, Registry.unusable)
 
 
 def print_config_errors(path: Path, errors: list[ConfigError]) -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import copy
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from nvdlfw_inspect.errors import ConfigError, ConfigLocation, ErrorCollector
-from nvdlfw_inspect.registry import Registry
+from nvdlfw_inspect.errors import ConfigError, ConfigLocation, ErrorCollector, is_int
 
 BASE_NAMESPACE = "base"
 SECTION_KEYS = ("enabled", "layers")
@@ -53,9 +53,7 @@ def extract_layer_number(layer_name: str) -> int | None:
 def _parse_number_item(item: Any, location: ConfigLocation) -> range | None:
     """One ``layer_numbers`` entry: an int, ``"N"``, ``"A-B"`` (inclusive) or ``"all"`` (returned as None)."""
     allowed = "a non-negative int, a string 'A-B' (inclusive range), or 'all'"
-    if isinstance(item, bool):
-        raise location.error("invalid layer number", item, allowed)
-    if isinstance(item, int):
+    if is_int(item):
         if item < 0:
             raise location.error("layer numbers cannot be negative", item, allowed)
         return range(item, item + 1)
@@ -362,7 +360,7 @@ def _read_sections(config: Any) -> tuple[str, dict, ConfigLocation]:
 
 
 def _parse_sections(
-    raw: dict, top: ConfigLocation, registry_data: dict, warnings: list[str]
+    raw: dict, top: ConfigLocation, registry_data: dict, unusable: Mapping[str, str], warnings: list[str]
 ) -> tuple[list[ConfigSpec], list[ConfigError]]:
     """The enabled sections' specs and every error: each section, feature and key is checked on its own,
     then the conflicts between the sections without errors."""
@@ -370,7 +368,7 @@ def _parse_sections(
     collector = ErrorCollector()
     for name, section in raw.items():
         with collector.check():
-            spec = _parse_section(str(name), section, top.child(name), registry_data, warnings)
+            spec = _parse_section(str(name), section, top.child(name), registry_data, unusable, warnings)
             if spec is not None:
                 specs.append(spec)
     with collector.check():
@@ -378,13 +376,14 @@ def _parse_sections(
     return specs, collector.errors
 
 
-def find_config_errors(config: Any, registry_data: dict) -> list[ConfigError]:
-    """Every error of ``config`` at once (see ``_parse_sections``)."""
+def find_config_errors(config: Any, registry_data: dict, unusable: Mapping[str, str] | None = None) -> list[ConfigError]:
+    """Every error of ``config`` at once (see ``_parse_sections``); ``unusable``: the namespaces set aside at
+    loading (``Registry.unusable``) -> why, named in the error of a section using one."""
     try:
         _, raw, top = _read_sections(config)
     except ConfigError as error:
         return [error]
-    return _parse_sections(raw, top, registry_data, [])[1]
+    return _parse_sections(raw, top, registry_data, unusable or {}, [])[1]
 
 
 def _first_with_the_others(errors: list[ConfigError]) -> ConfigError:
@@ -432,11 +431,12 @@ class ConfigManager:
     warned_sections: set[str] = set()  # sections already warned about
 
     @classmethod
-    def load_config(cls, config: Any, registry_data: dict) -> None:
-        """Parse and validate ``config`` against the registered namespaces and features."""
+    def load_config(cls, config: Any, registry_data: dict, unusable: Mapping[str, str] | None = None) -> None:
+        """Parse and validate ``config`` against the registered namespaces and features (``unusable``: as in
+        ``find_config_errors``)."""
         source, raw, top = _read_sections(config)
         warnings: list[str] = []
-        specs, errors = _parse_sections(raw, top, registry_data, warnings)
+        specs, errors = _parse_sections(raw, top, registry_data, unusable or {}, warnings)
         if errors:
             raise _first_with_the_others(errors)
         if not specs:
@@ -512,7 +512,7 @@ def is_layer_in_cfg(layer_name: str, spec: ConfigSpec) -> bool:
 
 
 def _parse_section(
-    name: str, section: Any, location: ConfigLocation, registry_data: dict, warnings: list[str]
+    name: str, section: Any, location: ConfigLocation, registry_data: dict, unusable: Mapping[str, str], warnings: list[str]
 ) -> ConfigSpec | None:
     """The section's spec, None when it is disabled; raises every error of its keys (a section whose
     ``enabled`` is missing or not a boolean is checked as if it were enabled)."""
@@ -536,7 +536,7 @@ def _parse_section(
     for key, value in section.items():
         if key not in SECTION_KEYS:
             with collector.check():
-                _parse_section_key(extension_config, str(key), value, location.child(key), registry_data)
+                _parse_section_key(extension_config, str(key), value, location.child(key), registry_data, unusable)
     collector.raise_errors()
     if layer_spec.ignored_keys:
         warnings.append(
@@ -546,7 +546,9 @@ def _parse_section(
     return ConfigSpec(name, layer_spec, extension_config)
 
 
-def _parse_section_key(extension_config: dict, key: str, value: Any, location: ConfigLocation, registry_data: dict) -> None:
+def _parse_section_key(
+    extension_config: dict, key: str, value: Any, location: ConfigLocation, registry_data: dict, unusable: Mapping[str, str]
+) -> None:
     """A section key besides ``enabled`` and ``layers``: a namespace of features, or a base-namespace feature."""
     base_features = registry_data[BASE_NAMESPACE].features if BASE_NAMESPACE in registry_data else {}
     if key in registry_data:
@@ -559,8 +561,8 @@ def _parse_section_key(extension_config: dict, key: str, value: Any, location: C
         collector.raise_errors()
     elif key in base_features:
         _add_feature(extension_config, BASE_NAMESPACE, key, value, location, registry_data)
-    elif key in Registry.unusable:
-        raise location.error(f"namespace set aside at loading: {Registry.unusable[key]}", key)
+    elif key in unusable:
+        raise location.error(f"namespace set aside at loading: {unusable[key]}", key)
     else:
         allowed = [*SECTION_KEYS, *sorted(registry_data), *sorted(base_features)]
         raise location.error("not a namespace nor a feature of the base namespace", key, allowed)

@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 from nvdlfw_inspect.config_manager import BASE_NAMESPACE, ConfigManager
-from nvdlfw_inspect.errors import UnknownAPIError, closest
+from nvdlfw_inspect.errors import UnknownAPIError, closest, is_int, is_number
 from nvdlfw_inspect.feature_loading import load_feature_dirs, normalize_feature_dirs
 from nvdlfw_inspect.logging import (
     BaseLogger,
@@ -37,7 +37,7 @@ class DebugManager:
         default_logging_enabled: bool = False,
         collective_timeout: float | None = None,
     ):
-        if isinstance(init_training_step, bool) or not isinstance(init_training_step, int) or init_training_step < 0:
+        if not is_int(init_training_step) or init_training_step < 0:
             raise ValueError(f"init_training_step must be a non-negative integer, got {init_training_step!r}")
         self.collective_timeout = _checked_timeout(collective_timeout)
         self.log_dir = str(log_dir)
@@ -91,7 +91,7 @@ class DebugManager:
             logger.log_message("Reading config from Python dictionary.")
         else:
             logger.log_message(f"Reading config from {self.config_file}.")
-        ConfigManager.load_config(self.config_file, Registry.data)
+        ConfigManager.load_config(self.config_file, Registry.data, Registry.unusable)
         for warning in ConfigManager.warnings:
             logger.log_message(warning, logging.WARNING)
         logger.log_message(f"Loaded configs for dict_keys({ConfigManager.section_names}).")
@@ -154,7 +154,7 @@ def _checked_timeout(seconds: object) -> float | None:
     """``collective_timeout``: None (the process group's own timeout) or a positive, finite number of seconds."""
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds <= 0:
+    if not is_number(seconds) or not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(
             f"collective_timeout must be a positive number of seconds (or None for the process group's own timeout), "
             f"got {seconds!r}"

@@ -14,6 +14,17 @@ MAX_MESSAGE_CHARS = 2000
 MAX_VALUE_CHARS = 400
 
 
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an integer: an ``int`` but not a ``bool`` (Python's ``True`` is the int 1,
+    a config's ``true`` is no number)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """Whether ``value`` is an ``int`` or a ``float``, not a ``bool`` (see ``is_int``)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def shorten(text: str, limit: int) -> str:
     """``text`` cut in the middle to at most about ``limit`` characters: its start names the source and
     key path, its end what is allowed, and a hostile input must not make a message of megabytes."""

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
-from nvdlfw_inspect.utils import get_distributed_rank, is_distributed
+from nvdlfw_inspect.distributed import get_distributed_rank, is_distributed
 
 MAIN_LOG_DIR = "nvdlfw_inspect_logs"
 STATISTICS_LOG_DIR = "nvdlfw_inspect_statistics_logs"

@@ -29,7 +29,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from nvdlfw_inspect.base import BaseNamespaceAPI
 from nvdlfw_inspect.errors import RegistryError
+from nvdlfw_inspect.logging import get_logger
 
 T = TypeVar("T", bound=type)
 REGISTRATION_TAG = "_nvdlfw_registration"
@@ -264,8 +266,6 @@ class Registry:
         usable API raises if a loaded directory registered in it; one registered only on import (a module
         imported for another purpose, a test module) is set aside with one warning, and only a config using
         it fails, naming why (``unusable``)."""
-        from nvdlfw_inspect.base import BaseNamespaceAPI
-
         cls.unusable = {}
         for name, ns in list(cls.data.items()):
             if ns.deferred_features:
@@ -320,8 +320,6 @@ def _what(kind: str, item: type, namespace: str) -> str:
 
 def _warn(message: str) -> None:
     """One warning, in the debug log when a session is starting and as a Python warning (each text shown once)."""
-    from nvdlfw_inspect.logging import get_logger
-
     with contextlib.suppress(RuntimeError):  # no debug log outside initialize
         get_logger().log_message(message, logging.WARNING)
     warnings.warn(message, RegistrationWarning, stacklevel=2)

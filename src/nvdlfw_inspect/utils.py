@@ -1,4 +1,5 @@
-"""Call-site identifiers, once-only messages, distributed helpers and docstring helpers."""
+"""Call-site identifiers, once-only messages and docstring helpers; the distributed helpers of the reference's
+``utils`` live in ``distributed`` and are exported here too, as code written for the reference imports them."""
 
 from __future__ import annotations
 
@@ -12,47 +13,27 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
+from nvdlfw_inspect.distributed import (
+    gather_along_first_dim,
+    gather_tensor_on_last_rank,
+    get_distributed_rank,
+    get_distributed_world_size,
+    is_distributed,
+)
 from nvdlfw_inspect.errors import FeatureLoadError
+from nvdlfw_inspect.logging import get_logger
 
-
-def is_distributed() -> bool:
-    """True when a default process group exists."""
-    return dist.is_available() and dist.is_initialized()
-
-
-def get_distributed_world_size(group: Any = None) -> int:
-    return dist.get_world_size(group) if is_distributed() else 1
-
-
-def get_distributed_rank(group: Any = None) -> int:
-    return dist.get_rank(group) if is_distributed() else 0
-
-
-def gather_along_first_dim(tensor: torch.Tensor, process_group: Any = None) -> tuple[torch.Tensor, None]:
-    """All-gather ``tensor`` from every member of ``process_group`` and concatenate along dim 0.
-
-    Returns ``(gathered, None)``, the shape downstream code unpacks.
-    """
-    world_size = get_distributed_world_size(process_group)
-    if world_size == 1:
-        return tensor, None
-    parts = [torch.empty_like(tensor) for _ in range(world_size)]
-    dist.all_gather(parts, tensor.contiguous(), group=process_group)
-    return torch.cat(parts, dim=0), None
-
-
-def gather_tensor_on_last_rank(tensor: torch.Tensor) -> torch.Tensor | None:
-    """Gather ``tensor`` from every rank of the default group onto the last rank; other ranks get None."""
-    world_size = get_distributed_world_size()
-    if world_size == 1:
-        return tensor
-    dst = world_size - 1
-    parts = [torch.empty_like(tensor) for _ in range(world_size)] if dist.get_rank() == dst else None
-    dist.gather(tensor.contiguous(), parts, dst=dst)
-    return torch.cat(parts, dim=0) if parts is not None else None
+__all__ = [
+    "APICacheIdentifier",
+    "SingleMessageLogger",
+    "append_parent_docstring",
+    "gather_along_first_dim",
+    "gather_tensor_on_last_rank",
+    "get_distributed_rank",
+    "get_distributed_world_size",
+    "import_and_exec_module",
+    "is_distributed",
+]
 
 
 def import_and_exec_module(module_path: str | os.PathLike) -> ModuleType:
@@ -141,8 +122,6 @@ class SingleMessageLogger:
         key = (call_site, layer_name, extra_cachable_args, message)
         if key in cls.logged_messages:
             return False
-        from nvdlfw_inspect.logging import get_logger
-
         logger = get_logger()  # raises before initialize; the message must not count as written then
         cls.logged_messages.add(key)
         text = f"LAYER={layer_name}: {message}" if layer_name else message

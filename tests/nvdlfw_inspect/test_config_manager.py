@@ -11,7 +11,7 @@ from inspect_ns_factory import write_namespace
 from logreader import read_messages, read_stats
 
 import nvdlfw_inspect.api as debug_api
-from nvdlfw_inspect.config_manager import ConfigManager, LayerSpec, extract_layer_number
+from nvdlfw_inspect.config_manager import ConfigManager, LayerSpec, extract_layer_number, find_config_errors
 from nvdlfw_inspect.errors import ConfigError, ConfigLocation, NvdlfwInspectError
 
 LTS = {"enabled": True, "tensors": ["activation"], "stats": ["mean"]}
@@ -771,6 +771,17 @@ def test_load_config_directly_reports_into_class_state():
         assert layer("m.1.x") == {}
     finally:
         ConfigManager.reset()
+
+
+def test_a_namespace_set_aside_at_loading_is_named_with_why():
+    """The config module is given the set-aside namespaces (``Registry.unusable``) as it is given the registry."""
+    config = {"s": {"enabled": True, "layers": {"layer_numbers": [1]}, "lost": {"Feat": {"enabled": True}}}}
+    (error,) = find_config_errors(config, {}, {"lost": "its API is no BaseNamespaceAPI"})
+    assert "key 's.lost'" in str(error) and "namespace set aside at loading: its API is no BaseNamespaceAPI" in str(error)
+    (error,) = find_config_errors(config, {})
+    assert "not a namespace nor a feature of the base namespace" in str(error)
+    with pytest.raises(ConfigError, match="set aside at loading: why"):
+        ConfigManager.load_config(config, {}, {"lost": "why"})
 
 
 def test_logging_of_loaded_sections(log_dir):

@@ -1,4 +1,5 @@
-"""Statistics across 2 processes on gloo: the logged values equal those of the concatenated tensor."""
+"""The distributed helpers without a process group (no collective runs), and statistics across 2 and 3
+processes on gloo: the logged values equal those of the concatenated tensor."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import torch.distributed as dist
 from logreader import read_stats, stats_log_path
 from statref import SIX, reference_stats
 
-pytestmark = pytest.mark.skipif(
+from nvdlfw_inspect.distributed import (
+    gather_along_first_dim,
+    gather_tensor_on_last_rank,
+    get_distributed_rank,
+    get_distributed_world_size,
+    is_distributed,
+)
+
+needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
 )
 
@@ -30,12 +39,47 @@ def spawn(body: str, world: int, tmp_path: Path) -> Path:
     return spawning.spawn(HERE / "dist_workers.py", body, world, tmp_path)
 
 
+@pytest.fixture
+def no_collectives(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("no collective may run without a process group")
+
+    for name in ("all_gather", "gather", "all_reduce", "broadcast", "get_rank", "get_world_size"):
+        monkeypatch.setattr(dist, name, forbidden)
+
+
+def test_single_process_rank_and_world_size(no_collectives):
+    assert not is_distributed()
+    assert get_distributed_rank() == 0 and get_distributed_world_size() == 1
+    group = object()  # any group: without a default group there is one process
+    assert get_distributed_rank(group) == 0 and get_distributed_world_size(group) == 1
+
+
+@pytest.mark.parametrize(
+    "t",
+    [torch.arange(6.0).reshape(3, 2), torch.ones(4, dtype=torch.bfloat16), torch.arange(12).reshape(2, 3, 2).transpose(0, 2)],
+    ids=["2-d", "bf16", "non-contiguous"],
+)
+def test_single_process_gathers_return_the_input(no_collectives, t):
+    before = t.clone()
+    gathered, extra = gather_along_first_dim(t)
+    assert gathered is t and extra is None
+    gathered, extra = gather_along_first_dim(t, process_group=object())
+    assert gathered is t and extra is None
+    assert gather_tensor_on_last_rank(t) is t
+    assert torch.equal(t, before)
+
+
+# --- statistics across processes -------------------------------------------------------------
+
+
 def check(stats: dict, layer: str, want: dict[str, float]) -> None:
     for stat, value in want.items():
         # the file keeps 4 decimals
         assert stats[(f"{layer}_activation_{stat}", 0)] == pytest.approx(value, rel=1e-6, abs=6e-5), (layer, stat)
 
 
+@needs_gloo
 @pytest.mark.parametrize("world", [2, 3])
 def test_base_log_tensor_stats_reduces_partials_over_ranks(tmp_path, world):
     log_dir = spawn("base_log_tensor_stats", world, tmp_path)
@@ -64,6 +108,7 @@ def fp8_underflows_and_mse(x: torch.Tensor) -> tuple[float, float]:
     return float(((x != 0) & (q == 0)).sum()), float((x - q / scale).square().sum())
 
 
+@needs_gloo
 @pytest.mark.parametrize("world", [2, 3])
 def test_lowprec_statistics_reduce_over_ranks_micro_batches_and_tensor_parallel_weights(tmp_path, world):
     log_dir = spawn("te_stats", world, tmp_path)
@@ -86,6 +131,7 @@ def test_lowprec_statistics_reduce_over_ranks_micro_batches_and_tensor_parallel_
             assert stats[(f"local_weight_{stat}", 0)] == pytest.approx(want, rel=1e-6, abs=6e-5), (rank, stat)
 
 
+@needs_gloo
 @pytest.mark.parametrize("world", [2, 3])
 def test_one_packed_collective_per_step_once_the_ranks_agree_on_the_order(tmp_path, world):
     log_dir = spawn("packed_gather", world, tmp_path)

@@ -14,6 +14,8 @@ from nvdlfw_inspect.errors import (
     RegistryError,
     UnknownAPIError,
     closest,
+    is_int,
+    is_number,
 )
 
 
@@ -117,3 +119,11 @@ def test_error_accepts_generator_of_allowed_values():
     message = str(ConfigLocation("src").error("bad", "mena", (s for s in ["mean", "max"])))
     assert "allowed: 'mean', 'max'" in message
     assert "did you mean 'mean'?" in message
+
+
+@pytest.mark.parametrize(
+    "value, integer, number",
+    [(3, True, True), (-1, True, True), (2.5, False, True), (True, False, False), (False, False, False), ("3", False, False)],
+)
+def test_bool_is_neither_an_int_nor_a_number(value, integer, number):
+    assert is_int(value) is integer and is_number(value) is number

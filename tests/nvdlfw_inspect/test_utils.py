@@ -1,4 +1,4 @@
-"""Helpers of nvdlfw_inspect.utils outside a process group, call-site keys, once-only messages, docstrings."""
+"""Helpers of nvdlfw_inspect.utils: the distributed names it exports, call-site keys, once-only messages, docstrings."""
 
 from __future__ import annotations
 
@@ -6,22 +6,13 @@ import logging
 
 import pytest
 import torch
-import torch.distributed as dist
 from logreader import read_messages
 
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect import distributed, utils
 from nvdlfw_inspect.debug_features.generic_feature_api import GenericConfigAPIMapper
 from nvdlfw_inspect.debug_features.log_tensor_stats import LogTensorStats
-from nvdlfw_inspect.utils import (
-    APICacheIdentifier,
-    SingleMessageLogger,
-    append_parent_docstring,
-    gather_along_first_dim,
-    gather_tensor_on_last_rank,
-    get_distributed_rank,
-    get_distributed_world_size,
-    is_distributed,
-)
+from nvdlfw_inspect.utils import APICacheIdentifier, SingleMessageLogger, append_parent_docstring
 
 
 def _line_of(marker: str) -> int:
@@ -32,38 +23,22 @@ def _line_of(marker: str) -> int:
     return found[0]
 
 
-# --- distributed helpers without a process group ------------------------------------------
-
-
-@pytest.fixture
-def no_collectives(monkeypatch):
-    def forbidden(*args, **kwargs):
-        raise AssertionError("no collective may run without a process group")
-
-    for name in ("all_gather", "gather", "all_reduce", "broadcast", "get_rank", "get_world_size"):
-        monkeypatch.setattr(dist, name, forbidden)
-
-
-def test_single_process_rank_and_world_size(no_collectives):
-    assert not is_distributed()
-    assert get_distributed_rank() == 0 and get_distributed_world_size() == 1
-    group = object()  # any group: without a default group there is one process
-    assert get_distributed_rank(group) == 0 and get_distributed_world_size(group) == 1
+# --- the distributed helpers, exported as the reference's utils exported them ----------------
 
 
 @pytest.mark.parametrize(
-    "t",
-    [torch.arange(6.0).reshape(3, 2), torch.ones(4, dtype=torch.bfloat16), torch.arange(12).reshape(2, 3, 2).transpose(0, 2)],
-    ids=["2-d", "bf16", "non-contiguous"],
+    "name",
+    [
+        "is_distributed",
+        "get_distributed_rank",
+        "get_distributed_world_size",
+        "gather_along_first_dim",
+        "gather_tensor_on_last_rank",
+    ],
 )
-def test_single_process_gathers_return_the_input(no_collectives, t):
-    before = t.clone()
-    gathered, extra = gather_along_first_dim(t)
-    assert gathered is t and extra is None
-    gathered, extra = gather_along_first_dim(t, process_group=object())
-    assert gathered is t and extra is None
-    assert gather_tensor_on_last_rank(t) is t
-    assert torch.equal(t, before)
+def test_utils_exports_the_distributed_helpers(name):
+    assert getattr(utils, name) is getattr(distributed, name)
+    assert name in utils.__all__
 
 
 # --- APICacheIdentifier -------------------------------------------------------------------

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.stats.partials import compute_partials, empty_partials, set_fields
+from nvdlfw_inspect.stats.fields import empty_partials, set_fields
+from nvdlfw_inspect.stats.kernels import compute_partials
 
 STD, HIST = "scale_inv_std", "scale_exp_hist"
 SCALE_STATS = (STD, HIST)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from lowprec.formats.elements import E4M3, FP8Format
 from lowprec.formats.scales import FP32_MAX
-from nvdlfw_inspect.stats.triton_partials import round_to_grid
+from nvdlfw_inspect.stats.kernels.triton import round_to_grid
 
 TILE = 64
 AMAX_BLOCK = 4096

@@ -32,7 +32,7 @@ from lowprec.formats.elements import E2M1, E4M3
 from lowprec.formats.noise import HASH_MULTIPLIERS, MASK32, NOISE_BITS
 from lowprec.formats.scales import FP32_MAX, NVFP4_BLOCK
 from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, fp8_bytes, load_tile
-from nvdlfw_inspect.stats.triton_partials import round_to_grid
+from nvdlfw_inspect.stats.kernels.triton import round_to_grid
 
 TILE = 64  # the cast's tiles: TILE x TILE elements, whole blocks of both orientations
 AMAX_TILE_ROWS, AMAX_TILE_COLS = 64, 128  # the amax pass's tiles, one partial each

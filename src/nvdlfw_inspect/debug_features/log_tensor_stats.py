@@ -11,14 +11,15 @@ import torch
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.debug_features.generic_feature_api import GenericConfigAPIMapper, PerConfig
-from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
+from nvdlfw_inspect.distributed import get_distributed_world_size
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, is_int
 from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.stats.derive import derive_tensors
+from nvdlfw_inspect.stats.catalog import TORCH_REDUCTIONS, derive_tensors
+from nvdlfw_inspect.stats.fields import empty_partials
 from nvdlfw_inspect.stats.kernels import unreadable_reason
-from nvdlfw_inspect.stats.partials import empty_partials
-from nvdlfw_inspect.utils import append_parent_docstring, get_distributed_world_size
+from nvdlfw_inspect.utils import append_parent_docstring
 
 WINDOW_KEYS = frozenset({"freq", "start_step", "end_step", "start_end_list"})
 
@@ -29,15 +30,15 @@ def validate_window(config: dict, location: ConfigLocation, closed: bool = False
     collector = ErrorCollector()
     if "freq" in config:
         freq = config["freq"]
-        if isinstance(freq, bool) or not isinstance(freq, int) or freq <= 0:
+        if not is_int(freq) or freq <= 0:
             collector.add(location.child("freq").error("must be a positive integer (log every freq steps)", freq))
     start = config.get("start_step", 0)
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+    if not is_int(start) or start < 0:
         collector.add(location.child("start_step").error("must be a non-negative integer", start))
         start = 0
     if "end_step" in config:
         end = config["end_step"]
-        if isinstance(end, bool) or not isinstance(end, int) or end < -1:
+        if not is_int(end) or end < -1:
             collector.add(location.child("end_step").error("must be an integer >= 0, or -1 for no end", end))
         elif end != -1 and end < start:
             collector.add(
@@ -91,7 +92,7 @@ def _validate_start_end_list(pairs: Any, location: ConfigLocation, closed: bool)
         ok = (
             isinstance(pair, list)
             and len(pair) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+            and all(is_int(v) for v in pair)
             and pair[0] >= 0
             and (pair[1] == -1 or pair[1] > pair[0] or (closed and pair[1] == pair[0]))
         )
@@ -100,16 +101,6 @@ def _validate_start_end_list(pairs: Any, location: ConfigLocation, closed: bool)
         if i > 0 and (previous_end == -1 or pair[0] < previous_end or (closed and pair[0] == previous_end)):
             raise location.child(i).error(f"overlaps the previous window; the list is {shape}", pair)
         previous_end = pair[1]
-
-
-TORCH_REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "min": torch.min,
-    "max": torch.max,
-    "mean": torch.mean,
-    "std": torch.std,
-    "l1_norm": lambda t: torch.norm(t, p=1),
-    "l2_norm": lambda t: torch.norm(t, p=2),
-}
 
 
 def _version(tensor: torch.Tensor) -> int | None:

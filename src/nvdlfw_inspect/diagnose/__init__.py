@@ -9,39 +9,19 @@ LOG_DIR`` prints it and writes the config. Thresholds: ``Thresholds``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from nvdlfw_inspect.diagnose import config as remedy_config
-from nvdlfw_inspect.diagnose.findings import Finding, detect
-from nvdlfw_inspect.diagnose.remedies import Remedy, choose
+from nvdlfw_inspect.diagnose.findings import detect
+from nvdlfw_inspect.diagnose.model import Diagnosis, Finding, Remedy
+from nvdlfw_inspect.diagnose.remedies import choose
 from nvdlfw_inspect.diagnose.series import Run, collect
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.reading import Statistic, iter_statistics, run_directory
 
 __all__ = ["Diagnosis", "Finding", "Remedy", "Thresholds", "diagnose", "diagnose_run", "diagnose_statistics"]
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """The findings, the most severe first, each with its remedies; the config that applies them all
-    (empty when there is nothing to change) and the same as commented YAML (None then)."""
-
-    findings: list[Finding]
-    config: dict[str, Any]
-    config_yaml: str | None
-    thresholds: Thresholds
-    iterations: tuple[int, int] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "findings": [finding.as_dict() for finding in self.findings],
-            "config": self.config,
-            "config_yaml": self.config_yaml,
-            "thresholds": self.thresholds.as_dict(),
-            "iterations": None if self.iterations is None else list(self.iterations),
-        }
 
 
 def diagnose_run(run: Run, thresholds: Thresholds | None = None, source: str = "a run") -> Diagnosis:

@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER, WATCH_STATS, WATCH_TENSORS, Remedy
+from nvdlfw_inspect.diagnose.model import Remedy
+from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER, WATCH_STATS, WATCH_TENSORS
 
 NAMESPACE = "transformer_engine"
 PRECEDENCE = ("DisableFP8GEMM", "FakeQuant", "PerTensorScaling")

@@ -7,10 +7,9 @@ Each detector looks at one kind of statistic and reports only what persists afte
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
-from nvdlfw_inspect.diagnose.remedies import Remedy
+from nvdlfw_inspect.diagnose.model import Finding
 from nvdlfw_inspect.diagnose.series import Points, Run, Summary, summarize
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 
@@ -18,36 +17,6 @@ from nvdlfw_inspect.diagnose.thresholds import Thresholds
 KINDS = ("nonfinite", "overflow", "underflow", "scale_change", "dynamic_range")
 #: where a scale can be read, best first: the layer's own scale, else the tensor's amax
 SCALE_SOURCES = ("scale_inv_max", "cur_amax")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem of one tensor of one layer. ``first_iteration``: where it began (the first NaN or inf,
-    or the first iteration after warm-up over the threshold). ``context`` holds what the remedy is
-    chosen from (the tensor's dynamic range, what current scaling would lose, the last clean iteration)."""
-
-    kind: str
-    layer: str
-    tensor: str
-    stat: str
-    first_iteration: int
-    message: str
-    summary: Summary | None = None
-    context: dict[str, Any] = field(default_factory=dict)
-    remedies: tuple[Remedy, ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "layer": self.layer,
-            "tensor": self.tensor,
-            "stat": self.stat,
-            "first_iteration": self.first_iteration,
-            "message": self.message,
-            "summary": None if self.summary is None else self.summary.as_dict(),
-            "context": dict(self.context),
-            "remedies": [remedy.as_dict() for remedy in self.remedies],
-        }
 
 
 def _persistence(summary: Summary, unit: str) -> str:

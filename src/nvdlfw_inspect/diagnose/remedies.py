@@ -14,13 +14,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
+from nvdlfw_inspect.diagnose.model import Finding, Remedy
 from nvdlfw_inspect.diagnose.thresholds import FORMAT_RANGE_BITS
-
-if TYPE_CHECKING:
-    from nvdlfw_inspect.diagnose.findings import Finding
 
 GEMM_ORDER = ("fprop", "dgrad", "wgrad")
 #: the GEMMs that read each input tensor, or that write each output tensor
@@ -36,29 +31,6 @@ OUTPUTS = ("output", "dgrad", "wgrad")
 WIDE_FORMAT = "FP8E5M2"
 WATCH_TENSORS = ["activation", "weight", "gradient", "output", "dgrad", "wgrad"]
 WATCH_STATS = ["min", "max"]
-
-
-@dataclass(frozen=True)
-class Remedy:
-    """One feature for one layer (None: every layer): ``feature`` on ``gemms`` (and ``tensor``, for the
-    features that modify operands), with ``options`` (FakeQuant's ``quant_format``, a statistics window), and why."""
-
-    feature: str
-    layer: str | None
-    gemms: tuple[str, ...]
-    tensor: str | None
-    reason: str
-    options: tuple[tuple[str, Any], ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "feature": self.feature,
-            "layer": self.layer,
-            "gemms": list(self.gemms),
-            "tensor": self.tensor,
-            "options": dict(self.options),
-            "reason": self.reason,
-        }
 
 
 def _gemms(tensor: str) -> tuple[str, ...]:

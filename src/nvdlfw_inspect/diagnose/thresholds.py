@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from nvdlfw_inspect.errors import is_int, is_number
+
 #: log2(largest finite / smallest subnormal): how many binades a per-tensor scaled tensor may span
 #: before its smallest values flush to zero (E4M3: 448 and 2**-9; E5M2: 57344 and 2**-16).
 FORMAT_RANGE_BITS = {"FP8E4M3": math.log2(448.0) + 9, "FP8E5M2": math.log2(57344.0) + 16}
@@ -46,7 +48,7 @@ class Thresholds:
     def __post_init__(self) -> None:
         def number(name: str) -> float:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            if not is_number(value) or not math.isfinite(value):
                 raise ValueError(f"threshold {name} must be a finite number, got {value!r}")
             return value
 
@@ -57,7 +59,7 @@ class Thresholds:
         for name in ("persistence", "tail"):
             if not 0 < number(name) <= 1:
                 raise ValueError(f"threshold {name} is a fraction of the iterations in (0, 1], got {getattr(self, name)}")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+        if not is_int(self.warmup) or self.warmup < 0:
             raise ValueError(f"threshold warmup is a number of iterations (an integer >= 0), got {self.warmup!r}")
         if number("scale_change") <= 1:
             raise ValueError(f"threshold scale_change is a factor greater than 1, got {self.scale_change}")

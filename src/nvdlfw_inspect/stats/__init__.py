@@ -1,7 +1,12 @@
-"""Tensor statistics as mergeable partials: compute per tensor, merge across ranks, derive at the end."""
+"""Tensor statistics as mergeable partials: compute per tensor, merge across ranks, derive at the end.
 
-from nvdlfw_inspect.stats.derive import STAT_PARTIALS, derive_stats, derive_tensors, supported_stats
-from nvdlfw_inspect.stats.partials import compute_partials, merge_partials
+``fields``: the partials layout; ``catalog``: every statistic and its derivation; ``kernels``: the
+operator that computes partials; ``buffers``: the per-step table that ``debug_api.step()`` reduces and logs.
+"""
+
+from nvdlfw_inspect.stats.catalog import STAT_PARTIALS, derive_stats, derive_tensors, supported_stats
+from nvdlfw_inspect.stats.fields import merge_partials
+from nvdlfw_inspect.stats.kernels import compute_partials
 
 __all__ = [
     "STAT_PARTIALS",

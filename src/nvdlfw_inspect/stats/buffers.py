@@ -30,13 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nvdlfw_inspect.distributed import get_distributed_rank, get_distributed_world_size, group_ranks, is_distributed
 from nvdlfw_inspect.errors import DistributedDesyncError
 from nvdlfw_inspect.logging import MetricLogger
-from nvdlfw_inspect.stats.derive import derive_floats, fields_for
-from nvdlfw_inspect.stats.desync import NO_ITERATION, check_stamps, group_ranks, wait_or_raise
+from nvdlfw_inspect.stats.catalog import derive_floats, fields_for
+from nvdlfw_inspect.stats.desync import NO_ITERATION, check_stamps, wait_or_raise
+from nvdlfw_inspect.stats.fields import FIELDS, identity_partials, merge_partials
 from nvdlfw_inspect.stats.kernels import Grid, tensor_stats, unreadable_partials_reason, unreadable_reason, warn_skipped
-from nvdlfw_inspect.stats.partials import FIELDS, identity_partials, merge_partials
-from nvdlfw_inspect.utils import get_distributed_rank, get_distributed_world_size, is_distributed
 
 Stat = tuple[str, str]  # (name in the log, derivation)
 Quantization = tuple[torch.Tensor, Grid]  # (scale, grid) of a cast whose statistics a request wants

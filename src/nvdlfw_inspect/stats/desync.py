@@ -16,15 +16,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from nvdlfw_inspect.distributed import group_ranks
 from nvdlfw_inspect.errors import DistributedDesyncError
 
 NO_ITERATION = -math.inf  # in a stamp: no step given, or no request of the group fed since the last flush
 _MARK_AFTER = 0.25  # the share of the timeout after which a rank still waiting marks itself in the store
-
-
-def group_ranks(group: Any) -> list[int]:
-    """The global ranks of ``group`` (None: the default group), in group-rank order."""
-    return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
 
 
 def _holders(values: list[float], ranks: list[int]) -> str:

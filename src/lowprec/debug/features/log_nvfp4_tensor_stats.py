@@ -21,7 +21,7 @@ from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_ke
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.stats.partials import empty_partials, set_fields
+from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
 STATS = ("underflows%", "mse", "scale_inv_min", "scale_inv_max", *SCALE_STATS)
 PREFIX = "nvfp4_"

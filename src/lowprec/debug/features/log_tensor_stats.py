@@ -23,7 +23,7 @@ from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.blockwise import max_blockwise_dynamic_range
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.stats.partials import empty_partials, set_fields
+from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
 T = TypeVar("T")
 STATS = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range")

@@ -24,7 +24,7 @@ def test_kernel_in_the_triton_interpreter():
 
 
 def kernel_signature(dtype: str) -> tuple[dict[str, str], dict]:
-    from nvdlfw_inspect.stats.triton_partials import BLOCK, MAX_PROGRAMS
+    from nvdlfw_inspect.stats.kernels.triton import BLOCK, MAX_PROGRAMS
 
     pointers = ["table_ptr", "scratch_ptr", "call_out_ptr"]
     signature = {"x_ptr": dtype, **dict.fromkeys(pointers, "*fp64"), "counter_ptr": "*i32", "amax_out_ptr": "*fp32"}
@@ -44,7 +44,7 @@ def test_kernel_compiles_for_hopper(dtype):
     contracted multiply-add) and the last program's merge is ordered after every program's row."""
     from triton_aot import hopper_ptx
 
-    from nvdlfw_inspect.stats.triton_partials import OPTIONS, _tensor_stats
+    from nvdlfw_inspect.stats.kernels.triton import OPTIONS, _tensor_stats
 
     signature, constexprs = kernel_signature(dtype)
     ptx = hopper_ptx(_tensor_stats, signature, constexprs, OPTIONS)
@@ -62,8 +62,8 @@ def test_kernel_on_the_gpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_tensors_take_the_kernel_and_match_the_cpu_kernel():
-    from nvdlfw_inspect.stats.derive import derive_stats, supported_stats
-    from nvdlfw_inspect.stats.partials import compute_partials
+    from nvdlfw_inspect.stats.catalog import derive_stats, supported_stats
+    from nvdlfw_inspect.stats.kernels import compute_partials
 
     x = (torch.randn(3, 5000, device="cuda") * 2 + 7).to(torch.bfloat16)
     fused = derive_stats(compute_partials(x, {"abs_min_nonzero"}), supported_stats())

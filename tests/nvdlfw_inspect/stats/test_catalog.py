@@ -1,4 +1,5 @@
-"""Deriving statistics from merged partials, and which partial fields each statistic needs."""
+"""The catalog: deriving statistics from merged partials, the fields each statistic reads, its group and
+its torch reduction."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import math
 import pytest
 import torch
 
-from nvdlfw_inspect.stats import STAT_PARTIALS, compute_partials, derive_stats, merge_partials, supported_stats
-from nvdlfw_inspect.stats.derive import derive_floats, derive_tensors, fields_for
-from nvdlfw_inspect.stats.partials import FIELDS, empty_partials
+from nvdlfw_inspect.stats import STAT_PARTIALS, catalog, compute_partials, derive_stats, merge_partials, supported_stats
+from nvdlfw_inspect.stats.catalog import CATALOG, GROUPS, TORCH_REDUCTIONS, derive_floats, derive_tensors, fields_for, stats_of
+from nvdlfw_inspect.stats.fields import FIELDS, INDEX, empty_partials
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 EVERY = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
@@ -190,7 +191,7 @@ def special_partials() -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     for _ in range(20):  # every field at once, including underflows, overflows and scales, some of them zero or negative
         row = (torch.randn(len(FIELDS), generator=g, dtype=torch.float64) * 10).round()
-        row[0] = abs(row[0])  # the count
+        row[INDEX["count"]] = abs(row[INDEX["count"]])
         rows.append(row)
     return torch.stack(rows)
 
@@ -206,3 +207,37 @@ def test_host_floats_give_the_same_statistics_as_the_tensor_expressions():
         for stat in stats:
             want, got = columns[stat][i], floats[stat]
             assert (math.isnan(want) and math.isnan(got)) or math.isclose(got, want, rel_tol=4e-16), (i, stat, got, want)
+
+
+class Reads(dict):
+    """A partial as a mapping that records which fields are read."""
+
+    def __init__(self, values: dict[str, float]):
+        super().__init__(values)
+        self.read: set[str] = set()
+
+    def __getitem__(self, name: str) -> float:
+        self.read.add(name)
+        return super().__getitem__(name)
+
+
+def test_each_statistic_reads_the_fields_it_declares_and_no_other():
+    for row in special_partials().tolist():
+        for stat in CATALOG.values():
+            fields = Reads(dict(zip(FIELDS, row, strict=True)))
+            stat.derive(fields, catalog._FloatOps)
+            assert fields.read == set(stat.fields), stat.name
+
+
+def test_groups_and_torch_reductions():
+    assert all(stat.group in GROUPS and stat.name == name for name, stat in CATALOG.items())
+    assert list(stats_of("tensor")) == EVERY == supported_stats()
+    assert set(stats_of("quantization")) == {"underflows%", "overflows%", "mse", "scale_inv_min", "scale_inv_max"}
+    assert set(stats_of("feature")) == {"max_blockwise_dynamic_range", "count"}
+    # the base namespace's LogTensorStats returns torch's own reductions: the six of the reference framework
+    assert list(TORCH_REDUCTIONS) == ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(4)) * 3 + 1
+    derived = derive_stats(compute_partials(x), list(TORCH_REDUCTIONS))
+    for name, reduction in TORCH_REDUCTIONS.items():
+        assert reduction(x).item() == pytest.approx(derived[name], rel=1e-5), name
+    assert TORCH_REDUCTIONS["l1_norm"](x).item() == torch.norm(x, p=1).item()

@@ -12,7 +12,7 @@ import torch
 from statref import reference_stats
 
 from nvdlfw_inspect.stats import compute_partials, derive_stats, kernels, merge_partials, supported_stats
-from nvdlfw_inspect.stats.partials import FIELDS, INDEX, OPTIONAL_FIELDS, empty_partials
+from nvdlfw_inspect.stats.fields import FIELDS, INDEX, OPTIONAL_FIELDS, empty_partials
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ALL_FIELDS = {"abs_min_nonzero"}

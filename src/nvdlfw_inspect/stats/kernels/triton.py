@@ -13,6 +13,11 @@ power of two that brings the block's largest magnitude to [2, 4): no sum or squa
 underflows, whether the values are near 3e38 or subnormal, and the scaling is exact. The block's M2
 is the corrected two-pass sum around the float32 value nearest its mean, so the mean may dwarf the
 spread; the blocks merge in float64.
+
+Offsets come from ``stats.fields``: ``F_<FIELD>`` (the field's index in a table row) and ``R_<FIELD>``
+(its merge rule) are constexprs built from it, and a program's scratch row (its tensor fields, then each
+grid's counts for ``MAX_VARIANTS`` grids) is laid out from its lists of fields, so no offset is written
+here as a number.
 """
 
 from __future__ import annotations
@@ -24,18 +29,44 @@ import torch
 import triton
 import triton.language as tl
 
-from nvdlfw_inspect.stats.partials import FIELDS
+from nvdlfw_inspect.stats.fields import BY_NAME, FIELDS, INDEX, MERGE_RULES, filled_by
 
 BLOCK = 2048
 PROGRAMS_PER_SM = 4
 MAX_PROGRAMS = 1024  # also the scratch rows; a power of two
-SCRATCH_FIELDS = 19  # count, mean, m2, min, max, abs_sum (NaN: a NaN was read), abs_min, then underflows, overflows, sq_err x 4
 MAX_VARIANTS = 4
 MAX_ROWS = 4
 OPTIONS = {"enable_fp_fusion": False}  # the quantization grid must round exactly as the cast does
 MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (RNE)
 N_FIELDS = tl.constexpr(len(FIELDS))
+
+# A table row: each field's index and merge rule (RULE_*), as stats.fields lays them out.
+RULE_SUM, RULE_MIN = (tl.constexpr(MERGE_RULES.index(rule)) for rule in ("sum", "min"))
+F_COUNT, F_MEAN, F_M2, F_MIN, F_MAX, F_ABS_SUM, F_ABS_MIN_NONZERO = (
+    tl.constexpr(INDEX[name]) for name in ("count", "mean", "m2", "min", "max", "abs_sum", "abs_min_nonzero")
+)
+F_UNDERFLOWS, F_OVERFLOWS, F_SQ_ERR, F_SCALE_INV_MIN, F_SCALE_INV_MAX = (
+    tl.constexpr(INDEX[name]) for name in ("underflows", "overflows", "sq_err", "scale_inv_min", "scale_inv_max")
+)
+R_MIN, R_MAX, R_ABS_SUM, R_ABS_MIN_NONZERO = (
+    tl.constexpr(MERGE_RULES.index(BY_NAME[name].merge)) for name in ("min", "max", "abs_sum", "abs_min_nonzero")
+)
+R_UNDERFLOWS, R_OVERFLOWS, R_SQ_ERR, R_SCALE_INV_MIN, R_SCALE_INV_MAX = (
+    tl.constexpr(MERGE_RULES.index(BY_NAME[name].merge))
+    for name in ("underflows", "overflows", "sq_err", "scale_inv_min", "scale_inv_max")
+)
+
+# A program's scratch row: its tensor fields (abs_sum NaN: a NaN was read), then for each grid field its
+# MAX_VARIANTS values, one per grid.
+SCRATCH_TENSOR, SCRATCH_GRID = filled_by("tensor"), filled_by("grid")
+SCRATCH_FIELDS = len(SCRATCH_TENSOR) + len(SCRATCH_GRID) * MAX_VARIANTS
 SCRATCH_ROW = tl.constexpr(SCRATCH_FIELDS)
+S_COUNT, S_MEAN, S_M2, S_MIN, S_MAX, S_ABS_SUM, S_ABS_MIN_NONZERO = (
+    tl.constexpr(SCRATCH_TENSOR.index(name)) for name in ("count", "mean", "m2", "min", "max", "abs_sum", "abs_min_nonzero")
+)
+S_UNDERFLOWS, S_OVERFLOWS, S_SQ_ERR = (
+    tl.constexpr(len(SCRATCH_TENSOR) + SCRATCH_GRID.index(name) * MAX_VARIANTS) for name in ("underflows", "overflows", "sq_err")
+)
 
 
 @triton.jit
@@ -129,29 +160,41 @@ def _merge_into_row(
     scale_ptr,
     HAS_VARIANT: tl.constexpr,
 ):
-    """Merge one call's fields into table row ``row`` by each field's rule (see ``partials._LAYOUT``)."""
+    """Merge one call's fields into table row ``row``: count, mean and M2 by Chan's formula, every other
+    field by its rule in ``stats.fields``."""
     base = table_ptr + row.to(tl.int64) * N_FIELDS
-    old_count = tl.load(base + 0)
-    old_mean = tl.load(base + 1)
+    old_count = tl.load(base + F_COUNT)
+    old_mean = tl.load(base + F_MEAN)
     total = old_count + count
     delta = mean - old_mean
     safe_total = tl.where(total > 0, total, 1.0)
     merged_mean = tl.where(old_count == 0, mean, _merged_mean(old_mean, delta, count / safe_total, mean))
-    merged_m2 = tl.where(old_count == 0, m2, tl.load(base + 2) + m2 + delta * delta * (old_count * count / safe_total))
-    tl.store(base + 0, total)
-    tl.store(base + 1, merged_mean)
-    tl.store(base + 2, merged_m2)
-    tl.store(base + 3, _min_nan(tl.load(base + 3), low))
-    tl.store(base + 4, _max_nan(tl.load(base + 4), high))
-    tl.store(base + 5, tl.load(base + 5) + abs_sum)
-    tl.store(base + 6, _min_nan(tl.load(base + 6), abs_min))
+    merged_m2 = tl.where(old_count == 0, m2, tl.load(base + F_M2) + m2 + delta * delta * (old_count * count / safe_total))
+    tl.store(base + F_COUNT, total)
+    tl.store(base + F_MEAN, merged_mean)
+    tl.store(base + F_M2, merged_m2)
+    _merge_field(base + F_MIN, R_MIN, low)
+    _merge_field(base + F_MAX, R_MAX, high)
+    _merge_field(base + F_ABS_SUM, R_ABS_SUM, abs_sum)
+    _merge_field(base + F_ABS_MIN_NONZERO, R_ABS_MIN_NONZERO, abs_min)
     if HAS_VARIANT:
         scale_inv = tl.math.div_rn(1.0, tl.load(scale_ptr)).to(tl.float64)
-        tl.store(base + 7, tl.load(base + 7) + underflows)
-        tl.store(base + 8, tl.load(base + 8) + overflows)
-        tl.store(base + 9, tl.load(base + 9) + sq_err)
-        tl.store(base + 10, _min_nan(tl.load(base + 10), scale_inv))
-        tl.store(base + 11, _max_nan(tl.load(base + 11), scale_inv))
+        _merge_field(base + F_UNDERFLOWS, R_UNDERFLOWS, underflows)
+        _merge_field(base + F_OVERFLOWS, R_OVERFLOWS, overflows)
+        _merge_field(base + F_SQ_ERR, R_SQ_ERR, sq_err)
+        _merge_field(base + F_SCALE_INV_MIN, R_SCALE_INV_MIN, scale_inv)
+        _merge_field(base + F_SCALE_INV_MAX, R_SCALE_INV_MAX, scale_inv)
+
+
+@triton.jit
+def _merge_field(ptr, RULE: tl.constexpr, value):
+    """Merge ``value`` into the table entry at ``ptr`` by ``RULE`` (a compile-time choice)."""
+    if RULE == RULE_SUM:
+        tl.store(ptr, tl.load(ptr) + value)
+    elif RULE == RULE_MIN:
+        tl.store(ptr, _min_nan(tl.load(ptr), value))
+    else:  # RULE_MAX (the RULE_CHAN fields, mean and M2, merge with the count in _merge_into_row)
+        tl.store(ptr, _max_nan(tl.load(ptr), value))
 
 
 @triton.jit
@@ -162,6 +205,21 @@ def _min_nan(a, b):
 @triton.jit
 def _max_nan(a, b):
     return tl.where((a != a) | (b != b), float("nan"), tl.maximum(a, b))
+
+
+@triton.jit
+def _store_per_grid(ptr, v0, v1, v2, v3):
+    """A scratch field's values of the four grids, one after another from ``ptr``."""
+    tl.store(ptr + 0, v0)
+    tl.store(ptr + 1, v1)
+    tl.store(ptr + 2, v2)
+    tl.store(ptr + 3, v3)
+
+
+@triton.jit
+def _scratch_sum(ptr, mine):
+    """The sum over the programs' scratch rows of the entry at ``ptr`` of each (``mine``: the rows written)."""
+    return tl.sum(tl.load(ptr, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
 
 
 @triton.jit
@@ -294,25 +352,16 @@ def _tensor_stats(
             o3 += b.to(tl.float64)
             e3 += c.to(tl.float64)
     own = scratch_ptr + pid.to(tl.int64) * SCRATCH_ROW
-    tl.store(own + 0, count)
-    tl.store(own + 1, mean)
-    tl.store(own + 2, m2)
-    tl.store(own + 3, low.to(tl.float64))
-    tl.store(own + 4, high.to(tl.float64))
-    tl.store(own + 5, abs_sum)
-    tl.store(own + 6, abs_min.to(tl.float64))
-    tl.store(own + 7, u0)
-    tl.store(own + 8, u1)
-    tl.store(own + 9, u2)
-    tl.store(own + 10, u3)
-    tl.store(own + 11, o0)
-    tl.store(own + 12, o1)
-    tl.store(own + 13, o2)
-    tl.store(own + 14, o3)
-    tl.store(own + 15, e0)
-    tl.store(own + 16, e1)
-    tl.store(own + 17, e2)
-    tl.store(own + 18, e3)
+    tl.store(own + S_COUNT, count)
+    tl.store(own + S_MEAN, mean)
+    tl.store(own + S_M2, m2)
+    tl.store(own + S_MIN, low.to(tl.float64))
+    tl.store(own + S_MAX, high.to(tl.float64))
+    tl.store(own + S_ABS_SUM, abs_sum)
+    tl.store(own + S_ABS_MIN_NONZERO, abs_min.to(tl.float64))
+    _store_per_grid(own + S_UNDERFLOWS, u0, u1, u2, u3)
+    _store_per_grid(own + S_OVERFLOWS, o0, o1, o2, o3)
+    _store_per_grid(own + S_SQ_ERR, e0, e1, e2, e3)
     tl.debug_barrier()
     finished = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
     if finished == programs - 1:  # the last program: merge every program's row, then into the table
@@ -320,43 +369,43 @@ def _tensor_stats(
         p = tl.arange(0, PROGRAMS_BLOCK)
         rows = scratch_ptr + p.to(tl.int64) * SCRATCH_ROW
         mine = p < programs
-        counts = tl.load(rows + 0, mask=mine, other=0.0, cache_modifier=".cg")
-        means = tl.load(rows + 1, mask=mine, other=0.0, cache_modifier=".cg")
+        counts = tl.load(rows + S_COUNT, mask=mine, other=0.0, cache_modifier=".cg")
+        means = tl.load(rows + S_MEAN, mask=mine, other=0.0, cache_modifier=".cg")
         total = tl.sum(counts, axis=0)
         safe = tl.where(total > 0, total, 1.0)
         t_mean = tl.sum(counts * means, axis=0) / safe
         spread = tl.where(counts > 0, counts * (means - t_mean) * (means - t_mean), 0.0)
-        t_m2 = tl.sum(tl.load(rows + 2, mask=mine, other=0.0, cache_modifier=".cg"), axis=0) + tl.sum(spread, axis=0)
-        t_low = tl.min(tl.load(rows + 3, mask=mine, other=float("inf"), cache_modifier=".cg"), axis=0)
-        t_high = tl.max(tl.load(rows + 4, mask=mine, other=float("-inf"), cache_modifier=".cg"), axis=0)
-        t_abs = tl.sum(tl.load(rows + 5, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_abs_min = tl.min(tl.load(rows + 6, mask=mine, other=float("inf"), cache_modifier=".cg"), axis=0)
+        t_m2 = tl.sum(tl.load(rows + S_M2, mask=mine, other=0.0, cache_modifier=".cg"), axis=0) + tl.sum(spread, axis=0)
+        t_low = tl.min(tl.load(rows + S_MIN, mask=mine, other=float("inf"), cache_modifier=".cg"), axis=0)
+        t_high = tl.max(tl.load(rows + S_MAX, mask=mine, other=float("-inf"), cache_modifier=".cg"), axis=0)
+        t_abs = tl.sum(tl.load(rows + S_ABS_SUM, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_abs_min = tl.min(tl.load(rows + S_ABS_MIN_NONZERO, mask=mine, other=float("inf"), cache_modifier=".cg"), axis=0)
         poisoned = t_abs != t_abs  # a NaN read anywhere (min and max may have skipped it)
         t_mean = tl.where(poisoned, float("nan"), t_mean)
         t_m2 = tl.where(poisoned, float("nan"), t_m2)
         t_low = tl.where(poisoned, float("nan"), t_low)
         t_high = tl.where(poisoned, float("nan"), t_high)
         t_abs_min = tl.where(poisoned, float("nan"), t_abs_min)
-        t_u0 = tl.sum(tl.load(rows + 7, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_u1 = tl.sum(tl.load(rows + 8, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_u2 = tl.sum(tl.load(rows + 9, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_u3 = tl.sum(tl.load(rows + 10, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_o0 = tl.sum(tl.load(rows + 11, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_o1 = tl.sum(tl.load(rows + 12, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_o2 = tl.sum(tl.load(rows + 13, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_o3 = tl.sum(tl.load(rows + 14, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_e0 = tl.sum(tl.load(rows + 15, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_e1 = tl.sum(tl.load(rows + 16, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_e2 = tl.sum(tl.load(rows + 17, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
-        t_e3 = tl.sum(tl.load(rows + 18, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
+        t_u0 = _scratch_sum(rows + S_UNDERFLOWS + 0, mine)
+        t_u1 = _scratch_sum(rows + S_UNDERFLOWS + 1, mine)
+        t_u2 = _scratch_sum(rows + S_UNDERFLOWS + 2, mine)
+        t_u3 = _scratch_sum(rows + S_UNDERFLOWS + 3, mine)
+        t_o0 = _scratch_sum(rows + S_OVERFLOWS + 0, mine)
+        t_o1 = _scratch_sum(rows + S_OVERFLOWS + 1, mine)
+        t_o2 = _scratch_sum(rows + S_OVERFLOWS + 2, mine)
+        t_o3 = _scratch_sum(rows + S_OVERFLOWS + 3, mine)
+        t_e0 = _scratch_sum(rows + S_SQ_ERR + 0, mine)
+        t_e1 = _scratch_sum(rows + S_SQ_ERR + 1, mine)
+        t_e2 = _scratch_sum(rows + S_SQ_ERR + 2, mine)
+        t_e3 = _scratch_sum(rows + S_SQ_ERR + 3, mine)
         if CALL_OUT:
-            tl.store(call_out_ptr + 0, total)
-            tl.store(call_out_ptr + 1, t_mean)
-            tl.store(call_out_ptr + 2, t_m2)
-            tl.store(call_out_ptr + 3, t_low)
-            tl.store(call_out_ptr + 4, t_high)
-            tl.store(call_out_ptr + 5, t_abs)
-            tl.store(call_out_ptr + 6, t_abs_min)
+            tl.store(call_out_ptr + F_COUNT, total)
+            tl.store(call_out_ptr + F_MEAN, t_mean)
+            tl.store(call_out_ptr + F_M2, t_m2)
+            tl.store(call_out_ptr + F_MIN, t_low)
+            tl.store(call_out_ptr + F_MAX, t_high)
+            tl.store(call_out_ptr + F_ABS_SUM, t_abs)
+            tl.store(call_out_ptr + F_ABS_MIN_NONZERO, t_abs_min)
         if AMAX_OUT:
             amax = tl.maximum(tl.abs(t_low), tl.abs(t_high))
             tl.store(amax_out_ptr, tl.where(total > 0, amax, 0.0).to(tl.float32))

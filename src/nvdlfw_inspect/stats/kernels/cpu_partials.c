@@ -1,5 +1,5 @@
 /* Partial statistics of a CPU tensor in one read, merged straight into rows of a statistics table:
-   the CPU counterpart of triton_partials.py.
+   the CPU counterpart of triton.py.
 
    The tensor is walked in chunks small enough to stay in the L1 cache. Each chunk is read from the
    cache once for the tensor fields and once per quantization grid. The tensor fields are accumulated
@@ -9,21 +9,21 @@
    large the mean is against the spread. Chunks merge into the running result with Chan's formula in
    double precision, so rounding never accumulates beyond one chunk.
 
-   A call's row holds the fields of partials.FIELDS: count, mean, m2, min, max, sum |x|, smallest
-   non-zero |x|, then per quantization grid ("variant": a scale and an FP8-like grid) the values that
-   become zero (underflows), lie beyond the grid's range after scaling (overflows), the squared error
-   of the dequantized value (squared in double: an FP8 error of a large value overflows float32), and
-   the grid's scale_inv as its min and max. A NaN anywhere makes every field but the count NaN, as
-   torch's reductions do. Each requested table row takes the tensor fields and the fields of its
-   variant, merged with what the row already holds. */
+   A row is laid out as stats/fields.py says: kernels/cpu.py compiles this file after the layout it
+   generates from there (the F_<FIELD> indices, N_FIELDS, and each field's FIELD_RULE and FIELD_IDENTITY),
+   so this file names fields and never numbers them. A call fills the tensor fields: count, mean, m2,
+   min, max, sum |x|, smallest non-zero |x|; then per quantization grid ("variant": a scale and an
+   FP8-like grid) the values that become zero (underflows), lie beyond the grid's range after scaling
+   (overflows), the squared error of the dequantized value (squared in double: an FP8 error of a large
+   value overflows float32), and the grid's scale_inv as its min and max. A NaN anywhere makes every
+   field but the count NaN, as torch's reductions do. Each requested table row takes the tensor fields
+   and the fields of its variant, merged with what the row already holds, each field by its rule. */
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 enum { FLOAT32 = 0, BFLOAT16 = 1, FLOAT16 = 2 };
-enum { COUNT, MEAN, M2, LOW, HIGH, ABS_SUM, ABS_MIN, UNDERFLOWS, OVERFLOWS, SQ_ERR, SCALE_INV_MIN, SCALE_INV_MAX, BLOCKWISE_DR,
-       FIELDS };
 #define CHUNK 2048
 #define MAX_VARIANTS 4
 #define MAGIC 12582912.0f /* 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer (ties to even) */
@@ -61,7 +61,7 @@ static const float *load_chunk(const void *data, int dtype, int64_t start, int64
 
 /* One quantization grid: x * scale saturates at +-max and rounds to nearest even on a grid with
    mantissa_bits bits whose smallest normal is 2**min_normal_exp (subnormals below); the value it
-   stands for is that times scale_inv. The same arithmetic as lowprec's Triton cast (_round_to_grid). */
+   stands for is that times scale_inv. The same arithmetic as triton.py's round_to_grid. */
 typedef struct {
     float scale, scale_inv, max;
     int min_normal_exp, mantissa_bits;
@@ -90,28 +90,26 @@ static inline double merged_mean(double a, double count_a, double b, double coun
     return isfinite(delta) ? a + delta * (count_b / (count_a + count_b)) : a + b;
 }
 
-/* Merge the row `add` into `into` (both FIELDS long), each field by its rule. */
+/* Merge the row `add` into `into` (both N_FIELDS long), each field by its FIELD_RULE; the RULE_CHAN
+   fields are the mean and M2, merged with the counts by Chan's formula before the counts add up. */
 static void merge_row(double *into, const double *add) {
-    double n = into[COUNT] + add[COUNT];
-    if (into[COUNT] == 0.0) {
-        into[MEAN] = add[MEAN];
-        into[M2] = add[M2];
-    } else if (add[COUNT] > 0.0) {
-        double delta = add[MEAN] - into[MEAN];
-        into[M2] += add[M2] + delta * delta * (into[COUNT] * add[COUNT] / n);
-        into[MEAN] = merged_mean(into[MEAN], into[COUNT], add[MEAN], add[COUNT]);
+    double n = into[F_COUNT] + add[F_COUNT];
+    if (into[F_COUNT] == 0.0) {
+        into[F_MEAN] = add[F_MEAN];
+        into[F_M2] = add[F_M2];
+    } else if (add[F_COUNT] > 0.0) {
+        double delta = add[F_MEAN] - into[F_MEAN];
+        into[F_M2] += add[F_M2] + delta * delta * (into[F_COUNT] * add[F_COUNT] / n);
+        into[F_MEAN] = merged_mean(into[F_MEAN], into[F_COUNT], add[F_MEAN], add[F_COUNT]);
     }
-    into[COUNT] = n;
-    into[LOW] = min_nan(into[LOW], add[LOW]);
-    into[HIGH] = max_nan(into[HIGH], add[HIGH]);
-    into[ABS_SUM] += add[ABS_SUM];
-    into[ABS_MIN] = min_nan(into[ABS_MIN], add[ABS_MIN]);
-    into[UNDERFLOWS] += add[UNDERFLOWS];
-    into[OVERFLOWS] += add[OVERFLOWS];
-    into[SQ_ERR] += add[SQ_ERR];
-    into[SCALE_INV_MIN] = min_nan(into[SCALE_INV_MIN], add[SCALE_INV_MIN]);
-    into[SCALE_INV_MAX] = max_nan(into[SCALE_INV_MAX], add[SCALE_INV_MAX]);
-    into[BLOCKWISE_DR] = max_nan(into[BLOCKWISE_DR], add[BLOCKWISE_DR]);
+    for (int i = 0; i < N_FIELDS; i++) {
+        switch (FIELD_RULE[i]) {
+        case RULE_SUM: into[i] += add[i]; break;
+        case RULE_MIN: into[i] = min_nan(into[i], add[i]); break;
+        case RULE_MAX: into[i] = max_nan(into[i], add[i]); break;
+        default: break; /* RULE_CHAN: merged above */
+        }
+    }
 }
 
 /* Running tensor fields over the chunks, and per grid the quantization counts and error. */
@@ -207,25 +205,32 @@ void tensor_stats(const void *data, int64_t count, int dtype, int want_abs_min, 
         add_chunk(&total, values, n, want_abs_min);
         for (int v = 0; v < variants; v++) add_chunk_quantization(&total, v, &grids[v], values, n);
     }
-    double row[FIELDS] = {total.count, total.mean, total.m2, total.low, total.high, total.abs_sum, total.abs_min,
-                          0.0,         0.0,        0.0,      INFINITY,  -INFINITY,  -INFINITY};
+    double row[N_FIELDS];
+    memcpy(row, FIELD_IDENTITY, sizeof row);
+    row[F_COUNT] = total.count;
+    row[F_MEAN] = total.mean;
+    row[F_M2] = total.m2;
+    row[F_MIN] = total.low;
+    row[F_MAX] = total.high;
+    row[F_ABS_SUM] = total.abs_sum;
+    row[F_ABS_MIN_NONZERO] = total.abs_min;
     if (total.nan_seen)
-        for (int i = MEAN; i <= ABS_MIN; i++) row[i] = NAN;
+        row[F_MEAN] = row[F_M2] = row[F_MIN] = row[F_MAX] = row[F_ABS_SUM] = row[F_ABS_MIN_NONZERO] = NAN;
     if (call_out != NULL) memcpy(call_out, row, sizeof row);
     if (amax_out != NULL) {
-        double amax = fabs(row[LOW]) > fabs(row[HIGH]) ? fabs(row[LOW]) : fabs(row[HIGH]);
-        *amax_out = count == 0 ? 0.0f : (row[LOW] != row[LOW] ? NAN : (float)amax);
+        double amax = fabs(row[F_MIN]) > fabs(row[F_MAX]) ? fabs(row[F_MIN]) : fabs(row[F_MAX]);
+        *amax_out = count == 0 ? 0.0f : (row[F_MIN] != row[F_MIN] ? NAN : (float)amax);
     }
     for (int s = 0; s < slots; s++) {
         int v = slot_variants[s];
-        double own[FIELDS];
+        double own[N_FIELDS];
         memcpy(own, row, sizeof row);
         if (v >= 0 && v < variants) {
-            own[UNDERFLOWS] = total.underflows[v];
-            own[OVERFLOWS] = total.overflows[v];
-            own[SQ_ERR] = total.sq_err[v];
-            own[SCALE_INV_MIN] = own[SCALE_INV_MAX] = grids[v].scale_inv;
+            own[F_UNDERFLOWS] = total.underflows[v];
+            own[F_OVERFLOWS] = total.overflows[v];
+            own[F_SQ_ERR] = total.sq_err[v];
+            own[F_SCALE_INV_MIN] = own[F_SCALE_INV_MAX] = grids[v].scale_inv;
         }
-        merge_row(table + slot_rows[s] * FIELDS, own);
+        merge_row(table + slot_rows[s] * N_FIELDS, own);
     }
 }

@@ -1,4 +1,6 @@
-"""Final statistics derived from merged partials, and which optional partial fields each one needs.
+"""Every statistic once: its name, the partial fields it reads, how it is derived from them, and which
+statistics features offer it. Adding a statistic is one entry in ``CATALOG`` (plus a field in ``fields``
+if it needs a partial no field holds yet).
 
 Each derivation is written once against a small set of operations (``ops``) and evaluated two ways:
 on tensors (``derive_tensors``: a 0-dim tensor on the device, returned to callers without a host
@@ -13,11 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from nvdlfw_inspect.stats.partials import FIELDS
+from nvdlfw_inspect.stats.fields import FIELDS, OPTIONAL_FIELDS
 
 
 class _TensorOps:
@@ -106,25 +109,56 @@ def _field(name: str) -> Derivation:
     return lambda p, ops: p[name]
 
 
-_DERIVATIONS: dict[str, tuple[Derivation, tuple[str, ...]]] = {
-    "min": (_nan_if_empty(_field("min")), ()),
-    "max": (_nan_if_empty(_field("max")), ()),
-    "mean": (_nan_if_empty(_field("mean")), ()),
-    "std": (_std, ()),
-    "l1_norm": (_field("abs_sum"), ()),
-    "l2_norm": (_l2_norm, ()),
-    "cur_amax": (_nan_if_empty(_amax), ()),
-    "dynamic_range": (_nan_if_empty(_dynamic_range), ("abs_min_nonzero",)),
-    "underflows%": (_percent("underflows"), ()),
-    "overflows%": (_percent("overflows"), ()),
-    "mse": (_nan_if_empty(lambda p, ops: p["sq_err"] / ops.clamp_min(p["count"], 1.0)), ()),
-    "scale_inv_min": (_nan_if_empty(_field("scale_inv_min")), ()),
-    "scale_inv_max": (_nan_if_empty(_field("scale_inv_max")), ()),
-    "max_blockwise_dynamic_range": (_nan_if_empty(_field("blockwise_dr")), ()),
-    "count": (_field("count"), ()),  # how many values were fed: summed over micro-batches and ranks
+GROUPS = ("tensor", "quantization", "feature")
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """``fields``: every partial field ``derive`` reads. ``group``: ``"tensor"``, a statistic of any tensor's
+    values (``supported_stats``); ``"quantization"``, of a cast of it (the fields of a quantization grid);
+    ``"feature"``, a value a feature logs under a name of its own. ``torch``: torch's own reduction of the
+    tensor, which the base namespace's ``LogTensorStats`` returns (the statistics of the reference framework)."""
+
+    name: str
+    fields: tuple[str, ...]
+    derive: Derivation
+    group: str
+    torch: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+CATALOG: dict[str, Statistic] = {
+    stat.name: stat
+    for stat in (
+        Statistic("min", ("count", "min"), _nan_if_empty(_field("min")), "tensor", torch.min),
+        Statistic("max", ("count", "max"), _nan_if_empty(_field("max")), "tensor", torch.max),
+        Statistic("mean", ("count", "mean"), _nan_if_empty(_field("mean")), "tensor", torch.mean),
+        Statistic("std", ("count", "m2"), _std, "tensor", torch.std),
+        Statistic("l1_norm", ("abs_sum",), _field("abs_sum"), "tensor", lambda t: torch.norm(t, p=1)),
+        Statistic("l2_norm", ("count", "mean", "m2", "abs_sum"), _l2_norm, "tensor", lambda t: torch.norm(t, p=2)),
+        Statistic("cur_amax", ("count", "min", "max"), _nan_if_empty(_amax), "tensor"),
+        Statistic("dynamic_range", ("count", "min", "max", "abs_min_nonzero"), _nan_if_empty(_dynamic_range), "tensor"),
+        Statistic("underflows%", ("count", "underflows"), _percent("underflows"), "quantization"),
+        Statistic("overflows%", ("count", "overflows"), _percent("overflows"), "quantization"),
+        Statistic("scale_inv_min", ("count", "scale_inv_min"), _nan_if_empty(_field("scale_inv_min")), "quantization"),
+        Statistic("scale_inv_max", ("count", "scale_inv_max"), _nan_if_empty(_field("scale_inv_max")), "quantization"),
+        Statistic(
+            "mse", ("count", "sq_err"), _nan_if_empty(lambda p, ops: p["sq_err"] / ops.clamp_min(p["count"], 1.0)), "quantization"
+        ),
+        Statistic("max_blockwise_dynamic_range", ("count", "blockwise_dr"), _nan_if_empty(_field("blockwise_dr")), "feature"),
+        # how many values were fed, summed over micro-batches and ranks (block_scale_stats' histogram bins)
+        Statistic("count", ("count",), _field("count"), "feature"),
+    )
 }
-STAT_PARTIALS = {name: fields for name, (_, fields) in _DERIVATIONS.items()}
-BASE_STATS = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range")
+
+
+def stats_of(group: str) -> tuple[str, ...]:
+    """The statistics of ``group`` (one of ``GROUPS``), in catalog order."""
+    return tuple(name for name, stat in CATALOG.items() if stat.group == group)
+
+
+BASE_STATS = stats_of("tensor")
+TORCH_REDUCTIONS = {name: stat.torch for name, stat in CATALOG.items() if stat.torch is not None}
+STAT_PARTIALS = {name: tuple(f for f in stat.fields if f in OPTIONAL_FIELDS) for name, stat in CATALOG.items()}
 
 
 def supported_stats() -> list[str]:
@@ -140,13 +174,13 @@ def fields_for(stats: Iterable[str]) -> set[str]:
 def derive_tensors(partials: torch.Tensor, stats: Iterable[str]) -> dict[str, torch.Tensor]:
     """The named statistics of merged partials ``[..., FIELDS]``, as float64 tensors on their device."""
     columns = {name: partials[..., i] for i, name in enumerate(FIELDS)}
-    return {stat: _DERIVATIONS[stat][0](columns, _TensorOps) for stat in stats}
+    return {stat: CATALOG[stat].derive(columns, _TensorOps) for stat in stats}
 
 
 def derive_floats(partial: Sequence[float], stats: Iterable[str]) -> dict[str, float]:
     """The named statistics of one merged partial given as Python floats in ``FIELDS`` order."""
     fields = dict(zip(FIELDS, partial, strict=True))
-    return {stat: float(_DERIVATIONS[stat][0](fields, _FloatOps)) for stat in stats}
+    return {stat: float(CATALOG[stat].derive(fields, _FloatOps)) for stat in stats}
 
 
 def derive_stats(partials: torch.Tensor, stats: Iterable[str]) -> dict[str, float]:

@@ -1,10 +1,11 @@
 """The one-read statistics kernel for CPU tensors (``cpu_partials.c``), compiled on first use.
 
-The C source ships with the package; the first process that needs it compiles it with the system's C
-compiler (``$CC`` or ``cc``) into a per-user cache (``$NVDLFW_INSPECT_CACHE``, default
-``~/.cache/nvdlfw_inspect``), keyed by the hash of the source and of the CPU it is built for. Where no compiler works, or with
-``NVDLFW_INSPECT_NATIVE=0``, statistics use several torch reductions instead (same results, slower),
-and the debug log says why once.
+The C source ships with the package; the first process that needs it compiles it, after the partials
+layout generated from ``stats.fields`` (``layout_header``: the field indices, merge rules and
+identities), with the system's C compiler (``$CC`` or ``cc``) into a per-user cache
+(``$NVDLFW_INSPECT_CACHE``, default ``~/.cache/nvdlfw_inspect``), keyed by the hash of the source, the
+layout and the CPU it is built for. Where no compiler works, or with ``NVDLFW_INSPECT_NATIVE=0``,
+statistics use several torch reductions instead (same results, slower), and the debug log says why once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import math
 import os
 import platform
 import subprocess
@@ -24,9 +26,37 @@ from pathlib import Path
 
 import torch
 
+from nvdlfw_inspect.stats.fields import LAYOUT, MERGE_RULES
+
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # float64 keeps the torch path
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off", "-shared", "-fPIC"]
 logger = logging.getLogger("nvdlfw_inspect")
+
+
+def c_name(field: str) -> str:
+    """The C enum constant of a field: ``abs_min_nonzero`` -> ``F_ABS_MIN_NONZERO``."""
+    return "F_" + field.upper()
+
+
+def _c_double(value: float) -> str:
+    return {math.inf: "INFINITY", -math.inf: "-INFINITY"}.get(value, repr(float(value)))
+
+
+def layout_header() -> str:
+    """The partials layout of ``stats.fields`` as C: ``F_<FIELD>`` indices and ``N_FIELDS``, each field's
+    merge rule (``FIELD_RULE``) and identity (``FIELD_IDENTITY``). Compiled before ``cpu_partials.c``, which
+    defines no layout of its own."""
+    rules = ", ".join(f"RULE_{rule.upper()}" for rule in MERGE_RULES)
+    indices = ", ".join(f"{c_name(field.name)} = {i}" for i, field in enumerate(LAYOUT))
+    return (
+        "/* Generated from nvdlfw_inspect/stats/fields.py by kernels/cpu.py: the partials layout. */\n"
+        "#include <math.h>\n"
+        f"enum {{ {rules} }};\n"
+        f"enum {{ {indices}, N_FIELDS = {len(LAYOUT)} }};\n"
+        f"static const int FIELD_RULE[N_FIELDS] = {{{', '.join(f'RULE_{field.merge.upper()}' for field in LAYOUT)}}};\n"
+        f"static const double FIELD_IDENTITY[N_FIELDS] = {{{', '.join(_c_double(field.identity) for field in LAYOUT)}}};\n"
+        '#line 1 "cpu_partials.c"\n'
+    )
 
 
 def _cache_dir() -> Path:
@@ -66,7 +96,7 @@ def native_kernel() -> Callable[..., None] | None:
     None when the kernel cannot be built."""
     if os.environ.get("NVDLFW_INSPECT_NATIVE", "1") == "0":
         return None
-    source = resources.files(__package__).joinpath("cpu_partials.c").read_text(encoding="utf-8")
+    source = layout_header() + resources.files(__package__).joinpath("cpu_partials.c").read_text(encoding="utf-8")
     digest = hashlib.sha256((source + " ".join(FLAGS) + _cpu_identity()).encode()).hexdigest()[:16]
     library = _cache_dir() / f"cpu_partials-{digest}.so"
     try:

@@ -1,8 +1,9 @@
-"""Checks of the Triton statistics kernel, run by test_triton_partials.py in a process where
+"""Checks of the Triton statistics kernel, run by test_triton.py in a process where
 ``TRITON_INTERPRET=1`` (set before Triton loads) makes the kernel run on CPU tensors, or with
 ``--device cuda`` on a GPU: tensor statistics against float64 ones, quantization counts against
-lowprec's casts, merging into table rows against the whole tensor, and the table rows against the
-C kernel's (or the torch reductions') for the same feeds."""
+lowprec's casts, merging into table rows against the whole tensor, every field merged into a row by its
+rule in ``stats.fields``, and the table rows against the C kernel's (or the torch reductions') for the
+same feeds."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for statref (this runs as a script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests/, for statref (this runs as a script)
 from statref import reference_stats  # noqa: E402
 from triton_strict import index_as_triton_36  # noqa: E402
 
 from lowprec.formats.elements import E4M3, E5M2  # noqa: E402
 from lowprec.quant.per_tensor import quantize_with_scale  # noqa: E402
-from nvdlfw_inspect.stats import kernels  # noqa: E402
-from nvdlfw_inspect.stats.derive import derive_stats, supported_stats  # noqa: E402
-from nvdlfw_inspect.stats.partials import FIELDS, INDEX, empty_partials  # noqa: E402
-from nvdlfw_inspect.stats.triton_partials import BLOCK, triton_tensor_stats  # noqa: E402
+from nvdlfw_inspect.stats.catalog import derive_stats, supported_stats  # noqa: E402
+from nvdlfw_inspect.stats.fields import FIELDS, INDEX, empty_partials, filled_by, merge_partials  # noqa: E402
+from nvdlfw_inspect.stats.kernels.fallback import torch_tensor_stats  # noqa: E402
+from nvdlfw_inspect.stats.kernels.triton import BLOCK, triton_tensor_stats  # noqa: E402
 
 GRIDS = {E4M3: (448.0, -6, 3), E5M2: (57344.0, -14, 2)}
 
@@ -88,6 +89,25 @@ def check_merging_into_rows(device: str, failures: list[str]) -> None:
         failures.append("rows not asked for were written")
 
 
+def check_merge_rules(device: str, failures: list[str]) -> None:
+    """A row already holding values that every merge rule combines differently with the call's own
+    (the fields the kernel leaves alone included) ends as ``merge_partials`` of the two."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3 * BLOCK + 5, generator=g) * torch.logspace(-6, 2, 3 * BLOCK + 5)).to(device)
+    args = ([0], [0], [torch.tensor(10.0, device=device)], [GRIDS[E4M3]])
+    fresh = empty_partials(device).view(1, -1)
+    triton_tensor_stats(x, fresh, *args)
+    before = fresh[0] * 1.5 + 0.25
+    before[INDEX["count"]], before[INDEX["blockwise_dr"]] = 100.0, 3.0
+    merged = before.clone().view(1, -1)
+    triton_tensor_stats(x, merged, *args)
+    want = merge_partials(torch.stack([before, fresh[0]])).cpu()
+    for name in FIELDS:
+        got, expected = merged[0, INDEX[name]].item(), want[INDEX[name]].item()
+        if not (same(got, expected, 1e-12) if name in ("mean", "m2") else got == expected):
+            failures.append(f"merge rule of {name}: {got} != {expected}")
+
+
 def check_quantization_fields(device: str, failures: list[str]) -> None:
     """Underflows and overflows equal lowprec's casts exactly; the squared error to float64 rounding."""
     g = torch.Generator().manual_seed(2)
@@ -112,8 +132,7 @@ def check_quantization_fields(device: str, failures: list[str]) -> None:
         rows = table.cpu()
         reference = torch.stack([empty_partials()] * 4)
         grids = [GRIDS[f] for f in formats]
-        request = kernels._Request([0, 1, 2, 3], [-1, 0, 1, 2], scales, *map(list, zip(*grids, strict=True)), True)
-        kernels._torch_tensor_stats(data, reference, request)
+        torch_tensor_stats(data, reference, [0, 1, 2, 3], [-1, 0, 1, 2], scales, *map(list, zip(*grids, strict=True)), True)
         for v, (scale, fmt) in enumerate(zip(scales, formats, strict=True)):
             row = rows[v + 1]
             q = quantize_with_scale(data, scale, fmt)
@@ -130,9 +149,12 @@ def check_quantization_fields(device: str, failures: list[str]) -> None:
         differs = ~((rows - reference).abs() <= 1e-5 * reference.abs() + 1e-12) & ~(rows == reference)
         if differs.any():
             failures.append(f"{dtype}: rows differ from the torch reductions at {differs.nonzero().tolist()}")
-        if not torch.equal(call_out.cpu()[:7], rows[0][:7]) or amax_out.item() != data.float().abs().max().item():
+        tensor_fields = [INDEX[name] for name in filled_by("tensor")]
+        other_fields = [i for i in range(len(FIELDS)) if i not in tensor_fields]
+        own_fields = torch.equal(call_out.cpu()[tensor_fields], rows[0][tensor_fields])
+        if not own_fields or amax_out.item() != data.float().abs().max().item():
             failures.append(f"{dtype}: call_out/amax_out {call_out.tolist()} {amax_out.item()}")
-        if call_out.cpu()[7:].tolist() != empty_partials()[7:].tolist():
+        if call_out.cpu()[other_fields].tolist() != empty_partials()[other_fields].tolist():
             failures.append(f"{dtype}: call_out quantization fields written")
 
 
@@ -144,6 +166,7 @@ def main() -> None:
     failures: list[str] = []
     check_tensor_fields(device, failures)
     check_merging_into_rows(device, failures)
+    check_merge_rules(device, failures)
     check_quantization_fields(device, failures)
     print("\n".join(failures) or f"ok: {len(cases(device))} cases, {len(FIELDS)} fields")
     sys.exit(1 if failures else 0)

@@ -7,13 +7,15 @@ smallest normal, mantissa bits)``), the values that underflow to zero, overflow 
 squared error of the dequantized values and the scale_inv. Each table row takes the tensor fields and
 the fields of at most one variant (``row_variants``, -1 for none).
 
-CUDA tensors take the Triton kernel (``triton_partials``), CPU tensors the C kernel (``cpu_native``);
-without them, and for dtypes they do not read (float64, integers, bool, FP8), torch reductions compute
-the same in float64. Finite float32, bfloat16, float16 and integer values of any magnitude, subnormals
-included, give finite statistics within 1e-6 of the exact ones (no square or sum of them
-overflows or underflows); float64 values do while their squares fit in float64 (1e-154 < |x| < 1e154),
-as M2 is a float64 field. Tensors the operator cannot read (meta, sparse, complex, quantized, nested,
-subclasses with their own dispatch, other devices) are named by ``unreadable_reason``.
+CUDA tensors take the Triton kernel (``triton``), CPU tensors the C kernel (``cpu``); without them, and
+for dtypes they do not read (float64, integers, bool, FP8), torch reductions (``fallback``) compute the
+same in float64. Every implementation takes the partials layout from ``stats.fields``.
+
+Finite float32, bfloat16, float16 and integer values of any magnitude, subnormals included, give finite
+statistics within 1e-6 of the exact ones (no square or sum of them overflows or underflows); float64
+values do while their squares fit in float64 (1e-154 < |x| < 1e154), as M2 is a float64 field. Tensors the
+operator cannot read (meta, sparse, complex, quantized, nested, subclasses with their own dispatch, other
+devices) are named by ``unreadable_reason``.
 
 Being a registered operator, it is seen (and counted) by dispatch modes and profilers like any aten
 op, and ``torch.compile`` treats it as one opaque call; when none of them is active, ``tensor_stats``
@@ -24,22 +26,20 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
-from nvdlfw_inspect.stats.cpu_native import DTYPE_CODES, native_kernel
-from nvdlfw_inspect.stats.partials import FIELDS, INDEX, identity_partials, merge_partials
+from nvdlfw_inspect.stats.fields import FIELDS, empty_partials
+from nvdlfw_inspect.stats.kernels.cpu import DTYPE_CODES, native_kernel
+from nvdlfw_inspect.stats.kernels.fallback import Grid, torch_tensor_stats
 from nvdlfw_inspect.utils import SingleMessageLogger
 
-Grid = tuple[float, int, int]  # (largest value, exponent of the smallest normal, mantissa bits)
 DEVICES = ("cpu", "cuda")
 _INTEGERS = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64}
 _PACKED = {torch.float4_e2m1fn_x2}  # two values per byte: no conversion to float exists
-_PIECE = 1 << 22  # elements the torch reductions convert to float64 at a time: bounded memory for any tensor
 
 _LIBRARY = torch.library.Library("nvdlfw_inspect", "DEF")
 _LIBRARY.define(
@@ -134,28 +134,10 @@ def _dense(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
 
-class _Request(NamedTuple):
-    """The operator's arguments after ``x`` and ``table``."""
-
-    rows: list[int]
-    row_variants: list[int]
-    scales: list[torch.Tensor]
-    grid_max: list[float]
-    grid_min_exp: list[int]
-    grid_mantissa: list[int]
-    want_abs_min: bool
-    call_out: torch.Tensor | None = None
-    amax_out: torch.Tensor | None = None
-
-    @property
-    def grids(self) -> list[Grid]:
-        return list(zip(self.grid_max, self.grid_min_exp, self.grid_mantissa, strict=True))
-
-
 def _cpu(x: torch.Tensor, table: torch.Tensor, *args: Any) -> None:
     kernel = native_kernel() if x.dtype in DTYPE_CODES else None
     if kernel is None:
-        return _torch_tensor_stats(x, table, _Request(*args))
+        return torch_tensor_stats(x, table, *args)
     kernel(_dense(x), table, *args)
 
 
@@ -163,28 +145,32 @@ def _cpu(x: torch.Tensor, table: torch.Tensor, *args: Any) -> None:
 def _triton_kernel() -> Callable | None:
     """The Triton kernel for CUDA tensors, or None (with a warning, once) when Triton cannot load."""
     try:
-        from nvdlfw_inspect.stats.triton_partials import triton_tensor_stats
+        from nvdlfw_inspect.stats.kernels.triton import triton_tensor_stats
     except ImportError as error:
         warnings.warn(f"Triton is unavailable ({error}): statistics of CUDA tensors use several torch kernels", stacklevel=3)
         return None
     return triton_tensor_stats
 
 
-def _cuda(x: torch.Tensor, table: torch.Tensor, *args: Any) -> None:
-    request = _Request(*args)
+def _cuda(
+    x: torch.Tensor,
+    table: torch.Tensor,
+    rows: list[int],
+    row_variants: list[int],
+    scales: list[torch.Tensor],
+    grid_max: list[float],
+    grid_min_exp: list[int],
+    grid_mantissa: list[int],
+    want_abs_min: bool,
+    call_out: torch.Tensor | None = None,
+    amax_out: torch.Tensor | None = None,
+) -> None:
     kernel = _triton_kernel() if x.dtype in DTYPE_CODES else None
     if kernel is None or x.numel() == 0:
-        return _torch_tensor_stats(x, table, request)
-    kernel(
-        _dense(x).reshape(-1),
-        table,
-        request.rows,
-        request.row_variants,
-        request.scales,
-        request.grids,
-        request.call_out,
-        request.amax_out,
-    )
+        args = (rows, row_variants, scales, grid_max, grid_min_exp, grid_mantissa, want_abs_min, call_out, amax_out)
+        return torch_tensor_stats(x, table, *args)
+    grids = list(zip(grid_max, grid_min_exp, grid_mantissa, strict=True))
+    kernel(_dense(x).reshape(-1), table, rows, row_variants, scales, grids, call_out, amax_out)
 
 
 _IMPLEMENTATIONS = {"cpu": _cpu, "cuda": _cuda}
@@ -192,63 +178,9 @@ for _device, _implementation in _IMPLEMENTATIONS.items():
     _LIBRARY.impl("tensor_stats", _implementation, _device.upper())
 
 
-def round_to_grid(v: torch.Tensor, grid: Grid) -> torch.Tensor:
-    """``v`` (float32, within the grid's range) rounded to the grid, ties to even: the arithmetic of
-    the kernels (``triton_partials.round_to_grid``) in torch ops."""
-    _, min_normal_exp, mantissa_bits = grid
-    exponent = (v.view(torch.int32) >> 23) & 0xFF
-    spacing_exponent = exponent.clamp(min=127 + min_normal_exp) - mantissa_bits
-    spacing = (spacing_exponent << 23).view(torch.float32)
-    inverse = ((254 - spacing_exponent) << 23).view(torch.float32)
-    rounded = ((v * inverse + 12582912.0) - 12582912.0) * spacing
-    return torch.where(rounded == 0, v * 0.0, rounded)
-
-
-def _grid_counts(x: torch.Tensor, scale: torch.Tensor, grid: Grid) -> torch.Tensor:
-    """Underflows, overflows and squared error (squared in float64, where no FP8 error of a float32
-    value overflows) of ``x`` (float32) cast on ``grid``."""
-    scale = scale.reshape(()).float()
-    scaled = x * scale
-    overflows = (scaled.abs() > grid[0]).sum()
-    q = round_to_grid(scaled.clamp(-grid[0], grid[0]), grid)
-    underflows = ((x != 0) & (q == 0)).sum()
-    sq_err = (x - q * scale.reciprocal()).double().square().sum()
-    return torch.stack([underflows.double(), overflows.double(), sq_err])
-
-
-def _tensor_fields(piece: torch.Tensor, want_abs_min: bool) -> torch.Tensor:
-    """The tensor fields of a non-empty ``piece`` as a partial, computed in float64, where no square
-    or sum of the values of any narrower dtype overflows or underflows."""
-    v = piece.to(torch.float64)
-    own = identity_partials(v.device).clone()
-    mean = v.mean()
-    low, high = torch.aminmax(v)
-    magnitude = v.abs()
-    own[INDEX["count"]] = v.numel()
-    own[INDEX["mean"] : INDEX["abs_sum"] + 1] = torch.stack([mean, (v - mean).square().sum(), low, high, magnitude.sum()])
-    if want_abs_min:
-        own[INDEX["abs_min_nonzero"]] = magnitude.masked_fill(magnitude == 0, math.inf).min()  # NaN stays NaN
-    return own
-
-
-def _torch_tensor_stats(x: torch.Tensor, table: torch.Tensor, request: _Request) -> None:
-    """The same as the kernels with torch reductions, in float64 pieces of at most ``_PIECE`` elements."""
-    flat = x.detach().reshape(-1)
-    pieces = flat.split(_PIECE) if flat.numel() > 0 else ()
-    rows = [_tensor_fields(piece, request.want_abs_min) for piece in pieces]
-    own = (rows[0] if len(rows) == 1 else merge_partials(torch.stack(rows))) if rows else identity_partials(table.device).clone()
-    if request.call_out is not None:
-        request.call_out.copy_(own)
-    if request.amax_out is not None:
-        amax = torch.maximum(own[INDEX["min"]].abs(), own[INDEX["max"]].abs())
-        request.amax_out.copy_(torch.where(own[INDEX["count"]] > 0, amax, 0.0))
-    variants = []
-    for scale, grid in zip(request.scales, request.grids, strict=True):
-        variant = own.clone()
-        if pieces:
-            counts = [_grid_counts(piece.float(), scale, grid) for piece in pieces]
-            variant[INDEX["underflows"] : INDEX["sq_err"] + 1] = torch.stack(counts).sum(0)
-        variant[INDEX["scale_inv_min"] : INDEX["scale_inv_max"] + 1] = scale.reshape(()).float().reciprocal().double()
-        variants.append(variant)
-    for row, variant in zip(request.rows, request.row_variants, strict=True):
-        table[row] = merge_partials(torch.stack([table[row], variants[variant] if variant >= 0 else own]))
+def compute_partials(tensor: torch.Tensor, fields: Iterable[str] = ()) -> torch.Tensor:
+    """Partials of ``tensor`` (any dtype, any shape) as one row. Optional fields (``fields.OPTIONAL_FIELDS``)
+    are computed only when named."""
+    row = empty_partials(tensor.device)
+    tensor_stats(tensor.detach(), row.view(1, -1), [0], want_abs_min="abs_min_nonzero" in set(fields))
+    return row

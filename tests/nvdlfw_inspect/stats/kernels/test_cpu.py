@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from nvdlfw_inspect.stats import cpu_native
-from nvdlfw_inspect.stats.partials import INDEX, compute_partials, empty_partials
+from nvdlfw_inspect.stats.fields import INDEX, empty_partials
+from nvdlfw_inspect.stats.kernels import compute_partials, cpu
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 
@@ -19,19 +19,19 @@ needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C com
 def fresh_build(tmp_path, monkeypatch):
     """An empty kernel cache and no kernel loaded yet in this process."""
     monkeypatch.setenv("NVDLFW_INSPECT_CACHE", str(tmp_path / "cache"))
-    cpu_native.native_kernel.cache_clear()
+    cpu.native_kernel.cache_clear()
     yield tmp_path / "cache"
-    cpu_native.native_kernel.cache_clear()
+    cpu.native_kernel.cache_clear()
 
 
 @needs_compiler
 def test_compiled_once_into_the_cache_then_reused(fresh_build):
-    kernel = cpu_native.native_kernel()
+    kernel = cpu.native_kernel()
     assert kernel is not None
     (library,) = fresh_build.glob("cpu_partials-*.so")
     built = library.stat().st_mtime_ns
-    cpu_native.native_kernel.cache_clear()
-    assert cpu_native.native_kernel() is not None and library.stat().st_mtime_ns == built
+    cpu.native_kernel.cache_clear()
+    assert cpu.native_kernel() is not None and library.stat().st_mtime_ns == built
     x = torch.tensor([[-3.0, 0.0, 2.0], [0.5, 4.0, -1.0]], dtype=torch.bfloat16)
     out = empty_partials()
     kernel(x, out.view(1, -1), [0], [-1], [], [], [], [], True)
@@ -45,7 +45,7 @@ def test_many_chunks_merge_like_one_float64_pass(dtype):
     x = (torch.randn(300_001) * 5 + 2000).to(dtype)  # a mean 400 times the spread, 147 chunks
     x[12345] = 0.0
     out = empty_partials()
-    cpu_native.native_kernel()(x, out.view(1, -1), [0], [-1], [], [], [], [], True)
+    cpu.native_kernel()(x, out.view(1, -1), [0], [-1], [], [], [], [], True)
     reference = x.double()
     assert out[INDEX["mean"]].item() == pytest.approx(reference.mean().item(), rel=1e-7)
     assert out[INDEX["m2"]].item() == pytest.approx(((reference - reference.mean()) ** 2).sum().item(), rel=1e-6)
@@ -56,7 +56,7 @@ def test_many_chunks_merge_like_one_float64_pass(dtype):
 def test_without_a_compiler_the_torch_reductions_take_over(fresh_build, monkeypatch, caplog):
     monkeypatch.setenv("CC", "no-such-compiler")
     with caplog.at_level(logging.INFO, logger="nvdlfw_inspect"):
-        assert cpu_native.native_kernel() is None
+        assert cpu.native_kernel() is None
     assert "statistics of CPU tensors use torch reductions" in caplog.text and "no-such-compiler" in caplog.text
     assert compute_partials(torch.tensor([1.0, 3.0]))[INDEX["mean"]].item() == 2.0
 
@@ -64,10 +64,10 @@ def test_without_a_compiler_the_torch_reductions_take_over(fresh_build, monkeypa
 def test_a_compiler_error_is_reported(fresh_build, monkeypatch, caplog):
     monkeypatch.setenv("CC", "false")  # runs, fails
     with caplog.at_level(logging.INFO, logger="nvdlfw_inspect"):
-        assert cpu_native.native_kernel() is None
+        assert cpu.native_kernel() is None
     assert "false -O3" in caplog.text and not list(fresh_build.glob("*.so"))
 
 
 def test_switched_off_by_the_environment(fresh_build, monkeypatch):
     monkeypatch.setenv("NVDLFW_INSPECT_NATIVE", "0")
-    assert cpu_native.native_kernel() is None and not fresh_build.exists()
+    assert cpu.native_kernel() is None and not fresh_build.exists()

@@ -27,8 +27,8 @@ import torch
 from lowprec.formats.elements import E4M3
 from lowprec.quant.per_tensor import quantize_with_scale
 from nvdlfw_inspect.stats import kernels
-from nvdlfw_inspect.stats.derive import derive_stats, supported_stats
-from nvdlfw_inspect.stats.partials import empty_partials
+from nvdlfw_inspect.stats.catalog import derive_stats, supported_stats
+from nvdlfw_inspect.stats.fields import empty_partials
 
 N = 3 * 2048 + 123  # several chunks of the C kernel and blocks of the Triton kernel, the last one partial
 FP8_STATS = ["underflows%", "overflows%", "mse", "scale_inv_min", "scale_inv_max"]
@@ -157,7 +157,7 @@ def close(got: float, want: float) -> bool:
 
 def from_script(*args: str, env: dict[str, str] | None = None) -> dict[str, dict[str, float]]:
     """The statistics this file prints when run as a script."""
-    tests = str(Path(__file__).resolve().parents[2])  # for triton_strict
+    tests = str(Path(__file__).resolve().parents[3])  # for triton_strict
     env = dict(env or os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
     result = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

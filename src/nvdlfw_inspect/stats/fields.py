@@ -1,43 +1,68 @@
-"""Per-tensor partial statistics that merge exactly across micro-batches and ranks.
+"""THE layout of a partial: each field's name, merge rule and identity, in the order of its float64 vector.
 
-A partial is a float64 vector laid out as ``FIELDS``. Each field has a merge rule: counts and sums
-add, extremes take the min or max, and mean/M2 (sum of squared deviations) merge with Chan's
-formula, so std stays accurate even when the mean dwarfs the spread. Fields a feature does not fill
-keep their identity value, so one layout serves every statistic.
+A partial holds a tensor's statistics in a form that merges exactly across micro-batches and ranks:
+counts and sums add, extremes take the min or max, and mean/M2 (sum of squared deviations) merge with
+Chan's formula, so std stays accurate even when the mean dwarfs the spread. A field nobody fills keeps
+its identity, so one layout serves every statistic.
 
-``compute_partials`` reads a tensor once with the statistics operator (``kernels.tensor_stats``:
-a Triton kernel for CUDA tensors, a C kernel for CPU tensors, torch reductions without them). None
-synchronises with the host.
+Every implementation takes the layout from here: ``merge_partials`` below, the torch reductions and the
+Triton kernel (offsets as constexprs), and the C kernel (an enum, the rules and the identities generated
+into its source by ``kernels.cpu``); ``tests/nvdlfw_inspect/stats/test_fields.py`` checks that they agree.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
-# name -> (merge rule, identity)
-_LAYOUT: dict[str, tuple[str, float]] = {
-    "count": ("sum", 0.0),
-    "mean": ("chan", 0.0),
-    "m2": ("chan", 0.0),
-    "min": ("min", math.inf),
-    "max": ("max", -math.inf),
-    "abs_sum": ("sum", 0.0),
-    "abs_min_nonzero": ("min", math.inf),
-    "underflows": ("sum", 0.0),
-    "overflows": ("sum", 0.0),
-    "sq_err": ("sum", 0.0),
-    "scale_inv_min": ("min", math.inf),
-    "scale_inv_max": ("max", -math.inf),
-    "blockwise_dr": ("max", -math.inf),
-}
-FIELDS = tuple(_LAYOUT)
+MERGE_RULES = ("sum", "chan", "min", "max")
+FILLERS = ("tensor", "grid", "scale", "feature")
+
+
+@dataclass(frozen=True)
+class Field:
+    """``merge``: one of ``MERGE_RULES`` ("chan": mean and M2, merged with the count by Chan's formula).
+    ``filled_by``: what the statistics operator fills it from: ``"tensor"`` (the values), ``"grid"``
+    (counted per quantization grid), ``"scale"`` (a grid's scale_inv), or ``"feature"`` (features only,
+    with ``set_fields``; the operator leaves it at its identity). ``optional``: computed only when asked."""
+
+    name: str
+    merge: str
+    identity: float
+    filled_by: str
+    optional: bool = False
+
+
+LAYOUT: tuple[Field, ...] = (
+    Field("count", "sum", 0.0, "tensor"),
+    Field("mean", "chan", 0.0, "tensor"),
+    Field("m2", "chan", 0.0, "tensor"),
+    Field("min", "min", math.inf, "tensor"),
+    Field("max", "max", -math.inf, "tensor"),
+    Field("abs_sum", "sum", 0.0, "tensor"),
+    Field("abs_min_nonzero", "min", math.inf, "tensor", optional=True),
+    Field("underflows", "sum", 0.0, "grid"),
+    Field("overflows", "sum", 0.0, "grid"),
+    Field("sq_err", "sum", 0.0, "grid"),
+    Field("scale_inv_min", "min", math.inf, "scale"),
+    Field("scale_inv_max", "max", -math.inf, "scale"),
+    Field("blockwise_dr", "max", -math.inf, "feature"),
+)
+FIELDS = tuple(field.name for field in LAYOUT)
 INDEX = {name: i for i, name in enumerate(FIELDS)}
-OPTIONAL_FIELDS = frozenset({"abs_min_nonzero"})
-_IDENTITY = [identity for _, identity in _LAYOUT.values()]
-_RULE_CODE = {"sum": 0, "chan": 0, "min": 1, "max": 2}
+BY_NAME = {field.name: field for field in LAYOUT}
+OPTIONAL_FIELDS = frozenset(field.name for field in LAYOUT if field.optional)
+
+
+def filled_by(filler: str) -> tuple[str, ...]:
+    """The fields the statistics operator fills from ``filler`` (one of ``FILLERS``), in layout order."""
+    return tuple(field.name for field in LAYOUT if field.filled_by == filler)
+
+
+_IDENTITY = [field.identity for field in LAYOUT]
+_RULE_CODE = {"sum": 0, "chan": 0, "min": 1, "max": 2}  # mean and M2 are overwritten by Chan's formula
 _identity_cache: dict[torch.device, torch.Tensor] = {}
 _rule_cache: dict[torch.device, torch.Tensor] = {}
 
@@ -61,25 +86,15 @@ def identity_partials(device: torch.device | str) -> torch.Tensor:
 
 
 def _rule_codes(device: torch.device) -> torch.Tensor:
-    """Per field: 0 merges by sum, 1 by min, 2 by max (mean and M2 are overwritten by Chan's formula)."""
+    """Per field: 0 merges by sum, 1 by min, 2 by max."""
     if device not in _rule_cache:
-        _rule_cache[device] = _on_device([_RULE_CODE[rule] for rule, _ in _LAYOUT.values()], torch.int8, device)
+        _rule_cache[device] = _on_device([_RULE_CODE[field.merge] for field in LAYOUT], torch.int8, device)
     return _rule_cache[device]
 
 
 def empty_partials(device: torch.device | str = "cpu") -> torch.Tensor:
     """The partial of an empty tensor: the identity of ``merge_partials``."""
     return identity_partials(device).clone()
-
-
-def compute_partials(tensor: torch.Tensor, fields: Iterable[str] = ()) -> torch.Tensor:
-    """Partials of ``tensor`` (any dtype, any shape) as one row. Optional fields (``OPTIONAL_FIELDS``)
-    are computed only when named."""
-    from nvdlfw_inspect.stats.kernels import tensor_stats
-
-    row = empty_partials(tensor.device)
-    tensor_stats(tensor.detach(), row.view(1, -1), [0], want_abs_min="abs_min_nonzero" in set(fields))
-    return row
 
 
 def merge_partials(rows: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,85 @@
+"""The data a diagnosis is made of: a ``Finding`` (what is wrong with one tensor of one layer), its
+``Remedy``s (what to change), and the ``Diagnosis`` of a run; the detectors (``findings``) and the
+choice of remedies (``remedies``) both work on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvdlfw_inspect.diagnose.series import Summary
+from nvdlfw_inspect.diagnose.thresholds import Thresholds
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One feature for one layer (None: every layer): ``feature`` on ``gemms`` (and ``tensor``, for the
+    features that modify operands), with ``options`` (FakeQuant's ``quant_format``, a statistics window), and why."""
+
+    feature: str
+    layer: str | None
+    gemms: tuple[str, ...]
+    tensor: str | None
+    reason: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "feature": self.feature,
+            "layer": self.layer,
+            "gemms": list(self.gemms),
+            "tensor": self.tensor,
+            "options": dict(self.options),
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem of one tensor of one layer. ``first_iteration``: where it began (the first NaN or inf,
+    or the first iteration after warm-up over the threshold). ``context`` holds what the remedy is
+    chosen from (the tensor's dynamic range, what current scaling would lose, the last clean iteration)."""
+
+    kind: str
+    layer: str
+    tensor: str
+    stat: str
+    first_iteration: int
+    message: str
+    summary: Summary | None = None
+    context: dict[str, Any] = field(default_factory=dict)
+    remedies: tuple[Remedy, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "layer": self.layer,
+            "tensor": self.tensor,
+            "stat": self.stat,
+            "first_iteration": self.first_iteration,
+            "message": self.message,
+            "summary": None if self.summary is None else self.summary.as_dict(),
+            "context": dict(self.context),
+            "remedies": [remedy.as_dict() for remedy in self.remedies],
+        }
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The findings, the most severe first, each with its remedies; the config that applies them all
+    (empty when there is nothing to change) and the same as commented YAML (None then)."""
+
+    findings: list[Finding]
+    config: dict[str, Any]
+    config_yaml: str | None
+    thresholds: Thresholds
+    iterations: tuple[int, int] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "findings": [finding.as_dict() for finding in self.findings],
+            "config": self.config,
+            "config_yaml": self.config_yaml,
+            "thresholds": self.thresholds.as_dict(),
+            "iterations": None if self.iterations is None else list(self.iterations),
+        }
