@@ -24,6 +24,7 @@ import lowprec
 import nvdlfw_inspect.api as debug_api
 from lowprec.errors import LowprecValueError
 from lowprec.recipe import Recipe
+from nvdlfw_inspect.errors import is_int
 from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
 
 DEMO_CONFIG = Path(__file__).resolve().parent / "demo_config.yaml"
@@ -135,13 +136,13 @@ def run_demo(
     and the order of the batches (``seed + 1``), so runs with different recipes see the same data.
     ``autocast``: run the forward under ``torch.autocast`` to this dtype (``torch.bfloat16``: mixed precision).
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int(seed) or seed < 0:
         raise LowprecValueError(f"seed must be a non-negative integer, got {seed!r}")
     if size not in SIZES:
         raise LowprecValueError(f"size must be one of {list(SIZES)}, got {size!r}")
     if autocast is not None and autocast not in (torch.bfloat16, torch.float16):
         raise LowprecValueError(f"autocast must be None, torch.bfloat16 or torch.float16, got {autocast!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if not is_int(steps) or steps < 1:
         raise LowprecValueError(f"steps must be a positive integer, got {steps!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     shape = SIZES[size]

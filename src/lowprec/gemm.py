@@ -19,24 +19,15 @@ scale_inv_b`` for every output.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from lowprec.formats.elements import E5M2
 from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor, QuantizedTensor
+from nvdlfw_inspect.logging import say_once
 
 Operand = torch.Tensor | Float8Tensor | BlockScaledTensor
 
-logger = logging.getLogger("lowprec")
 ACCUMULATION_BOUND = 2.0**-11  # relative to the sum of |products|: 8x the ~14-bit partial sums' rounding
-_explained: set[str] = set()
-
-
-def _say_once(reason: str) -> None:
-    if reason not in _explained:
-        _explained.add(reason)
-        logger.info(reason)
 
 
 def gemm(a: Operand, b: Operand, out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -46,9 +37,11 @@ def gemm(a: Operand, b: Operand, out_dtype: torch.dtype, bias: torch.Tensor | No
     if quantized is not None:
         return quantized if bias is None else quantized + bias.to(out_dtype)
     if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
-        _say_once(
+        say_once(
             "lowprec: a GEMM got one quantized and one high-precision operand, or two of different formats; "
-            "it runs in high precision"
+            "it runs in high precision",
+            warning=RuntimeWarning,
+            call_site=__name__,
         )
         a = a.dequantize(out_dtype) if isinstance(a, QuantizedTensor) else a
         b = b.t().dequantize(out_dtype).t() if isinstance(b, QuantizedTensor) else b  # a right operand as the GEMM reads it
@@ -63,7 +56,7 @@ def _quantized_gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Ten
         if reason is None:
             return _scaled_mm(a, b, out_dtype)
         if a.device.type == "cuda":
-            _say_once(f"lowprec: FP8 GEMM emulated on {a.device}: {reason}")
+            say_once(f"lowprec: FP8 GEMM emulated on {a.device}: {reason}", warning=RuntimeWarning, call_site=__name__)
         return emulated_fp8_gemm(a, b, out_dtype)
     if isinstance(a, BlockScaledTensor) and isinstance(b, BlockScaledTensor):
         return emulated_block_gemm(a, b, out_dtype)

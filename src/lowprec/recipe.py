@@ -19,6 +19,7 @@ from lowprec.formats.scales import FLOAT8_BLOCK, MX_BLOCK, NVFP4_BLOCK, Float8Bl
 from lowprec.quant.block import FLOAT8_BLOCK_LABEL, MXFP8_LABEL, NVFP4_LABEL, BlockQuantizer
 from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer
 from lowprec.quant.protocol import Quantizer
+from nvdlfw_inspect.errors import is_int
 
 OPERANDS = ("activation", "weight", "gradient")
 """The tensors a recipe casts: the GEMMs of a linear layer read each in one or two orientations."""
@@ -78,7 +79,7 @@ class DelayedScaling(Recipe):
     def __post_init__(self) -> None:
         _check_format(self.fp8_format)
         _check_margin(self.margin)
-        if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
+        if not is_int(self.amax_history_len) or self.amax_history_len < 1:
             raise LowprecValueError(f"DelayedScaling.amax_history_len must be a positive integer, got {self.amax_history_len!r}")
         if self.amax_compute_algo not in _AMAX_ALGOS:
             raise LowprecValueError(
@@ -147,7 +148,7 @@ class Float8BlockScaling(Recipe):
         _check_format(self.fp8_format)
         dims = {"x": self.x_block_scaling_dim, "w": self.w_block_scaling_dim, "grad": self.grad_block_scaling_dim}
         for name, dim in dims.items():
-            if isinstance(dim, bool) or dim not in (1, 2):
+            if not is_int(dim) or dim not in (1, 2):
                 raise LowprecValueError(f"Float8BlockScaling.{name}_block_scaling_dim must be 1 or 2, got {dim!r}")
         two_d = [f"{name}_block_scaling_dim" for name, dim in dims.items() if dim == 2]
         if len(two_d) > 1:
@@ -196,7 +197,7 @@ class NVFP4BlockScaling(Recipe):
                 f"NVFP4BlockScaling.fp8_format (the format of the block scales) must be lowprec.Format.E4M3, "
                 f"got {self.fp8_format!r}"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+        if not is_int(self.seed) or not 0 <= self.seed < 2**63:
             raise LowprecValueError(f"NVFP4BlockScaling.seed must be an integer in [0, 2**63), got {self.seed!r}")
 
     def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
@@ -226,5 +227,5 @@ def _check_bool(name: str, value: object) -> None:
 
 
 def _check_margin(margin: object) -> None:
-    if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
+    if not is_int(margin) or margin < 0:
         raise LowprecValueError(f"margin must be a non-negative integer, got {margin!r}")

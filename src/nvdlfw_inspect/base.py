@@ -173,7 +173,10 @@ class BaseNamespaceAPI(ABC):
                     return {}
                 if isinstance(cached, list):
                     return self._call_several(api_name, cached, layer_name, kwargs)
-                return self.call_feature(cached[0], cached[1], layer_name, **kwargs)
+                feature_name, method, cfg = cached
+                if feature_name is None:  # the namespace's default
+                    return self.call_feature(method, cfg, layer_name, **kwargs)
+                return self._call_checked(feature_name, method, api_name, cfg, layer_name, kwargs)
 
         logger = get_logger()
         if uid not in logger.logged_api_encountered:
@@ -196,7 +199,7 @@ class BaseNamespaceAPI(ABC):
         if not features_to_invoke:
             default = self._default_api_map.get(api_name)
             if uid is not None:
-                self._api_cache[uid] = None if default is None else (default, {})
+                self._api_cache[uid] = None if default is None else (None, default, {})
             if default is None:
                 return {}
             return self.call_feature(default, {}, layer_name, **kwargs)
@@ -217,30 +220,30 @@ class BaseNamespaceAPI(ABC):
         ((feature_name, cfg),) = features_to_invoke.items()
         method = getattr(self.namespace_features[feature_name], api_name)
         if uid is not None:
-            self._api_cache[uid] = (method, cfg)
+            self._api_cache[uid] = (feature_name, method, cfg)
         self._log_executed(
             api_name, f"Debug API call '{api_name}' found and the corresponding debug feature '{feature_name}' was called."
         )
-        out = self._call_method(feature_name, method, api_name, cfg, layer_name, kwargs)
-        self.output_assertions_hook(api_name, out, **kwargs)
-        return out
+        return self._call_checked(feature_name, method, api_name, cfg, layer_name, kwargs)
 
     def _call_several(self, api_name: str, several: list[tuple[str, Any, dict]], layer_name: str, kwargs: dict) -> Any:
         """Call every feature of ``several`` (name, method, resolved config) and combine their outputs."""
         outputs = FeatureOutputs()
         for feature_name, method, cfg in several:
-            out = self._call_method(feature_name, method, api_name, cfg, layer_name, kwargs)
-            self.output_assertions_hook(api_name, out, **kwargs)
-            outputs.append(out)
+            outputs.append(self._call_checked(feature_name, method, api_name, cfg, layer_name, kwargs))
         features = {feature_name: cfg for feature_name, _, cfg in several}
         return self.handle_multi_feature_output(api_name, outputs, features, **kwargs)
 
-    def _call_method(self, feature_name: str, method: Any, api_name: str, cfg: dict, layer_name: str, kwargs: dict) -> Any:
+    def _call_checked(self, feature_name: str, method: Any, api_name: str, cfg: dict, layer_name: str, kwargs: dict) -> Any:
+        """One feature's call, on every path (first call or cached): an error names the feature, and its output
+        passes the namespace's ``output_assertions_hook``."""
         try:
-            return self.call_feature(method, cfg, layer_name, **kwargs)
+            out = self.call_feature(method, cfg, layer_name, **kwargs)
         except Exception as error:
             error.add_note(f"raised by feature {self.name}.{feature_name}, API {api_name}, layer '{layer_name}'")
             raise
+        self.output_assertions_hook(api_name, out, **kwargs)
+        return out
 
     def _log_executed(self, api_name: str, message: str) -> None:
         logger = get_logger()

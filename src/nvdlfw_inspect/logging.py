@@ -16,8 +16,9 @@ import os
 import re
 import sys
 import time
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 from nvdlfw_inspect.distributed import get_distributed_rank, is_distributed
@@ -614,3 +615,55 @@ def custom_assert(condition: Any, message: str, level: int = logging.ERROR) -> N
         if LOGGER is not None:
             LOGGER.log_message(message, level=level)
         raise AssertionError(message)
+
+
+class SingleMessageLogger:
+    """Writes each distinct message once per call site, layer and extra key until ``reset``."""
+
+    logged_messages: set[tuple[Hashable, ...]] = set()
+
+    @classmethod
+    def log_message_once(
+        cls,
+        message: str,
+        layer_name: str | None = None,
+        level: int = logging.INFO,
+        extra_cachable_args: Hashable = None,
+        call_site: str | None = None,
+    ) -> bool:
+        """Log ``message`` unless this exact message was logged from the same place before; True if written."""
+        if call_site is None:
+            frame = sys._getframe(1)
+            call_site = f"{frame.f_code.co_filename}.{frame.f_lineno}"
+            del frame
+        key = (call_site, layer_name, extra_cachable_args, message)
+        if key in cls.logged_messages:
+            return False
+        logger = get_logger()  # raises before initialize; the message must not count as written then
+        cls.logged_messages.add(key)
+        text = f"LAYER={layer_name}: {message}" if layer_name else message
+        logger.log_message(text, level=level)
+        return True
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.logged_messages.clear()
+
+
+def say_once(
+    message: str,
+    layer_name: str | None = None,
+    level: int = logging.WARNING,
+    warning: type[Warning] | None = UserWarning,
+    call_site: str | None = None,
+) -> bool:
+    """The one way the tools say what they skip, ignore or cannot do: once per ``call_site``, layer and
+    message, in the debug log when a session is open, and as a Python ``warning`` (None: none) so the console
+    shows it too; without a session the warning alone. True when said now."""
+    try:
+        first = SingleMessageLogger.log_message_once(message, layer_name, level, call_site=call_site or "say_once")
+    except RuntimeError:  # no debug session to log to (Python shows each warning text once per place)
+        first = True
+    if first and warning is not None:
+        warnings.warn(message, warning, stacklevel=3)
+    return first

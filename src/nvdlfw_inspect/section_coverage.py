@@ -6,12 +6,11 @@ when ``infer_and_assign_layer_names`` names the model, else at the end of the fi
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 from nvdlfw_inspect.config_manager import ConfigManager, ConfigSpec
 from nvdlfw_inspect.errors import short_repr
-from nvdlfw_inspect.logging import get_logger
+from nvdlfw_inspect.logging import say_once
 
 MAX_NAMES_SHOWN = 12
 
@@ -42,10 +41,10 @@ def _not_warned() -> list[ConfigSpec]:
 def _warn(specs: list[ConfigSpec], what: str) -> None:
     for spec in specs:
         ConfigManager.warned_sections.add(spec.name)
-        get_logger().log_message(
+        say_once(
             f"{ConfigManager.source}: section '{spec.name}' selects no layer: its selectors "
             f"{short_repr(spec.layer_spec.raw)} match {what}; its features do nothing",
-            logging.WARNING,
+            call_site=__name__,
         )
 
 

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,7 +20,7 @@ from nvdlfw_inspect.distributed import (
     is_distributed,
 )
 from nvdlfw_inspect.errors import FeatureLoadError
-from nvdlfw_inspect.logging import get_logger
+from nvdlfw_inspect.logging import SingleMessageLogger
 
 __all__ = [
     "APICacheIdentifier",
@@ -98,39 +97,6 @@ class APICacheIdentifier:
     @classmethod
     def reset(cls) -> None:
         cls._local = threading.local()
-
-
-class SingleMessageLogger:
-    """Writes each distinct message once per call site, layer and extra key until ``reset``."""
-
-    logged_messages: set[tuple[Hashable, ...]] = set()
-
-    @classmethod
-    def log_message_once(
-        cls,
-        message: str,
-        layer_name: str | None = None,
-        level: int = logging.INFO,
-        extra_cachable_args: Hashable = None,
-        call_site: str | None = None,
-    ) -> bool:
-        """Log ``message`` unless this exact message was logged from the same place before; True if written."""
-        if call_site is None:
-            frame = sys._getframe(1)
-            call_site = f"{frame.f_code.co_filename}.{frame.f_lineno}"
-            del frame
-        key = (call_site, layer_name, extra_cachable_args, message)
-        if key in cls.logged_messages:
-            return False
-        logger = get_logger()  # raises before initialize; the message must not count as written then
-        cls.logged_messages.add(key)
-        text = f"LAYER={layer_name}: {message}" if layer_name else message
-        logger.log_message(text, level=level)
-        return True
-
-    @classmethod
-    def reset(cls) -> None:
-        cls.logged_messages.clear()
 
 
 def append_parent_docstring(parent: type) -> Callable[[type], type]:

@@ -223,3 +223,25 @@ def test_warnings_are_echoed_to_stderr(log_dir, capsys):
     err = capsys.readouterr().err
     assert re.search(r"NVDLFW INSPECT - \S+ \S+ - WARNING - watch out", err)
     assert "quiet" not in err
+
+
+def test_say_once_writes_the_debug_log_and_one_warning_and_without_a_session_the_warning_alone(log_dir):
+    import warnings
+
+    from nvdlfw_inspect.logging import say_once
+
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        said = [say_once("the GEMM of fc1 runs in high precision", "fc1", call_site="test") for _ in range(3)]
+        say_once("a note only for the log", level=logging.INFO, warning=None, call_site="test")
+        debug_api.end_debug()
+        alone = say_once("no session is open", warning=RuntimeWarning, call_site="test")
+    assert said == [True, False, False] and alone
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (UserWarning, "the GEMM of fc1 runs in high precision"),
+        (RuntimeWarning, "no session is open"),
+    ]
+    messages = read_messages(log_dir)
+    assert messages.count(("WARNING", "LAYER=fc1: the GEMM of fc1 runs in high precision")) == 1
+    assert ("INFO", "a note only for the log") in messages

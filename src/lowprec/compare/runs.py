@@ -19,6 +19,7 @@ from lowprec.compare.page import render
 from lowprec.compare.recipes import DEFAULT_RECIPES, RECIPES, Entry, parse_recipes
 from lowprec.demo import SIZES, read_losses, run_demo
 from lowprec.errors import LowprecValueError
+from nvdlfw_inspect.errors import is_int
 from nvdlfw_inspect.reading import iter_statistics
 
 TENSORS = ("activation", "gradient", "weight")
@@ -39,11 +40,11 @@ def statistics_config(entry: Entry, freq: int) -> dict:
 
 def _check(steps: int, size: str, seed: int, out: Path, names: list[str]) -> None:
     """Every argument, before the first run starts: a bad one should not cost the runs before it."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if not is_int(steps) or steps < 1:
         raise LowprecValueError(f"steps must be a positive integer, got {steps!r}")
     if size not in SIZES:
         raise LowprecValueError(f"size must be one of {list(SIZES)}, got {size!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int(seed) or seed < 0:
         raise LowprecValueError(f"seed must be a non-negative integer, got {seed!r}")
     taken = [name for name in names if (out / name).exists() and any((out / name).iterdir())]
     if taken:

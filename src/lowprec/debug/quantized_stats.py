@@ -1,8 +1,8 @@
 """What the quantization statistics read from one cast, whatever the format: FP8 bytes or E2M1 codes,
 the scale_inv of every block (or the one of the tensor), and the dequantized values.
 
-E2M1 has two zero codes, 0 (+0) and 8 (-0), and no NaN: a NaN input becomes code 0 (its block scale
-is NaN), so it is not counted as an underflow. FP8 zeros are the bytes 0x00 and 0x80.
+Each element format says which of its codes are zero (``count_nonzero``) and whether it encodes NaN: E2M1
+has none, so a NaN input becomes code 0 (its block scale is NaN) and is not counted as an underflow.
 """
 
 from __future__ import annotations
@@ -12,27 +12,27 @@ from typing import Any
 
 import torch
 
-from lowprec.formats.elements import SIGN_BIT, FP4Format
+from lowprec.formats.elements import ElementFormat
 from lowprec.quant.block import as_2d
 from lowprec.quant.protocol import BlockScaledData, Float8Tensor
 
 
 @dataclass
 class Quantized:
-    """``data``: FP8 bytes or E2M1 codes (padded for block formats); ``scale_inv``: every scale_inv, flat;
-    ``dequantized``: the values in the tensor's 2-D shape (fp32); ``fp8``: the per-tensor cast, for overflows;
-    ``fp4``: E2M1 codes; ``block_scales``: each block's whole dequantization scale (fp32), None per tensor."""
+    """``data``: the stored codes of ``element`` (padded for block formats); ``scale_inv``: every scale_inv,
+    flat; ``dequantized``: the values in the tensor's 2-D shape (fp32); ``fp8``: the per-tensor cast, for
+    overflows; ``block_scales``: each block's whole dequantization scale (fp32), None per tensor."""
 
     data: torch.Tensor
     scale_inv: torch.Tensor
     dequantized: torch.Tensor
+    element: ElementFormat
     fp8: Float8Tensor | None = None
-    fp4: bool = False
     block_scales: torch.Tensor | None = None
 
 
 def per_tensor(q: Float8Tensor) -> Quantized:
-    return Quantized(q.data, q.scale_inv.reshape(-1), q.dequantize(torch.float32), q)
+    return Quantized(q.data, q.scale_inv.reshape(-1), q.dequantize(torch.float32), q.format, q)
 
 
 def logged_scale_inv(scales: torch.Tensor) -> torch.Tensor:
@@ -53,23 +53,21 @@ def from_block(part: BlockScaledData, columnwise: bool) -> Quantized:
         part.data,
         logged_scale_inv(part.scales),
         dequantized.t() if columnwise else dequantized,
-        fp4=isinstance(part.layout.element, FP4Format),
+        part.layout.element,
         block_scales=block_scales,
     )
 
 
 def nonzero_codes(q: Quantized) -> torch.Tensor:
     """How many stored elements are not a zero code (padding is zeros, so it counts nothing)."""
-    if q.fp4:
-        return torch.count_nonzero(q.data & (SIGN_BIT - 1))
-    return torch.count_nonzero(q.data.view(torch.uint8) & 0x7F)
+    return q.element.count_nonzero(q.data)
 
 
 def quantization_fields(tensor: torch.Tensor, q: Quantized, overflows: bool) -> dict[str, Any]:
     """Partial fields of one quantization of ``tensor``, all computed on its device."""
     x = tensor.detach().float()
     nonzero_inputs = torch.count_nonzero(x)
-    if q.fp4:
+    if not q.element.has_nan:  # a NaN input gets a zero code: not an underflow
         nonzero_inputs = nonzero_inputs - x.isnan().sum()
     nonzero_scales = q.scale_inv.masked_fill(q.scale_inv == 0, float("inf"))
     fields: dict[str, Any] = {

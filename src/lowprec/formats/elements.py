@@ -37,14 +37,20 @@ from lowprec.errors import LowprecValueError
 
 
 class ElementFormat(Protocol):
-    """What block quantization needs of an element format (FP8 or FP4 E2M1)."""
+    """What quantization and its statistics need of an element format (FP8, FP4 E2M1, ...). ``has_nan``: whether
+    the format encodes NaN (without, a NaN input gets a zero code and its block a NaN scale)."""
 
     name: str
     max: float
+    has_nan: bool
 
     def cast(self, scaled: torch.Tensor) -> torch.Tensor: ...
 
     def decode(self, data: torch.Tensor) -> torch.Tensor: ...
+
+    def count_nonzero(self, data: torch.Tensor) -> torch.Tensor:
+        """How many stored elements are not a zero code (+0 or -0), as a 0-dim device tensor."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,12 @@ class FP8Format:
     def decode(self, data: torch.Tensor) -> torch.Tensor:
         """The float32 values of FP8 ``data`` (as ``FP4Format.decode`` for E2M1 codes)."""
         return data.float()
+
+    has_nan = True
+
+    def count_nonzero(self, data: torch.Tensor) -> torch.Tensor:
+        """Zero is the byte 0x00 or 0x80 (-0): the bits below the sign."""
+        return torch.count_nonzero(data.view(torch.uint8) & 0x7F)
 
     def count_overflows(self, scaled: torch.Tensor) -> torch.Tensor:
         """How many elements of ``scaled`` lie beyond ``±max`` (and so saturate): a 0-dim device tensor."""
@@ -118,6 +130,12 @@ class FP4Format:
         units = torch.floor(units.double() + noise.double()).float()  # float64: the sum is exact
         # a binade's first value has code 2 * binade (0, 2 or 4 steps into it: 0, 1.0 (2 half steps), ...)
         return units.to(torch.uint8) + 2 * binade + sign
+
+    has_nan = False
+
+    def count_nonzero(self, data: torch.Tensor) -> torch.Tensor:
+        """Zero is the code 0 or 8 (-0): the bits below the sign."""
+        return torch.count_nonzero(data & (SIGN_BIT - 1))
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """The float32 values of E2M1 ``codes``, looked up in the 16-entry table of ``VALUES`` (one gather)."""

@@ -30,12 +30,13 @@ from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_ke
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
+from nvdlfw_inspect.stats.catalog import stats_of
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
 DELAYED, CURRENT, MXFP8, BLOCK = DELAYED_LABEL, CURRENT_LABEL, MXFP8_LABEL, FLOAT8_BLOCK_LABEL
 RECIPES = (DELAYED, CURRENT, MXFP8, BLOCK)  # what-if recipes (what-if NVFP4 is LogNvfp4TensorStats)
 PER_TENSOR = (DELAYED, CURRENT)
-NAMES = ("underflows%", "overflows%", "scale_inv_min", "scale_inv_max", "mse", *SCALE_STATS)
+NAMES = (*stats_of("quantization"), *SCALE_STATS)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_ke
 from nvdlfw_inspect.errors import ConfigLocation
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
+from nvdlfw_inspect.stats.catalog import stats_of
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
-STATS = ("underflows%", "mse", "scale_inv_min", "scale_inv_max", *SCALE_STATS)
+STATS = (*(stat for stat in stats_of("quantization") if stat != "overflows%"), *SCALE_STATS)  # E2M1 saturates, never overflows
 PREFIX = "nvfp4_"
 # What-if casts: NVFP4BlockScaling's quantizers (16 x 16 weight blocks) rounding to nearest, so that the
 # statistics repeat; the rowwise copy never goes through the Hadamard transform.

@@ -19,14 +19,15 @@ from lowprec.debug.schedule import next_enabled_iter
 from lowprec.quant.protocol import QuantizedTensor
 from nvdlfw_inspect.debug_features.generic_feature_api import PerConfig
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, stats_list, validate_window, window_key
-from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, is_int
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.blockwise import max_blockwise_dynamic_range
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
+from nvdlfw_inspect.stats.catalog import BASE_STATS
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
 T = TypeVar("T")
-STATS = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range")
+STATS = BASE_STATS
 BLOCKWISE = "max_blockwise_dynamic_range"
 BLOCKWISE_KEYS = {"block_size": "a positive integer (default 32)", "dims": "1 or 2 (default 1)"}
 
@@ -72,7 +73,7 @@ def parse_stat(entry: Any, location: ConfigLocation) -> str | BlockwiseRange:
     for key, value in options.items():
         if key not in BLOCKWISE_KEYS:
             raise location.child(BLOCKWISE).child(key).error("unknown option", key, list(BLOCKWISE_KEYS))
-        valid = isinstance(value, int) and not isinstance(value, bool) and (value > 0 if key == "block_size" else value in (1, 2))
+        valid = is_int(value) and (value > 0 if key == "block_size" else value in (1, 2))
         if not valid:
             raise location.child(BLOCKWISE).child(key).error(f"must be {BLOCKWISE_KEYS[key]}", value)
     return BlockwiseRange(**options)

@@ -9,13 +9,13 @@ from lowprec.debug.features.api import ModifiesSelectedTensors
 from lowprec.formats.elements import E4M3, E5M2
 from lowprec.quant.per_tensor import CurrentScalingQuantizer
 from lowprec.quant.protocol import Float8Tensor, Quantizer
-from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.errors import ConfigLocation, is_int
 from nvdlfw_inspect.registry import Registry, api_method
 
 
 def validate_margin(view: dict, location: ConfigLocation) -> None:
     margin = view.get("margin", 0)
-    if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
+    if not is_int(margin) or margin < 0:
         raise location.child("margin").error("must be a non-negative integer (amax is multiplied by 2**margin)", margin)
 
 

@@ -25,17 +25,16 @@ calls the device implementation directly (see ``_observed``).
 from __future__ import annotations
 
 import functools
-import logging
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
+from nvdlfw_inspect.logging import say_once
 from nvdlfw_inspect.stats.fields import FIELDS, empty_partials
 from nvdlfw_inspect.stats.kernels.cpu import DTYPE_CODES, native_kernel
 from nvdlfw_inspect.stats.kernels.fallback import Grid, torch_tensor_stats
-from nvdlfw_inspect.utils import SingleMessageLogger
 
 DEVICES = ("cpu", "cuda")
 _INTEGERS = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64}
@@ -89,12 +88,7 @@ def warn_skipped(layer_name: str, tensor_name: str, reason: str) -> None:
     """Say once per layer, tensor and reason (in the debug log, and as a Python warning for the console)
     that a tensor's statistics are skipped: the run goes on, and the user learns why they are missing."""
     message = f"statistics of tensor '{tensor_name}' of layer '{layer_name}' are skipped: {reason}"
-    try:
-        first = SingleMessageLogger.log_message_once(message, layer_name, logging.WARNING, call_site=__name__)
-    except RuntimeError:  # no debug session to log to: the warning alone (Python shows each text once)
-        first = True
-    if first:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    say_once(message, layer_name, warning=RuntimeWarning, call_site=__name__)
 
 
 def tensor_stats(
