@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for triton_strict (this runs as a script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # for triton_strict (this runs as a script)
 from triton_cast_checks import train  # noqa: E402  (this file's folder is on the path too)
 from triton_strict import index_as_triton_36  # noqa: E402
 
