@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+TESTS = Path(__file__).parent
+# helpers imported by bare name (``from logreader import read_stats``): tests/support holds the spawn,
+# log-reading and interpreter helpers, tests/references the float64 and bit-exact references
+sys.path[:0] = [str(TESTS), str(TESTS / "support"), str(TESTS / "references")]
 
 import nvdlfw_inspect.api as debug_api  # noqa: E402
 

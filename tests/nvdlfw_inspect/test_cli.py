@@ -1,6 +1,6 @@
 """The framework's command line (``nvdlfw_inspect.cli``): every subcommand on the base namespace, its output
 and exit codes, and that it never imports ``lowprec``. The installed command, with lowprec's features and
-the demo, is tested in ``tests/lowprec/test_cli.py``."""
+the demo, is tested in ``tests/lowprec/test_installed_command.py``."""
 
 from __future__ import annotations
 

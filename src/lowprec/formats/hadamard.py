@@ -22,24 +22,11 @@ from lowprec.formats.noise import derived_seed
 SIZE = 16
 
 
-def sylvester_hadamard(size: int = SIZE) -> torch.Tensor:
-    """The ``size`` x ``size`` Hadamard matrix of ±1 built by doubling ``[[H, H], [H, -H]]``."""
-    h = torch.ones(1, 1)
-    while h.shape[0] < size:
-        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)])
-    return h
-
-
 @functools.cache
 def random_signs(seed: int, device: torch.device) -> torch.Tensor:
     """The ±1 fp32 sign vector of ``seed`` on ``device``, drawn on the CPU so every device has the same."""
     generator = torch.Generator().manual_seed(derived_seed(seed, "hadamard-signs"))
     return (torch.randint(0, 2, (SIZE,), generator=generator).float() * 2 - 1).to(device)
-
-
-def random_hadamard(seed: int, device: torch.device) -> torch.Tensor:
-    """The matrix ``T = diag(signs) @ H16 / 4`` of ``seed`` (fp32), what :func:`transform` multiplies by."""
-    return random_signs(seed, device)[:, None] * sylvester_hadamard().to(device) / SIZE**0.5
 
 
 def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""Debug features under the block formats, against float64 references written here: FakeQuant with MXFP8
-and NVFP4, LogFp8TensorStats of a layer's own block recipe, LogNvfp4TensorStats own and what-if."""
+"""Debug features under the block formats, against float64 references (tests/references/blockref.py):
+FakeQuant with MXFP8 and NVFP4, LogFp8TensorStats of a layer's own block recipe, LogNvfp4TensorStats own
+and what-if."""
 
 from __future__ import annotations
 
@@ -8,51 +9,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from blockref import block_ref, mx_fake, mxfp8_ref, nvfp4_ref
 from debugrun import make_linear, section, start, train_step
-from test_log_fp8_tensor_stats import Collect, block_ref, fp8_config, mxfp8_ref, run, wide
+from test_log_fp8_tensor_stats import Collect, fp8_config, run, wide
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.log_fp8_tensor_stats import own_quantization
-from lowprec.formats.elements import E4M3, E5M2, MAGNITUDES, FP8Format
+from lowprec.formats.elements import E4M3, E5M2
 from nvdlfw_inspect.errors import ConfigError
 
-E2M1_GRID = torch.tensor(MAGNITUDES, dtype=torch.float64)
 STATS = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"]
-
-
-def mx_fake(x: torch.Tensor, fmt: FP8Format) -> torch.Tensor:
-    """MXFP8 by hand: blocks of 32 along the last dimension, scale 2**ceil(log2(amax / fp8_max))."""
-    blocks = x.double().reshape(x.shape[0], -1, 32)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    scale_inv = torch.where(amax > 0, torch.pow(2.0, torch.ceil(torch.log2(amax / fmt.max))), 2.0**-127)
-    q = (blocks / scale_inv).float().to(fmt.dtype).double() * scale_inv
-    return q.reshape(x.shape).float()
-
-
-def e2m1_round(v: torch.Tensor) -> torch.Tensor:
-    """Nearest E2M1 value, ties to the even code (even index in the magnitude list), saturating at 6."""
-    magnitude = v.abs().clamp(max=6.0)
-    distance = (magnitude[..., None] - E2M1_GRID).abs()
-    best = distance.min(-1, keepdim=True).values
-    candidates = torch.where(distance == best, torch.arange(8, dtype=torch.float64), 99.0)
-    even_first = candidates + (candidates % 2) * 0.5  # an even index wins a tie
-    index = even_first.argmin(-1)
-    return torch.where(v < 0, -E2M1_GRID[index], E2M1_GRID[index])
-
-
-def nvfp4_ref(x: torch.Tensor, block: tuple[int, int] = (1, 16)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """NVFP4 by hand: ``(dequantized, E2M1 values, E4M3 block scales)`` of a 2-D tensor."""
-    h, w = block
-    r, c = x.shape
-    tiles = x.double().reshape(r // h, h, c // w, w)
-    s_enc = torch.tensor(448.0 * 6.0 / x.abs().max().item(), dtype=torch.float32).double()
-    block_amax = tiles.abs().amax(dim=(1, 3), keepdim=True)
-    scale = (block_amax * (s_enc / 6.0)).float().to(torch.float8_e4m3fn).double()
-    multiplier = torch.where(scale > 0, s_enc / scale, 0.0)
-    values = e2m1_round((tiles * multiplier).float().double())
-    dequantized = torch.where(scale > 0, values * scale / s_enc, 0.0)
-    return dequantized.reshape(r, c), values.reshape(r, c), scale.reshape(-1)
 
 
 def nvfp4_stats(x: torch.Tensor, block: tuple[int, int] = (1, 16)) -> dict[str, float]:

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
+from blockref import mx_fake
 from debugrun import make_linear, section, start, train_step
-from test_block_debug_features import mx_fake
 
 import lowprec
 import nvdlfw_inspect.api as debug_api

@@ -1,5 +1,6 @@
 """LogFp8TensorStats: every stat of the layer's own recipe and of the what-if recipes against float64
-references written here, with FP8 and high-precision plans, micro-batches and config errors."""
+references (written here and in tests/references/blockref.py), with FP8 and high-precision plans,
+micro-batches and config errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from blockref import block_ref, fp8_round, mxfp8_ref
 from debugrun import CURRENT, make_linear, section, start, train_step
 
 import lowprec
@@ -33,10 +35,6 @@ def wide(shape, seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=g) * torch.exp(torch.randn(shape, generator=g) * 3)
 
 
-def fp8_round(x: torch.Tensor, fmt: FP8Format) -> torch.Tensor:
-    return x.double().clamp(-fmt.max, fmt.max).float().to(fmt.dtype).double()
-
-
 def per_tensor_ref(x: torch.Tensor, fmt: FP8Format, scale: float) -> dict[str, float]:
     x = x.double()
     q = fp8_round(x * scale, fmt)
@@ -51,28 +49,6 @@ def per_tensor_ref(x: torch.Tensor, fmt: FP8Format, scale: float) -> dict[str, f
 
 def current_scale(x: torch.Tensor, fmt: FP8Format) -> float:
     return torch.tensor(fmt.max / x.abs().max().item(), dtype=torch.float32).item()
-
-
-def block_ref(x: torch.Tensor, fmt: FP8Format, scales: torch.Tensor, scale_inv_logged: torch.Tensor) -> dict[str, float]:
-    """Stats of a quantization where ``scales`` (same shape as x) multiply each element before the cast."""
-    x = x.double()
-    q = fp8_round(x * scales, fmt)
-    nonzero = scale_inv_logged[scale_inv_logged != 0]
-    return {
-        "underflows%": 100 * ((x != 0) & (q == 0)).sum().item() / x.numel(),
-        "mse": (x - q / scales).square().mean().item(),
-        "scale_inv_min": nonzero.min().item() if nonzero.numel() else 0.0,
-        "scale_inv_max": scale_inv_logged.max().item(),
-    }
-
-
-def mxfp8_ref(x2d: torch.Tensor, fmt: FP8Format, columnwise: bool) -> dict[str, float]:
-    x = x2d.t() if columnwise else x2d
-    blocks = x.double().reshape(x.shape[0], -1, 32)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    exponent = torch.where(amax > 0, torch.ceil(torch.log2(amax / fmt.max)), -127.0)
-    scales = torch.pow(2.0, -exponent).expand_as(blocks).reshape(x.shape)
-    return block_ref(x, fmt, scales, (exponent + 127).reshape(-1))
 
 
 def block_scaling_ref(x2d: torch.Tensor, fmt: FP8Format) -> dict[str, float]:

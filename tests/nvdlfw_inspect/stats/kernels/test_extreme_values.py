@@ -157,8 +157,8 @@ def close(got: float, want: float) -> bool:
 
 def from_script(*args: str, env: dict[str, str] | None = None) -> dict[str, dict[str, float]]:
     """The statistics this file prints when run as a script."""
-    tests = str(Path(__file__).resolve().parents[3])  # for triton_strict
-    env = dict(env or os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    support = str(Path(__file__).resolve().parents[3] / "support")  # for triton_strict
+    env = dict(env or os.environ, PYTHONPATH=os.pathsep.join(filter(None, [support, os.environ.get("PYTHONPATH")])))
     result = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)

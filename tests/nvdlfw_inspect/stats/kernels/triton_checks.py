@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests/, for statref (this runs as a script)
+TESTS = Path(__file__).resolve().parents[3]  # for statref and triton_strict (this runs as a script)
+sys.path[:0] = [str(TESTS / "support"), str(TESTS / "references")]
 from statref import reference_stats  # noqa: E402
 from triton_strict import index_as_triton_36  # noqa: E402
 

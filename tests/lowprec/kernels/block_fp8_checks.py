@@ -1,4 +1,4 @@
-"""Checks of the fused FP8 block kernel (MXFP8 and FP8 block scaling), run by test_triton_block_fp8.py in a
+"""Checks of the fused FP8 block kernel (MXFP8 and FP8 block scaling), run by test_block_fp8.py in a
 process where ``TRITON_INTERPRET=1`` (set before Triton loads) makes it run on CPU tensors.
 
 1. Rowwise and columnwise bytes and scales equal ``BlockQuantizer``'s torch emulation exactly, for MXFP8
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for triton_strict (this runs as a script)
-from triton_cast_checks import bits, train  # noqa: E402  (this file's folder is on the path too)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))  # for triton_strict (this runs as a script)
+from fp8_cast_checks import bits, train  # noqa: E402  (this file's folder is on the path too)
 from triton_strict import index_as_triton_36  # noqa: E402
 
 import lowprec  # noqa: E402

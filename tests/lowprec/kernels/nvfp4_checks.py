@@ -1,4 +1,4 @@
-"""Checks of the fused NVFP4 kernel, run by test_triton_nvfp4.py in a process where ``TRITON_INTERPRET=1``
+"""Checks of the fused NVFP4 kernel, run by test_nvfp4.py in a process where ``TRITON_INTERPRET=1``
 (set before Triton loads) makes it run on CPU tensors.
 
 1. Rowwise and columnwise E2M1 codes, E4M3 scales and per-tensor decode scales equal ``BlockQuantizer``'s
@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for triton_strict (this runs as a script)
-from triton_cast_checks import train  # noqa: E402  (this file's folder is on the path too)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))  # for triton_strict (this runs as a script)
+from fp8_cast_checks import train  # noqa: E402  (this file's folder is on the path too)
 from triton_strict import index_as_triton_36  # noqa: E402
 
 import lowprec  # noqa: E402

@@ -1,5 +1,5 @@
-"""Scale rules of the block formats, by hand: MXFP8's E8M0 exponents, FP8 block scaling's fp32 scales,
-NVFP4's two levels; zeros, infinities, tiny amaxes and NaN blocks."""
+"""Scale rules, by hand: the per-tensor scale from an amax; of the block formats MXFP8's E8M0 exponents,
+FP8 block scaling's fp32 scales, NVFP4's two levels; zeros, infinities, tiny amaxes and NaN blocks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lowprec.formats.elements import E4M3, E5M2
-from lowprec.formats.scales import FP32_MAX, Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ceil_log2
+from lowprec.formats.scales import FP32_MAX, Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ceil_log2, scale_from_amax
 
 INF = float("inf")
 
@@ -74,3 +74,12 @@ def test_nvfp4_nan_block_gets_a_nan_scale_and_degenerate_tensors_scale_one():
         scales = NVFP4ScaleRule().scales(torch.tensor(amax), torch.tensor([False, False]))
         assert scales.tensor_scale_inv.item() == 1.0
     assert scales.stored.float().tolist()[0] == 448.0  # the infinite block's scale saturates
+
+
+def test_scale_from_amax():
+    assert scale_from_amax(torch.tensor(2.0), E4M3).item() == 224.0
+    assert scale_from_amax(torch.tensor(2.0), E4M3, margin=2).item() == 56.0
+    for bad in (0.0, float("inf"), float("nan")):
+        assert scale_from_amax(torch.tensor(bad), E4M3).item() == 1.0
+        assert scale_from_amax(torch.tensor(bad), E4M3, fallback=torch.tensor(7.0)).item() == 7.0
+    assert scale_from_amax(torch.tensor(1e-45), E5M2).item() == FP32_MAX  # 57344 / 1e-45 overflows

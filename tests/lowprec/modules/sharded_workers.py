@@ -1,4 +1,4 @@
-"""Worker processes for tests/lowprec/test_sharded_training.py (importable by spawned children).
+"""Worker processes for tests/lowprec/modules/test_sharded_training.py (importable by spawned children).
 
 Every rank builds the same model and feeds it the same data, so the gradient that DDP or FSDP2
 averages over the ranks is each rank's own gradient, ``(g + g) / 2 == g`` exactly: a sharded or

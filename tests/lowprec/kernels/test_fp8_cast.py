@@ -20,7 +20,7 @@ from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuan
 from lowprec.recipe import DelayedScaling
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-CHECKS = Path(__file__).with_name("triton_cast_checks.py")
+CHECKS = Path(__file__).with_name("fp8_cast_checks.py")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 needs_fp8_gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs FP8 tensor cores"

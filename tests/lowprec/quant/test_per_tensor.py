@@ -1,4 +1,4 @@
-"""Scales, quantized tensors, current and delayed scaling."""
+"""Per-tensor quantized tensors, current and delayed scaling (the scale rule: formats/test_scales.py)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,10 @@ import pytest
 import torch
 
 from lowprec.formats.elements import E4M3, E5M2
-from lowprec.formats.scales import FP32_MAX, scale_from_amax
 from lowprec.quant.block import block_scaling_quantize, mxfp8_quantize
 from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer, amax_of, quantize_with_scale
 from lowprec.quant.protocol import Float8Tensor
-from lowprec.quant.weight_cache import WeightCache
 from lowprec.recipe import DelayedScaling
-
-
-def test_scale_from_amax():
-    assert scale_from_amax(torch.tensor(2.0), E4M3).item() == 224.0
-    assert scale_from_amax(torch.tensor(2.0), E4M3, margin=2).item() == 56.0
-    for bad in (0.0, float("inf"), float("nan")):
-        assert scale_from_amax(torch.tensor(bad), E4M3).item() == 1.0
-        assert scale_from_amax(torch.tensor(bad), E4M3, fallback=torch.tensor(7.0)).item() == 7.0
-    assert scale_from_amax(torch.tensor(1e-45), E5M2).item() == FP32_MAX  # 57344 / 1e-45 overflows
 
 
 def test_quantize_and_dequantize_by_hand():
@@ -135,51 +124,3 @@ def test_float8_tensor_layouts():
     assert flipped.shape == (4, 6)
     assert flipped.row_major().data_ptr() == other.data_ptr() and flipped.column_major().data_ptr() == cast.data.data_ptr()
     assert torch.equal(flipped.dequantize(), cast.dequantize().t())
-
-
-class CountingQuantizer(CurrentScalingQuantizer):
-    def __init__(self):
-        super().__init__(E4M3)
-        self.casts = 0
-
-    def quantize(self, tensor, transpose=False):
-        self.casts += 1
-        return super().quantize(tensor, transpose)
-
-
-def test_weight_cache_reuses_the_cast_until_the_weight_changes():
-    weight = torch.nn.Parameter(torch.randn(8, 8))
-    cache, quantizer = WeightCache(), CountingQuantizer()
-    first = cache.quantize(weight, quantizer, transpose=False)
-    assert cache.quantize(weight, quantizer, transpose=True) is first and quantizer.casts == 1
-    with torch.no_grad():
-        weight.add_(1.0)  # an optimizer step
-    second = cache.quantize(weight, quantizer, transpose=False)
-    assert quantizer.casts == 2 and torch.equal(second.dequantize(), quantizer.quantize(weight.detach()).dequantize())
-    other = CountingQuantizer()  # a new recipe brings new quantizers
-    assert cache.quantize(weight, other, transpose=False) is not second and other.casts == 1
-    cache.clear()
-    cache.quantize(weight, other, transpose=False)
-    assert other.casts == 2
-
-
-def test_micro_batches_share_the_weight_cast_and_optimizer_steps_renew_it(monkeypatch):
-    import lowprec
-
-    layer = lowprec.Linear(16, 8, name="fc")
-    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
-    casts = []
-    original = DelayedScalingQuantizer.quantize
-
-    def counting(self, tensor, transpose=False):
-        casts.append(tuple(tensor.shape))
-        return original(self, tensor, transpose)
-
-    monkeypatch.setattr(DelayedScalingQuantizer, "quantize", counting)
-    for _ in range(2):
-        for _ in range(3):  # micro-batches
-            with lowprec.fp8_autocast():
-                layer(torch.randn(4, 16)).sum().backward()
-        optimizer.step()
-    weight_casts = casts.count((8, 16))
-    assert weight_casts == 2 and casts.count((4, 16)) == 6 and casts.count((4, 8)) == 6

@@ -19,7 +19,7 @@ from lowprec.kernels import runs_on
 from lowprec.quant.block import BlockQuantizer
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-CHECKS = Path(__file__).with_name("triton_block_fp8_checks.py")
+CHECKS = Path(__file__).with_name("block_fp8_checks.py")
 needs_fp8_gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs FP8 tensor cores"
 )

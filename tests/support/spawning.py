@@ -41,7 +41,8 @@ def spawn(workers: Path, body: str, world: int, tmp_path: Path, limit_s: float =
 
 def _entry(rank: int, workers: str, world: int, init_file: str, out_dir: str, errors: str, body: str) -> None:
     """A rank: set up a gloo group, run the body, tear down; a failure is written for the parent to show."""
-    sys.path[:0] = [str(Path(workers).parent), str(Path(__file__).parent)]
+    support = Path(__file__).resolve().parent  # tests/support, and tests/references beside it
+    sys.path[:0] = [str(Path(workers).parent), str(support), str(support.parent / "references")]
     try:
         torch.set_num_threads(1)  # the ranks share the machine's cores
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

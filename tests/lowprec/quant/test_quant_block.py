@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from lowprec.formats import hadamard
 from lowprec.formats.elements import E2M1, E4M3, E5M2
 from lowprec.formats.noise import RoundingStream
 from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
@@ -135,25 +134,6 @@ def test_nvfp4_recipe_quantizers_follow_transformer_engine():
     assert all(quantizer.format is E4M3 for quantizer in q.values())
     plain = NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True, disable_2d_quantization=True).quantizers("x")
     assert all(p.hadamard_seed is None and p.rounding is None and p.block == (1, 16) for p in plain.values())
-
-
-def test_hadamard_transform_is_orthogonal_and_preserves_products():
-    matrix = hadamard.random_hadamard(5, torch.device("cpu"))
-    assert torch.allclose(matrix @ matrix.t(), torch.eye(16), atol=1e-6)
-    assert set(matrix.abs().flatten().tolist()) == {0.25} and not torch.equal(
-        matrix, hadamard.random_hadamard(6, torch.device("cpu"))
-    )
-    g = torch.Generator().manual_seed(2)
-    dy, x = torch.randn(48, 24, generator=g), torch.randn(48, 40, generator=g)  # wgrad: dy^T x, inner dimension 48
-    dy_t, x_t = hadamard.transform(dy.t().contiguous(), 5), hadamard.transform(x.t().contiguous(), 5)
-    assert torch.allclose(x_t, (x.t().reshape(-1, 16) @ matrix).reshape(40, 48), atol=1e-6)  # the butterflies multiply by T
-    assert torch.allclose(dy_t @ x_t.t(), dy.t() @ x, rtol=1e-5, atol=1e-5)
-    assert torch.allclose(hadamard.inverse(x_t, 5), x.t(), atol=1e-6)
-
-
-def test_walsh_hadamard_butterflies_equal_the_sylvester_matrix_exactly_on_integers():
-    x = torch.randint(-1000, 1000, (7, 32), generator=torch.Generator().manual_seed(8)).float()  # sums of integers: exact
-    assert torch.equal(hadamard.walsh_hadamard(x), (x.reshape(-1, 16) @ hadamard.sylvester_hadamard()).reshape(7, 32))
 
 
 def test_nvfp4_columnwise_with_hadamard_dequantizes_to_the_tensor():

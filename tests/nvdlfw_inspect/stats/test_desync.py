@@ -17,12 +17,12 @@ pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
 )
 
-HERE = Path(__file__).resolve().parent
+WORKERS = Path(__file__).resolve().parents[1] / "dist_workers.py"  # shared with test_distributed.py
 WORLD = 2
 
 
 def spawn(body: str, tmp_path: Path) -> Path:
-    return spawning.spawn(HERE / "dist_workers.py", body, WORLD, tmp_path)
+    return spawning.spawn(WORKERS, body, WORLD, tmp_path)
 
 
 def test_a_rank_that_skips_step_makes_every_rank_raise_naming_ranks_and_iterations(tmp_path):

@@ -1,4 +1,4 @@
-"""Checks of the fused FP8 cast kernels, run by test_triton_cast.py in a process where
+"""Checks of the fused FP8 cast kernels, run by test_fp8_cast.py in a process where
 ``TRITON_INTERPRET=1`` (set before Triton loads) makes the kernels run on CPU tensors.
 
 1. The bytes equal ``FP8Format.cast(x * scale)`` exactly: every FP8 value, every tie between two of
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for triton_strict (this runs as a script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))  # for triton_strict (this runs as a script)
 from triton_strict import index_as_triton_36  # noqa: E402
 
 import lowprec  # noqa: E402

@@ -18,7 +18,7 @@ from lowprec.formats.scales import NVFP4ScaleRule
 from lowprec.quant.block import BlockQuantizer
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-CHECKS = Path(__file__).with_name("triton_nvfp4_checks.py")
+CHECKS = Path(__file__).with_name("nvfp4_checks.py")
 needs_fp8_gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs a CUDA GPU with FP8 conversions"
 )
