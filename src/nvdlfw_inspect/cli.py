@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nvdlfw_inspect.api as debug_api
-from nvdlfw_inspect.config_manager import config_line, find_config_errors
+from nvdlfw_inspect.config_manager import find_config_errors
+from nvdlfw_inspect.config_yaml import config_line
 from nvdlfw_inspect.diagnose.command import add_arguments as diagnose_arguments
 from nvdlfw_inspect.errors import ConfigError, NvdlfwInspectError
 from nvdlfw_inspect.explain import ALL, explanation, feature_matches, suggestion
