@@ -7,7 +7,7 @@ the bandwidth of quantizing one tensor in each format, measured side by side in 
    block recipes are emulated (quantize, dequantize, GEMM in high precision).
 2. Quantizing a bf16 tensor (128 MiB on CUDA, 8 MiB on the CPU) with each format's quantizer, as GB/s
    of bytes read next to a plain copy's. On CUDA each cast runs the fused Triton kernels, and again as
-   the torch emulation (``(torch)`` rows, ``FUSED_KERNELS`` off) to show what the fusion saves.
+   the torch emulation (``(torch)`` rows, ``lowprec.set_kernel_mode("emulated")``) to show what the fusion saves.
 
 ``--tiny`` runs the CPU tables at tiny sizes (checks that the code runs, not its speed); ``--json PATH``
 also writes the key numbers of the last device's tables.
