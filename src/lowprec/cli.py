@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import lowprec  # noqa: F401  (importing it makes every initialize load its features)
+from lowprec.errors import LowprecValueError
 from nvdlfw_inspect import cli
 
 
@@ -38,7 +39,8 @@ def demo_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Check the given config first, as ``validate`` does: a bad one is reported once, and no log is started."""
+    """Check the given config first, as ``validate`` does: a bad one is reported once, and no log is started.
+    A run that logged nothing says why in one line (exit code 1)."""
     if args.config is not None:
         path = Path(args.config)
         errors = cli.config_errors(path, [])
@@ -47,7 +49,10 @@ def demo(args: argparse.Namespace) -> int:
             return 1
     from lowprec.demo import run_demo
 
-    run_demo(steps=args.steps, size=args.size, config=args.config, log_dir=args.log_dir, device=args.device)
+    try:
+        run_demo(steps=args.steps, size=args.size, config=args.config, log_dir=args.log_dir, device=args.device)
+    except LowprecValueError as error:  # e.g. a config that logged nothing: said in one line, exit code 1
+        raise cli.UserError(str(error)) from None
     return 0
 
 

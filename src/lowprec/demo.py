@@ -30,6 +30,10 @@ from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_
 DEMO_CONFIG = Path(__file__).resolve().parent / "demo_config.yaml"
 LOSS_FILE = "loss.json"
 DEMO_RECIPE = lowprec.DelayedScaling()
+DEBUG_LAYER_NAMES = (
+    "gpt.layers.<i>.self_attention.layernorm_qkv, gpt.layers.<i>.self_attention.proj, gpt.layers.<i>.layernorm_mlp.fc1, "
+    "gpt.layers.<i>.layernorm_mlp.fc2, gpt.head"
+)
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ def corpus() -> torch.Tensor:
 
 class GPT(torch.nn.Module):
     """Byte-level causal language model: embeddings, ``layers`` TransformerLayers, a final LayerNorm and
-    an FP8 ``Linear`` head. Layers are named ``gpt.layers.{i}`` and ``gpt.head`` for the debug config."""
+    an FP8 ``Linear`` head. Layers are named ``gpt.layers.{i}`` and ``gpt.head``; those calling the debug API are
+    ``DEBUG_LAYER_NAMES``."""
 
     def __init__(self, size: Size):
         super().__init__()
@@ -83,6 +88,17 @@ class GPT(torch.nn.Module):
         for layer in self.layers:
             h = layer(h)
         return self.head(self.norm(h))
+
+
+def nothing_logged(config: str | Path, log_dir: Path, steps: int) -> str:
+    """Why a demo run logged no statistics, and the fix: the config's features reached none of the GPT's layers."""
+    return (
+        f"no statistics were logged in {steps} step{'s' if steps > 1 else ''}: no feature of the config {str(config)!r} "
+        f"logged a tensor of the demo's layers ({DEBUG_LAYER_NAMES}); lowprec layers call the debug API of namespace "
+        "'transformer_engine', so statistics features go under 'transformer_engine:' in a section selecting these names (as in "
+        f"{str(DEMO_CONFIG)!r}). The warnings above, also in the debug log {str(log_dir / MAIN_LOG_DIR)!r}, name each "
+        f"section that did nothing. No report was written; the losses are in {str(log_dir / LOSS_FILE)!r}."
+    )
 
 
 class TimeLeft:
@@ -182,8 +198,11 @@ def run_demo(
         debug_api.end_debug()
     from nvdlfw_inspect.report import write_report
 
-    report = write_report(log_dir)
     (log_dir / LOSS_FILE).write_text(json.dumps({"loss": losses}))
+    try:
+        report = write_report(log_dir)
+    except ValueError as error:  # no statistics: raised again saying why, not as a bare ValueError
+        raise LowprecValueError(nothing_logged(config or DEMO_CONFIG, log_dir, steps)) from error
     result = {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "report": report}
     result["losses"] = losses
     result["statistics"] = log_dir / STATISTICS_LOG_DIR

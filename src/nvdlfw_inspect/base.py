@@ -187,6 +187,7 @@ class BaseNamespaceAPI(ABC):
             )
 
         layer_config = ConfigManager.get_config_for_layer(layer_name).get(self.name, {})
+        ConfigManager.note_routed(layer_name, self.name)
         features_to_invoke: dict[str, dict] = {}
         for feature_name in self.api_to_features_map.get(api_name, ()):
             cfg = layer_config.get(feature_name)

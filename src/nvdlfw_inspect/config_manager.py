@@ -297,6 +297,7 @@ class ConfigManager:
     # What routing learned (``section_coverage`` warns about sections that select no layer):
     routed_layers: dict[str, tuple[str, ...]] = {}  # layers that asked which features apply -> their types
     matched_sections: set[str] = set()  # sections that selected one of them
+    routed_namespaces: dict[str, set[str]] = {}  # layer -> the namespaces it routed a call in
     warned_sections: set[str] = set()  # sections already warned about
 
     @classmethod
@@ -315,7 +316,7 @@ class ConfigManager:
         cls.source = source
         cls.section_names = [str(name) for name in raw]
         cls.warnings = warnings
-        cls.routed_layers, cls.matched_sections, cls.warned_sections = {}, set(), set()
+        cls.routed_layers, cls.matched_sections, cls.warned_sections, cls.routed_namespaces = {}, set(), set(), {}
 
     _load_config = load_config
 
@@ -326,6 +327,12 @@ class ConfigManager:
             raise TypeError(f"set_layer_types needs a layer name and type names as strings, got {layer_name!r}, {types!r}")
         cls.layer_types[layer_name] = tuple(types)
         cls.layer_name_to_config_cache.pop(layer_name, None)
+
+    @classmethod
+    def note_routed(cls, layer_name: str, namespace: str) -> None:
+        """Record that ``layer_name`` routed a call in ``namespace``: a section whose features are in a namespace
+        its layers never call does nothing for them (``section_coverage`` says so)."""
+        cls.routed_namespaces.setdefault(layer_name, set()).add(namespace)
 
     @classmethod
     def get_config_for_layer(cls, layer_name: str) -> dict[str, dict[str, dict]]:
@@ -365,7 +372,7 @@ class ConfigManager:
         cls.source = ""
         cls.section_names = []
         cls.warnings = []
-        cls.routed_layers, cls.matched_sections, cls.warned_sections = {}, set(), set()
+        cls.routed_layers, cls.matched_sections, cls.warned_sections, cls.routed_namespaces = {}, set(), set(), {}
 
 
 def is_layer_in_cfg(layer_name: str, spec: ConfigSpec) -> bool:

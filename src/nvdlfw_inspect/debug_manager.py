@@ -19,7 +19,7 @@ from nvdlfw_inspect.logging import (
     wrap_tensorboard_writer,
 )
 from nvdlfw_inspect.registry import Registry
-from nvdlfw_inspect.section_coverage import warn_sections_never_matched
+from nvdlfw_inspect.section_coverage import warn_features_in_namespaces_not_called, warn_sections_never_matched
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 
 
@@ -121,7 +121,8 @@ class DebugManager:
         """Advance the counter, then log the finished iteration's statistics and step the namespaces.
         Counting first makes a call of another thread that starts meanwhile part of the next iteration.
         A ``DistributedDesyncError`` comes after all of it, so a caller that catches it can go on. The first
-        step ends with a warning about each config section that no layer matched."""
+        step ends with a warning about each config section that no layer matched, and each whose features are in
+        a namespace its layers do not call."""
         with self._step_lock:
             finished = self._trainer_iteration_count
             self._trainer_iteration_count += 1
@@ -133,6 +134,7 @@ class DebugManager:
                 if not self._first_step_done:
                     self._first_step_done = True
                     warn_sections_never_matched()
+                    warn_features_in_namespaces_not_called()
 
     def set_iteration(self, iteration: int) -> None:
         """Set the counter (``initialize_training_step``), never in the middle of a ``step``."""

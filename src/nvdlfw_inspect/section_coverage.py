@@ -2,15 +2,20 @@
 selector written for another model (``layer_types: [fc1]`` where the layers are ``model.0`` and ``model.2``)
 logs no statistic and raises no error. Each is warned about once, as soon as the layer names are known:
 when ``infer_and_assign_layer_names`` names the model, else at the end of the first ``step()``.
+
+Likewise a section whose features are in a namespace its layers never call: ``LogTensorStats`` written
+directly in the section is the ``base`` namespace's, which ``lowprec`` layers do not call (they call
+``transformer_engine``). Warned about at the end of the first ``step()``, naming the namespace to use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nvdlfw_inspect.config_manager import ConfigManager, ConfigSpec
+from nvdlfw_inspect.config_manager import BASE_NAMESPACE, ConfigManager, ConfigSpec
 from nvdlfw_inspect.errors import short_repr
 from nvdlfw_inspect.logging import say_once
+from nvdlfw_inspect.registry import Registry
 
 MAX_NAMES_SHOWN = 12
 
@@ -30,6 +35,48 @@ def warn_sections_never_matched() -> None:
         _warn(specs, f"none of the {len(layers)} layers that called the debug API in the first step ({_shown(layers)})")
     else:
         _warn(specs, "no layer: none called the debug API in the first step (are its layers debuggable and named?)")
+
+
+def warn_features_in_namespaces_not_called() -> None:
+    """Warn about each section and namespace of its features that layers it selects never routed a call in while
+    calling another namespace (the end of the first step): those features do nothing for them."""
+    for spec in ConfigManager.configs.values():
+        if spec.layer_spec is None:
+            continue
+        selected = {
+            layer: called
+            for layer, called in ConfigManager.routed_namespaces.items()
+            if spec.layer_spec.matches(layer, ConfigManager.layer_types.get(layer, ()))
+        }
+        for namespace, features in spec.extension_config.items():
+            missed = {layer: called for layer, called in selected.items() if namespace not in called}
+            if missed:
+                _warn_namespace_not_called(spec, namespace, sorted(features), missed)
+
+
+def _warn_namespace_not_called(spec: ConfigSpec, namespace: str, features: list[str], missed: dict[str, set[str]]) -> None:
+    called = sorted(set().union(*missed.values()))
+    where = " (written directly in the section)" if namespace == BASE_NAMESPACE else ""
+    fix = next(
+        (f"; write them under '{other}:' in the section" for other in called if _has_features(other, features)),
+        f"; features of {', '.join(repr(other) for other in called)}: {_features_of(called)}",
+    )
+    say_once(
+        f"{ConfigManager.source}: section '{spec.name}' configures {features} of namespace '{namespace}'{where}, but "
+        f"{len(missed)} layer{'s' if len(missed) > 1 else ''} it selects ({_shown(dict.fromkeys(missed, ()))}) "
+        f"called the debug API only in namespace {', '.join(repr(other) for other in called)}; these features do "
+        f"nothing for {'them' if len(missed) > 1 else 'it'}{fix}",
+        call_site=__name__,
+    )
+
+
+def _has_features(namespace: str, features: list[str]) -> bool:
+    data = Registry.data.get(namespace)
+    return data is not None and all(feature in data.features for feature in features)
+
+
+def _features_of(namespaces: list[str]) -> list[str]:
+    return sorted({feature for ns in namespaces if ns in Registry.data for feature in Registry.data[ns].features})
 
 
 def _not_warned() -> list[ConfigSpec]:

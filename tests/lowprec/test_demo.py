@@ -12,7 +12,7 @@ import pytest
 
 import nvdlfw_inspect
 from lowprec.cli import main
-from lowprec.demo import DEMO_CONFIG, TimeLeft, corpus, run_demo
+from lowprec.demo import DEMO_CONFIG, TimeLeft, corpus, read_losses, run_demo
 
 
 def test_corpus_is_real_text():
@@ -44,6 +44,20 @@ def test_demo_from_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--steps", "0", "--log-dir", str(tmp_path)])
     assert exit_info.value.code == 2 and "must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_a_config_that_logs_nothing_says_why_in_one_line(tmp_path, capsys):
+    """The Quick start's form (``LogTensorStats`` in the section: the ``base`` namespace) reaches no lowprec layer;
+    after training the demo says so, and where the warnings and losses are, instead of a traceback."""
+    config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "mlp_stats.yaml"
+    assert main(["demo", "--steps", "1", "--size", "tiny", "--log-dir", str(tmp_path), "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "section 'hidden_layer_inputs' configures ['LogTensorStats'] of namespace 'base'" in err
+    (line,) = [line for line in err.splitlines() if line.startswith("nvdlfw-inspect demo: ")]
+    assert line.startswith("nvdlfw-inspect demo: no statistics were logged in 1 step: no feature of the config ")
+    assert "gpt.layers.<i>.layernorm_mlp.fc1" in line and "go under 'transformer_engine:'" in line
+    assert f"the losses are in {str(tmp_path / 'loss.json')!r}" in line
+    assert len(read_losses(tmp_path)) == 1 and not (tmp_path / "report.html").exists()
 
 
 @pytest.mark.parametrize(

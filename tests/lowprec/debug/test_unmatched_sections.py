@@ -71,3 +71,35 @@ def test_sections_that_select_a_layer_by_name_or_declared_type_are_not_warned_ab
     train(model)
     assert warnings_in(capsys.readouterr().err) == []
     assert set(nvdlfw_inspect.read_stats(log_dir).layer) == {"model.0.fc1"}
+
+
+def namespace_warnings_in(err: str) -> list[str]:
+    return [line.split(" - WARNING - ")[1] for line in err.splitlines() if "called the debug API only in namespace" in line]
+
+
+def test_base_features_on_lowprec_layers_are_warned_about_naming_the_namespace_to_use(log_dir, capsys, recwarn):
+    """``LogTensorStats`` written in the section (the Quick start's form) is the ``base`` namespace's; lowprec layers
+    call ``transformer_engine``, so it logs nothing for them. Layers that do call ``base`` are not named."""
+    config = {
+        "quick_start_form": {
+            "enabled": True,
+            "layers": {"exact_layer_names": ["model.0", "model.own"]},
+            "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]},
+        },
+        **section(STATS, {"exact_layer_names": ["model.2"]}),
+    }
+    start(config, log_dir)
+    model = sequential()
+    model[0].name, model[2].name = "model.0", "model.2"
+    for _ in range(2):
+        debug_api.log_tensor_stats("model.own", tensor=torch.ones(4), tensor_name="activation")
+        train(model, steps=1)
+    err = capsys.readouterr().err
+    assert namespace_warnings_in(err) == [
+        "config dict: section 'quick_start_form' configures ['LogTensorStats'] of namespace 'base' (written directly in "
+        "the section), but 1 layer it selects (model.0) called the debug API only in namespace 'transformer_engine'; "
+        "these features do nothing for it; write them under 'transformer_engine:' in the section"
+    ]
+    assert [str(w.message) for w in recwarn if "quick_start_form" in str(w.message)] == namespace_warnings_in(err)
+    debug_api.end_debug()
+    assert set(nvdlfw_inspect.read_stats(log_dir).layer) == {"model.own", "model.2"}
