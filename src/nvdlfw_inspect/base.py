@@ -156,6 +156,11 @@ class BaseNamespaceAPI(ABC):
         if validate is not None:
             validate(config, location)
 
+    def no_feature_served(self, api_name: str, layer_name: str, configured: dict[str, dict], **kwargs: Any) -> None:
+        """Called when features ``configured`` for the layer (name -> raw config) implement ``api_name`` but none
+        serves this call; at most once per cached call. A namespace whose callers name what they pass (a tensor
+        a user chose) says so here; the default says nothing (layers ask routing questions no config answers)."""
+
     def step(self) -> None:
         """Called by ``debug_api.step()`` after the iteration counter advanced."""
 
@@ -189,15 +194,19 @@ class BaseNamespaceAPI(ABC):
         layer_config = ConfigManager.get_config_for_layer(layer_name).get(self.name, {})
         ConfigManager.note_routed(layer_name, self.name)
         features_to_invoke: dict[str, dict] = {}
+        configured: dict[str, dict] = {}
         for feature_name in self.api_to_features_map.get(api_name, ()):
             cfg = layer_config.get(feature_name)
             if not cfg or not cfg.get("enabled"):
                 continue
+            configured[feature_name] = cfg
             status, resolved = self.routing_condition(api_name, cfg, layer_name, self.namespace_features[feature_name], **kwargs)
             if status:
                 features_to_invoke[feature_name] = resolved or cfg
 
         if not features_to_invoke:
+            if configured:
+                self.no_feature_served(api_name, layer_name, configured, **kwargs)
             default = self._default_api_map.get(api_name)
             if uid is not None:
                 self._api_cache[uid] = None if default is None else (None, default, {})

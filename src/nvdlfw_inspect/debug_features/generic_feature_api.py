@@ -7,7 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from nvdlfw_inspect.base import BaseConfigAPIMapper, BaseNamespaceAPI
-from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
+from nvdlfw_inspect.config_manager import ConfigManager
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, closest
+from nvdlfw_inspect.logging import say_once
 from nvdlfw_inspect.registry import Registry
 
 
@@ -117,6 +119,14 @@ def tensor_views(
     raise location.error("needs 'tensors: [names]' or 'tensors_struct: [{tensor: name, ...}]'")
 
 
+def selected_tensor_names(config: dict) -> list[str]:
+    """The tensor names a validated feature config selects (``tensors`` or ``tensors_struct``)."""
+    if "tensors_struct" in config:
+        return [item["tensor"] for item in config["tensors_struct"]]
+    tensors = config.get("tensors", [])
+    return [tensors] if isinstance(tensors, str) else list(tensors)
+
+
 class ItemLocation(ConfigLocation):
     """Location of one ``tensors_struct`` (or ``gemms_struct``) item: keys it defines are reported there, others at
     the feature."""
@@ -157,3 +167,31 @@ class GenericFrameworkAPI(BaseNamespaceAPI):
 
     def is_multiple_feature_invocation_allowed(self, api_name: str) -> bool:
         return False
+
+    def no_feature_served(self, api_name: str, layer_name: str, configured: dict[str, dict], **kwargs: Any) -> None:
+        """A tensor name that no feature of the config selects (``activations`` for ``activation``) would log nothing,
+        every step: said once per layer and name, with the names the layer's features do select. A name selected for
+        other layers only is a choice of the config (gradients of the last layer only), not said."""
+        tensor_name = kwargs.get("tensor_name")
+        if tensor_name is None or tensor_name in self._selected_anywhere(api_name):
+            return
+        selected = sorted({name for cfg in configured.values() for name in selected_tensor_names(cfg)})
+        hint = closest(tensor_name, selected)
+        features = f"features {sorted(configured)} select" if len(configured) > 1 else f"feature {next(iter(configured))} selects"
+        say_once(
+            f"layer '{layer_name}': debug_api.{api_name}(tensor_name={tensor_name!r}) logs nothing: no section of the "
+            f"config selects that tensor name; the layer's {features} the tensors {selected}"
+            + (f"; did you mean {hint!r}?" if hint else ""),
+            call_site=__name__,
+        )
+
+    def _selected_anywhere(self, api_name: str) -> set[str]:
+        """The tensor names some enabled feature implementing ``api_name`` selects, in any section."""
+        features = self.api_to_features_map.get(api_name, ())
+        return {
+            name
+            for spec in ConfigManager.configs.values()
+            for feature, cfg in spec.extension_config.get(self.name, {}).items()
+            if feature in features and cfg.get("enabled")
+            for name in selected_tensor_names(cfg)
+        }

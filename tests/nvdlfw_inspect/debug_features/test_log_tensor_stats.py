@@ -350,6 +350,40 @@ def test_unselected_tensor_or_layer_logs_nothing(log_dir):
     assert not any(m.endswith(": Called") for _, m in read_messages(log_dir))
 
 
+def test_a_tensor_name_no_feature_of_the_layer_selects_is_said_once_per_layer_and_name(log_dir, recwarn):
+    """``activations`` for ``activation`` would return {} every step: said once, with the names the layer's
+    config selects. A layer no section selects, or a name the config selects for other layers only (``output``
+    below), is the config's choice: nothing is said for it."""
+    cfg = struct_config([{"tensor": "activation", "stats": ["max"]}, {"tensor": "gradient", "stats": ["min"]}])
+    cfg["block"]["layers"] = {"layer_types": ["fc1"]}
+    cfg["head"] = {
+        "enabled": True,
+        "layers": {"exact_layer_names": ["head"]},
+        "LogTensorStats": config()["block"]["LogTensorStats"],
+    }
+    cfg["head"]["LogTensorStats"]["tensors"] = ["output"]
+    debug_api.initialize(config_file=cfg, log_dir=log_dir)
+    calls = [("fc1", "activations"), ("model.fc1", "activations"), ("fc1", "weight"), ("fc2", "activations"), ("fc1", "output")]
+    for _ in range(3):
+        for layer, name in calls:
+            assert debug_api.log_tensor_stats(layer_name=layer, tensor=torch.ones(3), tensor_name=name) == {}
+        assert debug_api.log_tensor_stats(layer_name="fc1", tensor=torch.ones(3), tensor_name="activation")
+        debug_api.step()
+    debug_api.end_debug()
+    selects = (
+        "logs nothing: no section of the config selects that tensor name; the layer's feature LogTensorStats selects "
+        "the tensors ['activation', 'gradient']"
+    )
+    said = [
+        f"layer 'fc1': debug_api.log_tensor_stats(tensor_name='activations') {selects}; did you mean 'activation'?",
+        f"layer 'model.fc1': debug_api.log_tensor_stats(tensor_name='activations') {selects}; did you mean 'activation'?",
+        f"layer 'fc1': debug_api.log_tensor_stats(tensor_name='weight') {selects}",
+    ]
+    assert [str(w.message) for w in recwarn if "logs nothing" in str(w.message)] == said
+    assert [m for level, m in read_messages(log_dir) if "logs nothing" in m and level == "WARNING"] == said
+    assert logged_iterations(log_dir, "fc1_activation_max") == {0, 1, 2}
+
+
 def test_disabled_feature_logs_nothing(log_dir):
     debug_api.initialize(config_file=config(enabled=False), log_dir=log_dir)
     assert debug_api.log_tensor_stats(layer_name="l1", tensor=torch.ones(3), tensor_name="activation") == {}
