@@ -10,6 +10,7 @@ directly in the section is the ``base`` namespace's, which ``lowprec`` layers do
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 
 from nvdlfw_inspect.config_manager import BASE_NAMESPACE, ConfigManager, ConfigSpec
@@ -18,13 +19,14 @@ from nvdlfw_inspect.logging import say_once
 from nvdlfw_inspect.registry import Registry
 
 MAX_NAMES_SHOWN = 12
+MAX_CLOSEST = 3
 
 
 def warn_sections_selecting_none_of(layers: Mapping[str, tuple[str, ...]]) -> None:
     """Warn about each section whose selectors match none of ``layers`` (name -> the types it declares),
     the layers of a model just named."""
     specs = [spec for spec in _not_warned() if not any(spec.layer_spec.matches(name, types) for name, types in layers.items())]
-    _warn(specs, f"none of the {len(layers)} layers of the model ({_shown(layers)})")
+    _warn(specs, f"none of the {len(layers)} layers of the model", layers)
 
 
 def warn_sections_never_matched() -> None:
@@ -32,7 +34,7 @@ def warn_sections_never_matched() -> None:
     layers = ConfigManager.routed_layers
     specs = [spec for spec in _not_warned() if spec.name not in ConfigManager.matched_sections]
     if layers:
-        _warn(specs, f"none of the {len(layers)} layers that called the debug API in the first step ({_shown(layers)})")
+        _warn(specs, f"none of the {len(layers)} layers that called the debug API in the first step", layers)
     else:
         _warn(specs, "no layer: none called the debug API in the first step (are its layers debuggable and named?)")
 
@@ -85,14 +87,32 @@ def _not_warned() -> list[ConfigSpec]:
     return [spec for spec in ConfigManager.configs.values() if spec.layer_spec is not None and spec.name not in warned]
 
 
-def _warn(specs: list[ConfigSpec], what: str) -> None:
+def _warn(specs: list[ConfigSpec], what: str, layers: Mapping[str, tuple[str, ...]] | None = None) -> None:
+    """Say for each of ``specs`` that it matches ``what``, then (when given) the ``layers``: those closest to the names
+    it wrote first, so that the one meant is not hidden in the "... N more" of a long list."""
     for spec in specs:
         ConfigManager.warned_sections.add(spec.name)
+        listed = ""
+        if layers:
+            closest = _closest_names(spec, list(layers))
+            listed = (
+                f" (did you mean {' or '.join(map(repr, closest))}? all: {_shown(layers)})" if closest else f" ({_shown(layers)})"
+            )
         say_once(
             f"{ConfigManager.source}: section '{spec.name}' selects no layer: its selectors "
-            f"{short_repr(spec.layer_spec.raw)} match {what}; its features do nothing",
+            f"{short_repr(spec.layer_spec.raw)} match {what}{listed}; its features do nothing",
             call_site=__name__,
         )
+
+
+def _closest_names(spec: ConfigSpec, names: list[str]) -> list[str]:
+    """The layer names closest to each of the section's ``exact_layer_names``: those that end with it or that it ends
+    with (a prefix such as ``model.`` that Lightning or PEFT wrappers add, or one too many), else the most similar."""
+    found: list[str] = []
+    for written in sorted(spec.layer_spec.exact_layer_names or ()):
+        ends = [name for name in names if name.endswith(f".{written}") or written.endswith(f".{name}")]
+        found += ends[:MAX_CLOSEST] or difflib.get_close_matches(written, names, n=MAX_CLOSEST, cutoff=0.6)
+    return list(dict.fromkeys(found))[:MAX_CLOSEST]
 
 
 def _shown(layers: Mapping[str, tuple[str, ...]]) -> str:

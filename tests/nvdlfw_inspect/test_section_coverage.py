@@ -33,16 +33,32 @@ def test_the_first_step_warns_once_about_each_section_no_layer_matched(log_dir, 
     call("model.fc1")
     call("model.fc2")
     debug_api.step()
-    layers = "match none of the 2 layers that called the debug API in the first step (model.fc1, model.fc2)"
+    layers = "match none of the 2 layers that called the debug API in the first step"
     assert warnings_in(capsys.readouterr().err) == [
-        f"config dict: section 'typo' selects no layer: its selectors {{'exact_layer_names': ['model.fc3']}} {layers}; "
-        "its features do nothing",
-        f"config dict: section 'other' selects no layer: its selectors {{'layer_types': ['attn']}} {layers}; "
-        "its features do nothing",
+        f"config dict: section 'typo' selects no layer: its selectors {{'exact_layer_names': ['model.fc3']}} {layers} "
+        "(did you mean 'model.fc2' or 'model.fc1'? all: model.fc1, model.fc2); its features do nothing",
+        f"config dict: section 'other' selects no layer: its selectors {{'layer_types': ['attn']}} {layers} "
+        "(model.fc1, model.fc2); its features do nothing",
     ]
     call("model.fc1")
     debug_api.step()
     assert warnings_in(capsys.readouterr().err) == []
+
+
+def test_the_layer_meant_is_named_first_not_hidden_in_a_long_list(log_dir, capsys):
+    """A wrapper (Lightning, PEFT) adds a prefix to every name: the layer written is the one ending with it, shown
+    before the 12 names of the list, where it would be among the "... 28 more"."""
+    debug_api.initialize(config(wrapped={"exact_layer_names": ["model.layers.9.fc", "model.layers.3.fc"]}), log_dir=log_dir)
+    for i in range(40):
+        call(f"model.model.layers.{i}.fc")
+    debug_api.step()
+    (warning,) = warnings_in(capsys.readouterr().err)
+    assert warning.startswith(
+        "config dict: section 'wrapped' selects no layer: its selectors {'exact_layer_names': ['model.layers.9.fc', "
+        "'model.layers.3.fc']} match none of the 40 layers that called the debug API in the first step (did you mean "
+        "'model.model.layers.3.fc' or 'model.model.layers.9.fc'? all: model.model.layers.0.fc, "
+    )
+    assert warning.endswith("model.model.layers.11.fc, ... 28 more); its features do nothing")
 
 
 def test_a_first_step_without_any_layer_says_so(log_dir, capsys):
