@@ -10,6 +10,7 @@ import atexit
 import logging
 import sys
 from collections.abc import Hashable
+from functools import partial
 from typing import Any
 
 import torch
@@ -19,7 +20,15 @@ from nvdlfw_inspect.debug_manager import DebugManager
 from nvdlfw_inspect.distributed import get_distributed_world_size
 from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError, is_int
 from nvdlfw_inspect.explain import feature_matches, plain_text, suggestion
-from nvdlfw_inspect.logging import MetricLogger, close_logger, get_logger, initialize_logger, print_rank_0, print_warning
+from nvdlfw_inspect.logging import (
+    MetricLogger,
+    close_logger,
+    get_logger,
+    initialize_logger,
+    print_rank_0,
+    print_warning,
+    say_once,
+)
 from nvdlfw_inspect.registry import Registry
 from nvdlfw_inspect.section_coverage import warn_sections_selecting_none_of
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
@@ -32,6 +41,9 @@ _EXPLAIN_HELP = (
     "Can pass a list of features or feature string to this method. use list_features() method to get the "
     'feature names or pass "all" string to this method for all features'
 )
+# Built-in APIs a training step calls besides step(): before initialize they do nothing (one warning), as step() does
+_STEP_APIS = frozenset({"log_tensor_stats"})
+_SAID_BEFORE_INITIALIZE: set[str] = set()
 _ACCEPTED_KWARGS = ("tb_writer", "default_logging_enabled", "extensions", "strict_logging", "collective_timeout")
 
 
@@ -275,9 +287,25 @@ def get_tensor_reduction_group() -> Any:
     return _require_manager()._tensor_reduction_group
 
 
+def _before_initialize(name: str, *args: Any, **kwargs: Any) -> dict:
+    """A statistics call of a training step before ``initialize``: a script whose debugging is optional makes it
+    unconditionally, as it calls ``step()``; it logs nothing, and says so once per process and API (a forgotten
+    ``initialize`` is not silent)."""
+    if name not in _SAID_BEFORE_INITIALIZE:
+        _SAID_BEFORE_INITIALIZE.add(name)
+        say_once(
+            f"debug_api.{name}() before debug_api.initialize() logs nothing and returns {{}} (a run without debugging "
+            "may make these calls); call debug_api.initialize(...) first to log statistics",
+            call_site=__name__,
+        )
+    return {}
+
+
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
+    if DEBUG_MANAGER is None and name in _STEP_APIS:
+        return partial(_before_initialize, name)
     manager = _require_manager()
     APICacheIdentifier.save_call_details()
     return manager.get_extension_api(name)

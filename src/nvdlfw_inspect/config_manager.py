@@ -441,7 +441,27 @@ def _parse_section_key(
         raise location.error(f"namespace set aside at loading: {unusable[key]}", key)
     else:
         allowed = [*SECTION_KEYS, *sorted(registry_data), *sorted(base_features)]
-        raise location.error("not a namespace nor a feature of the base namespace", key, allowed)
+        raise location.error(
+            f"not a namespace nor a feature of the base namespace{_unloaded_namespace_fix(key, value)}", key, allowed
+        )
+
+
+def _unloaded_namespace_fix(key: str, value: Any) -> str:
+    """How to load the namespace ``key`` when it looks like one that is not loaded: a library's (named), or any
+    mapping of feature names to feature configs."""
+    if key == "transformer_engine":
+        return (
+            " ('transformer_engine' is the namespace of lowprec's features, not loaded: pass "
+            "feature_dirs=[lowprec.FEATURE_DIR] to initialize, or `import lowprec` before it, which registers them for "
+            "every initialize; on the command line, the installed nvdlfw-inspect command loads them, or give "
+            "--feature-dirs DIR with the DIR that `python -c 'import lowprec; print(lowprec.FEATURE_DIR)'` prints)"
+        )
+    if isinstance(value, dict) and value and all(isinstance(cfg, dict) for cfg in value.values()):
+        return (
+            " (if it is a namespace, pass the directory of its features: feature_dirs=[DIR] to initialize, "
+            "--feature-dirs DIR on the command line)"
+        )
+    return ""
 
 
 def _add_feature(

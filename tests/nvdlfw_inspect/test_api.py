@@ -103,6 +103,24 @@ def test_calls_before_initialize(capsys):
         from nvdlfw_inspect.api import transformer_engine  # noqa: F401
 
 
+def test_statistics_calls_before_initialize_do_nothing_and_say_so_once(log_dir, recwarn, monkeypatch):
+    """A script whose debugging is optional calls log_tensor_stats as it calls step(): both do nothing before
+    initialize; log_tensor_stats says so once (a forgotten initialize is not silent), then works once initialized."""
+    monkeypatch.setattr(debug_api, "_SAID_BEFORE_INITIALIZE", set())  # once per process: not said by an earlier test
+    for _ in range(3):
+        assert debug_api.log_tensor_stats("decoder.0", tensor=torch.ones(3), tensor_name="activation") == {}
+        debug_api.step()
+    assert [str(w.message) for w in recwarn] == [
+        "debug_api.log_tensor_stats() before debug_api.initialize() logs nothing and returns {} (a run without debugging "
+        "may make these calls); call debug_api.initialize(...) first to log statistics"
+    ]
+    assert not log_dir.exists()
+    debug_api.initialize(config_file=STATS_CONFIG, log_dir=log_dir)
+    assert debug_api.log_tensor_stats("decoder.0", tensor=torch.ones(3), tensor_name="activation")["max"] == 1.0
+    debug_api.end_debug()
+    assert read_stats(log_dir)
+
+
 def test_no_config_runs_with_a_warning(log_dir):
     debug_api.initialize(log_dir=log_dir)
     assert ("WARNING", "No config given: no feature is active.") in read_messages(log_dir)

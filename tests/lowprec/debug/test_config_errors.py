@@ -3,9 +3,14 @@ feature, and independent mistakes of one feature are reported together."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from debugrun import section, start
 
+import lowprec
+import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect import cli, feature_loading
 from nvdlfw_inspect.errors import ConfigError
 
 
@@ -74,3 +79,29 @@ def test_initialize_raises_the_first_error_and_notes_the_others(log_dir):
         "FakeQuant.margin': must be a non-negative integer",  # a feature-level key, reported once
     ):
         assert sum(f"key 'sec.transformer_engine.{key}" in line for line in lines[1:]) == 1, key
+
+
+def test_a_transformer_engine_config_without_lowprec_loaded_names_the_fix(tmp_path, monkeypatch, capsys):
+    """Without lowprec's feature directory (lowprec not imported, or nvdlfw_inspect's own command line) the error
+    says how to load it; doing what it says makes the same config valid."""
+    monkeypatch.setattr(feature_loading, "_default_feature_dirs", [])  # as if lowprec had not been imported
+    path = tmp_path / "te.yaml"
+    path.write_text(
+        "sec:\n  enabled: true\n  layers: {layer_types: [linear]}\n  transformer_engine:\n    DisableFP8GEMM:\n"
+        "      enabled: true\n      gemms: [wgrad]\n"
+    )
+    fix = "pass feature_dirs=[lowprec.FEATURE_DIR] to initialize, or `import lowprec` before it"
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        debug_api.initialize(config_file=str(path), log_dir=tmp_path / "logs")
+    assert cli.main(["validate", str(path)]) == 1
+    assert "--feature-dirs DIR with the DIR that `python -c 'import lowprec; print(lowprec.FEATURE_DIR)'` prints" in (
+        capsys.readouterr().err
+    )
+    assert cli.main(["validate", str(path), "--feature-dirs", str(lowprec.FEATURE_DIR)]) == 0
+    debug_api.initialize(config_file=str(path), feature_dirs=[lowprec.FEATURE_DIR], log_dir=tmp_path / "logs")
+
+
+def test_an_unknown_namespace_shaped_key_names_feature_dirs(tmp_path):
+    config = {"sec": {"enabled": True, "layers": {"layer_types": ["linear"]}, "my_ns": {"MyFeature": {"enabled": True}}}}
+    with pytest.raises(ConfigError, match=re.escape("(if it is a namespace, pass the directory of its features")):
+        start(config, tmp_path)
