@@ -31,7 +31,6 @@ class DebugManager:
         config_file: Any,
         feature_dirs: Any = None,
         statistics_logger: BaseLogger | None = None,
-        log_dir: str = ".",
         init_training_step: int = 0,
         tb_writer: Any = None,
         default_logging_enabled: bool = False,
@@ -40,7 +39,7 @@ class DebugManager:
         if not is_int(init_training_step) or init_training_step < 0:
             raise ValueError(f"init_training_step must be a non-negative integer, got {init_training_step!r}")
         self.collective_timeout = _checked_timeout(collective_timeout)
-        self.log_dir = str(log_dir)
+        self.log_dir = get_logger().log_dir  # absolute, fixed at initialize
         self.config_file = config_file
         self._trainer_iteration_count = init_training_step
         self._step_lock = threading.Lock()  # step, close and set_iteration: the counter and the flush in one piece

@@ -22,6 +22,7 @@ from collections.abc import Hashable, Iterator
 from typing import Any
 
 from nvdlfw_inspect.distributed import get_distributed_rank, is_distributed
+from nvdlfw_inspect.errors import UnsafeLogPathError
 
 MAIN_LOG_DIR = "nvdlfw_inspect_logs"
 STATISTICS_LOG_DIR = "nvdlfw_inspect_statistics_logs"
@@ -36,6 +37,7 @@ ENV_TIMESTAMP_VALUE = "NVDLFW_INSPECT_LOG_TIMESTAMP"
 _LEVEL_NAMES = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 _SAFE_STAMP = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # where the platform has it; link_out_of checks the path everywhere
 
 
 Statistic = tuple[str, str, str, float, int]  # (layer, tensor, stat, value, iteration)
@@ -198,12 +200,28 @@ def _overwrite() -> bool:
 
 
 def _log_dir_path(log_dir: Any) -> str:
-    """``log_dir`` as a path. None is an error, as in the reference framework (where ``os.path.join`` fails): neither a
-    directory named "None" nor a silent fallback to the current directory, which would hide an unset setting."""
+    """``log_dir`` as an absolute path, fixed at ``initialize`` so that an ``os.chdir`` later moves no log or dump.
+    None is an error, as in the reference framework (where ``os.path.join`` fails): neither a directory named "None"
+    nor a silent fallback to the current directory, which would hide an unset setting."""
     path = os.fspath(log_dir) if isinstance(log_dir, str | os.PathLike) else None
     if not isinstance(path, str):
         raise TypeError(f"log_dir must be a directory path (str or os.PathLike), got {log_dir!r}; the default is '.'")
-    return path
+    return os.path.abspath(path)
+
+
+def link_out_of(root: str, path: str) -> str | None:
+    """``"LINK -> TARGET"`` for the first symbolic link on the way from ``root`` down to ``path`` (``path`` included)
+    that leads out of ``root``, else None. A link planted in ``log_dir`` must not make the logs or dumps truncate and
+    overwrite a file elsewhere; links inside ``root`` (and ``root`` itself being one) are fine."""
+    real_root = os.path.realpath(root)
+    current = root
+    for part in os.path.relpath(path, root).split(os.sep):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            target = os.path.realpath(current)
+            if os.path.commonpath([real_root, target]) != real_root:
+                return f"{current} -> {os.readlink(current)}"
+    return None
 
 
 def print_warning(message: str) -> None:
@@ -244,23 +262,18 @@ class WriteFaults:
         return f"{sum(self.lost.values())} log lines were lost to write errors (the first: {self.first}): {where}"
 
 
-def _drop_torn_tail(path: str) -> None:
-    """Cut off a torn last line that an earlier run left (killed while writing) before appending to its file: the
-    first new line would run into it, and a torn line in the middle of a file is corruption to the readers."""
-    if not os.path.exists(path):
-        return
-    with open(path, "r+b") as file:
-        size = end = file.seek(0, os.SEEK_END)
-        while end > 0:
-            start = max(0, end - 65536)
-            file.seek(start)
-            newline = file.read(end - start).rfind(b"\n")
-            if newline >= 0:
-                end = start + newline + 1
-                break
-            end = start
-        if end < size:
-            file.truncate(end)
+def _complete_lines_end(fd: int, size: int) -> int:
+    """Where the last complete line of an open file ends: a torn last line that an earlier run left (killed while
+    writing) is cut off there before appending, since the first new line would run into it, and a torn line in the
+    middle of a file is corruption to the readers."""
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
 
 
 class LogFile:
@@ -270,10 +283,11 @@ class LogFile:
     full disk) is cut back to the previous one and its lines are counted in ``faults``; every later commit tries
     again, also creating the file if a full disk kept it from being created."""
 
-    def __init__(self, path: str, overwrite: bool, faults: WriteFaults):
+    def __init__(self, path: str, root: str, overwrite: bool, faults: WriteFaults):
         self.path = path
+        self._root = root
         self._faults = faults
-        self._flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if overwrite else 0)
+        self._overwrite = overwrite
         self._pending: list[str] = []
         self._fd: int | None = None
         self._size = 0
@@ -286,11 +300,31 @@ class LogFile:
             faults.failed(path, 0, error)
 
     def _open(self) -> None:
+        """Open (and create) the file inside ``root``, never through a symbolic link (``UnsafeLogPathError``)."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        if not self._flags & os.O_TRUNC:
-            _drop_torn_tail(self.path)
-        self._fd = os.open(self.path, self._flags, 0o666)
-        self._size = os.fstat(self._fd).st_size
+        link = link_out_of(self._root, self.path)
+        if link is None:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o666)
+            except OSError as error:
+                if error.errno != errno.ELOOP or not os.path.islink(self.path):
+                    raise
+                link = f"{self.path} -> {os.readlink(self.path)}"
+        if link is not None:
+            raise UnsafeLogPathError(
+                f"refusing to write the log {self.path} through the symbolic link {link}: log files are written only "
+                f"inside log_dir ({self._root}) and never through a link, which would overwrite its target. Remove the "
+                "link or choose another log_dir."
+            )
+        try:
+            size = os.fstat(fd).st_size
+            self._size = 0 if self._overwrite else _complete_lines_end(fd, size)
+            if self._size < size:
+                os.ftruncate(fd, self._size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
 
     def add(self, lines: str) -> None:
         """Queue whole lines (each ending in a newline) for the next ``commit``."""
@@ -383,9 +417,9 @@ class StatisticsFile:
     each costs tens of microseconds), line by line, or while ``autoflush`` is off one write per file per
     batch (a step), so a crash leaves whole steps (see ``LogFile``)."""
 
-    def __init__(self, path: str, records_path: str, overwrite: bool, faults: WriteFaults):
-        self._file = LogFile(path, overwrite, faults)
-        self._records = LogFile(records_path, overwrite, faults)
+    def __init__(self, path: str, records_path: str, root: str, overwrite: bool, faults: WriteFaults):
+        self._file = LogFile(path, root, overwrite, faults)
+        self._records = LogFile(records_path, root, overwrite, faults)
         self._rank = _global_rank()
         self._second = -1
         self._stamp = ""
@@ -468,7 +502,7 @@ class FileLogger(BaseLogger):
         self.logger.propagate = False
         self._handlers: list[tuple[logging.Logger, logging.Handler]] = []
         self.main_log_path = os.path.join(self.log_dir, MAIN_LOG_DIR, log_file_name())
-        self._main_log = LogFileHandler(LogFile(self.main_log_path, _overwrite(), self.faults))
+        self._main_log = LogFileHandler(LogFile(self.main_log_path, self.log_dir, _overwrite(), self.faults))
         self._add(self.logger, self._main_log)
         stderr = logging.StreamHandler(sys.stderr)
         stderr.setLevel(logging.WARNING)
@@ -495,7 +529,9 @@ class FileLogger(BaseLogger):
             name = log_file_name()
             self.stats_log_path = os.path.join(self.log_dir, dir_name, name)
             self.stats_records_path = os.path.join(self.log_dir, STATISTICS_RECORDS_DIR, os.path.splitext(name)[0] + ".jsonl")
-            self.stats_file = StatisticsFile(self.stats_log_path, self.stats_records_path, _overwrite(), self.faults)
+            self.stats_file = StatisticsFile(
+                self.stats_log_path, self.stats_records_path, self.log_dir, _overwrite(), self.faults
+            )
         return self
 
     def log_message(self, message: str, level: int = logging.INFO) -> None:

@@ -7,15 +7,17 @@ import re
 
 import pytest
 import torch
-from logreader import main_log_path, read_messages, read_stats, stats_log_path
+from logreader import main_log_path, read_messages, read_stats, stats_log_path, stats_records_path
 
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.errors import UnsafeLogPathError
 from nvdlfw_inspect.logging import (
     BaseLogger,
     FileLogger,
     MetricLogger,
     TensorboardLogger,
     custom_assert,
+    get_logger,
     log_file_name,
     print_rank_0,
     wrap_tensorboard_writer,
@@ -163,6 +165,47 @@ def test_overwrite_is_default_and_append_on_request(log_dir, monkeypatch):
     monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE", "yes")
     with pytest.raises(ValueError, match="NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE='yes' must be an integer"):
         debug_api.initialize(CONFIG, log_dir=log_dir)
+
+
+@pytest.mark.parametrize("planted", [main_log_path, stats_log_path, stats_records_path])
+@pytest.mark.parametrize("linked", ["file", "directory"])
+def test_links_planted_in_log_dir_are_refused_and_their_targets_untouched(log_dir, tmp_path, planted, linked):
+    victim_dir = tmp_path / "elsewhere"
+    victim_dir.mkdir()
+    path = planted(log_dir)
+    victim = victim_dir / path.name
+    victim.write_text("precious\n")
+    link = path if linked == "file" else path.parent
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(victim if linked == "file" else victim_dir)
+    with pytest.raises(UnsafeLogPathError, match=rf"symbolic link {re.escape(str(link))} -> {re.escape(str(link.readlink()))}"):
+        debug_api.initialize(CONFIG, log_dir=log_dir)
+    assert victim.read_text() == "precious\n"
+    assert debug_api.DEBUG_MANAGER is None
+
+
+def test_log_dir_that_is_itself_a_link_and_links_inside_it_are_followed(tmp_path):
+    real = tmp_path / "real_logs"
+    (real / "stats_here").mkdir(parents=True)
+    (tmp_path / "logs").symlink_to(real)
+    (real / "nvdlfw_inspect_statistics_logs").symlink_to(real / "stats_here")
+    debug_api.initialize(CONFIG, log_dir=tmp_path / "logs")
+    log_stats_once()
+    debug_api.end_debug()
+    assert len((real / "stats_here" / "nvdlfw_inspect_globalrank-0.log").read_text().splitlines()) == 2
+
+
+def test_relative_log_dir_is_fixed_at_initialize(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    debug_api.initialize(CONFIG, log_dir="logs")
+    assert get_logger().root_log_dir == str(tmp_path / "a" / "logs")
+    monkeypatch.chdir(tmp_path / "b")
+    log_stats_once()
+    debug_api.end_debug()
+    assert len(stats_log_path(tmp_path / "a" / "logs").read_text().splitlines()) == 2
+    assert list((tmp_path / "b").iterdir()) == []
 
 
 def test_timestamped_file_names(log_dir, monkeypatch):
