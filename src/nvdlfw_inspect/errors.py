@@ -200,3 +200,8 @@ class DistributedDesyncError(NvdlfwInspectError, RuntimeError):
 class UnsafeLogPathError(NvdlfwInspectError, OSError):
     """A log file's path goes through a symbolic link out of ``log_dir`` (or is a link itself): following it
     would truncate and overwrite a file outside the log directory. Names the link and its target."""
+
+
+class LogDirInUseError(NvdlfwInspectError, RuntimeError):
+    """Another live process holds the same ``log_dir`` at the same rank: a second run there would truncate its
+    logs, and both would write as one rank. Names the holder's pid and host."""

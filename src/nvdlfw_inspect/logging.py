@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import math
 import os
 import re
+import socket
 import sys
 import time
 import warnings
@@ -22,7 +24,7 @@ from collections.abc import Hashable, Iterator
 from typing import Any
 
 from nvdlfw_inspect.distributed import get_distributed_rank, is_distributed
-from nvdlfw_inspect.errors import UnsafeLogPathError
+from nvdlfw_inspect.errors import LogDirInUseError, UnsafeLogPathError
 
 MAIN_LOG_DIR = "nvdlfw_inspect_logs"
 STATISTICS_LOG_DIR = "nvdlfw_inspect_statistics_logs"
@@ -276,6 +278,85 @@ def _complete_lines_end(fd: int, size: int) -> int:
     return 0
 
 
+def _open_inside(root: str, path: str, flags: int) -> int:
+    """``os.open`` of a file of the logs, never through a symbolic link out of ``root`` nor a link in place of the
+    file itself: a link planted there would have its target truncated and overwritten (``UnsafeLogPathError``)."""
+    link = link_out_of(root, path)
+    if link is None:
+        try:
+            return os.open(path, flags | _NOFOLLOW, 0o666)
+        except OSError as error:
+            if error.errno != errno.ELOOP or not os.path.islink(path):
+                raise
+            link = f"{path} -> {os.readlink(path)}"
+    raise UnsafeLogPathError(
+        f"refusing to write the log {path} through the symbolic link {link}: log files are written only inside "
+        f"log_dir ({root}) and never through a link, which would overwrite its target. Remove the link or choose "
+        "another log_dir."
+    )
+
+
+_LOCK_FDS: set[int] = set()  # the lock files this process holds open
+
+
+def _close_locks_in_child() -> None:
+    """A forked child (a DataLoader worker) shares the parent's lock until it closes its copy: closed here, so that
+    ``end_debug`` in the parent releases the lock, whatever the children do."""
+    for fd in _LOCK_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_locks_in_child)
+
+
+class LogDirLock:
+    """Held from ``initialize`` to ``end_debug`` (the OS releases it if the process dies): a second live process on
+    the same ``log_dir`` at the same rank would truncate this one's logs and then write as the same rank, so it is
+    refused (``LogDirInUseError``, naming this process's pid and host from the lock file). A lock file that cannot
+    be created for lack of space is a write fault like the logs'; a file system without locks is warned about."""
+
+    def __init__(self, log_dir: str, faults: WriteFaults):
+        self.path = os.path.join(log_dir, MAIN_LOG_DIR, os.path.splitext(log_file_name())[0] + ".lock")
+        self._fd: int | None = None
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = _open_inside(log_dir, self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as error:
+            if error.errno not in _SPACE_ERRORS:
+                raise
+            faults.failed(self.path, 0, error)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "a process that has not named itself yet"
+            os.close(fd)
+            raise LogDirInUseError(
+                f"log_dir {log_dir} is in use at rank {_global_rank()} by another live run ({holder}; lock file "
+                f"{self.path}): a second run there would truncate its logs and both would write as one rank. Use "
+                "another log_dir, or end that run first (its lock goes at end_debug() or when its process ends)."
+            ) from None
+        except OSError as error:
+            print_warning(
+                f"cannot lock {self.path} ({error}): on this file system a second live run in this log_dir at "
+                "this rank is not refused, and would mix its logs with this run's"
+            )
+        self._fd = fd
+        _LOCK_FDS.add(fd)
+        with contextlib.suppress(OSError):  # the holder's name helps the refused run; a full disk may keep it out
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+
+    def release(self) -> None:
+        """Closing the file releases the lock; the file stays (removing it would race with a run taking it)."""
+        fd, self._fd = self._fd, None
+        if fd in _LOCK_FDS:  # not after a fork: the child's copy is closed already, the number may be reused
+            _LOCK_FDS.discard(fd)
+            os.close(fd)
+
+
 class LogFile:
     """An append-only log file written whole lines at a time: ``add`` queues lines, ``commit`` writes them in one
     ``write`` on an unbuffered descriptor, so a process killed between commits leaves complete lines only (the
@@ -288,6 +369,7 @@ class LogFile:
         self._root = root
         self._faults = faults
         self._overwrite = overwrite
+        self.overwritten = False  # an earlier run's lines were truncated
         self._pending: list[str] = []
         self._fd: int | None = None
         self._size = 0
@@ -302,23 +384,11 @@ class LogFile:
     def _open(self) -> None:
         """Open (and create) the file inside ``root``, never through a symbolic link (``UnsafeLogPathError``)."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        link = link_out_of(self._root, self.path)
-        if link is None:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | _NOFOLLOW, 0o666)
-            except OSError as error:
-                if error.errno != errno.ELOOP or not os.path.islink(self.path):
-                    raise
-                link = f"{self.path} -> {os.readlink(self.path)}"
-        if link is not None:
-            raise UnsafeLogPathError(
-                f"refusing to write the log {self.path} through the symbolic link {link}: log files are written only "
-                f"inside log_dir ({self._root}) and never through a link, which would overwrite its target. Remove the "
-                "link or choose another log_dir."
-            )
+        fd = _open_inside(self._root, self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         try:
             size = os.fstat(fd).st_size
             self._size = 0 if self._overwrite else _complete_lines_end(fd, size)
+            self.overwritten = self._overwrite and size > 0
             if self._size < size:
                 os.ftruncate(fd, self._size)
         except BaseException:
@@ -497,6 +567,19 @@ class FileLogger(BaseLogger):
     def __init__(self, name: str, log_dir: Any, strict: bool = False):
         self.log_dir = _log_dir_path(log_dir)
         self.faults = WriteFaults(strict)
+        self._lock = LogDirLock(self.log_dir, self.faults)
+        try:
+            self._open_main_log(name)
+        except BaseException:
+            self._lock.release()
+            raise
+        self.stats_file: StatisticsFile | None = None
+        self.stats_log_path: str | None = None
+        self.stats_records_path: str | None = None
+        self.logged_api_executed: set[str] = set()
+        self.logged_api_encountered: set[str | None] = set()
+
+    def _open_main_log(self, name: str) -> None:
         self.logger = logging.getLogger(name)
         self.logger.setLevel(_log_level_from_env())
         self.logger.propagate = False
@@ -508,11 +591,6 @@ class FileLogger(BaseLogger):
         stderr.setLevel(logging.WARNING)
         stderr.setFormatter(logging.Formatter(STDERR_FORMAT))
         self._add(self.logger, stderr)
-        self.stats_file: StatisticsFile | None = None
-        self.stats_log_path: str | None = None
-        self.stats_records_path: str | None = None
-        self.logged_api_executed: set[str] = set()
-        self.logged_api_encountered: set[str | None] = set()
 
     @property
     def root_log_dir(self) -> str:
@@ -533,6 +611,11 @@ class FileLogger(BaseLogger):
                 self.stats_log_path, self.stats_records_path, self.log_dir, _overwrite(), self.faults
             )
         return self
+
+    def overwritten_logs(self) -> list[str]:
+        """The log files of this run that held an earlier run's lines, truncated at ``initialize``."""
+        files = [self._main_log.file] + ([self.stats_file._file, self.stats_file._records] if self.stats_file else [])
+        return [file.path for file in files if file.overwritten]
 
     def log_message(self, message: str, level: int = logging.INFO) -> None:
         self.logger.log(level, message)
@@ -581,9 +664,12 @@ class FileLogger(BaseLogger):
                 logger.removeHandler(handler)
                 handler.close()
             self._handlers.clear()
-            if self.stats_file is not None:
-                stats_file, self.stats_file = self.stats_file, None
-                stats_file.close()
+            try:
+                if self.stats_file is not None:
+                    stats_file, self.stats_file = self.stats_file, None
+                    stats_file.close()
+            finally:
+                self._lock.release()
 
 
 LOGGER: FileLogger | None = None
