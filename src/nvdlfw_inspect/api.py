@@ -79,7 +79,6 @@ def initialize(
             config_file,
             feature_dirs=feature_dirs,
             statistics_logger=statistics_logger,
-            log_dir=log_dir,
             init_training_step=init_training_step,
             tb_writer=kwargs.get("tb_writer"),
             default_logging_enabled=bool(kwargs.get("default_logging_enabled", False)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from functools import partial
 from typing import Any
@@ -12,10 +13,12 @@ from nvdlfw_inspect.config_manager import BASE_NAMESPACE, ConfigManager
 from nvdlfw_inspect.errors import UnknownAPIError, closest, is_int, is_number
 from nvdlfw_inspect.feature_loading import load_feature_dirs, normalize_feature_dirs
 from nvdlfw_inspect.logging import (
+    ENV_OVERWRITE,
     BaseLogger,
     MetricLogger,
     get_logger,
     make_default_statistics_logger,
+    say_once,
     wrap_tensorboard_writer,
 )
 from nvdlfw_inspect.registry import Registry
@@ -31,7 +34,6 @@ class DebugManager:
         config_file: Any,
         feature_dirs: Any = None,
         statistics_logger: BaseLogger | None = None,
-        log_dir: str = ".",
         init_training_step: int = 0,
         tb_writer: Any = None,
         default_logging_enabled: bool = False,
@@ -40,7 +42,7 @@ class DebugManager:
         if not is_int(init_training_step) or init_training_step < 0:
             raise ValueError(f"init_training_step must be a non-negative integer, got {init_training_step!r}")
         self.collective_timeout = _checked_timeout(collective_timeout)
-        self.log_dir = str(log_dir)
+        self.log_dir = get_logger().log_dir  # absolute, fixed at initialize
         self.config_file = config_file
         self._trainer_iteration_count = init_training_step
         self._step_lock = threading.Lock()  # step, close and set_iteration: the counter and the flush in one piece
@@ -69,6 +71,13 @@ class DebugManager:
         if default_logging_enabled or not MetricLogger.enabled_loggers:
             logger.log_message(f"Default logging to file enabled at {self.log_dir}")
             MetricLogger.add_logger(make_default_statistics_logger())
+        overwritten = ", ".join(os.path.relpath(path, self.log_dir) for path in logger.overwritten_logs())
+        if overwritten:
+            say_once(
+                f"overwrote the logs of an earlier run in {self.log_dir}: {overwritten}. To keep them, set "
+                f"{ENV_OVERWRITE}=0 (append to them) or give each run its own log_dir.",
+                call_site=__name__,
+            )
 
     def _load_namespace_apis_and_features(self, feature_dirs: list) -> None:
         Registry.add_tagged(load_feature_dirs(feature_dirs))

@@ -195,3 +195,13 @@ class AlreadyInitializedError(NvdlfwInspectError, RuntimeError, ValueError):
 class DistributedDesyncError(NvdlfwInspectError, RuntimeError):
     """The ranks of a statistics reduction group are not in the same ``debug_api.step()``: one skipped
     or repeated it, or did not answer within ``collective_timeout``. Names the ranks and iterations."""
+
+
+class UnsafeLogPathError(NvdlfwInspectError, OSError):
+    """A log file's path goes through a symbolic link out of ``log_dir`` (or is a link itself): following it
+    would truncate and overwrite a file outside the log directory. Names the link and its target."""
+
+
+class LogDirInUseError(NvdlfwInspectError, RuntimeError):
+    """Another live process holds the same ``log_dir`` at the same rank: a second run there would truncate its
+    logs, and both would write as one rank. Names the holder's pid and host."""

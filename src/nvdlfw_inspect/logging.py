@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import math
 import os
 import re
+import socket
 import sys
 import time
 import warnings
@@ -22,6 +24,7 @@ from collections.abc import Hashable, Iterator
 from typing import Any
 
 from nvdlfw_inspect.distributed import get_distributed_rank, is_distributed
+from nvdlfw_inspect.errors import LogDirInUseError, UnsafeLogPathError
 
 MAIN_LOG_DIR = "nvdlfw_inspect_logs"
 STATISTICS_LOG_DIR = "nvdlfw_inspect_statistics_logs"
@@ -36,6 +39,7 @@ ENV_TIMESTAMP_VALUE = "NVDLFW_INSPECT_LOG_TIMESTAMP"
 _LEVEL_NAMES = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 _SAFE_STAMP = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # where the platform has it; link_out_of checks the path everywhere
 
 
 Statistic = tuple[str, str, str, float, int]  # (layer, tensor, stat, value, iteration)
@@ -198,12 +202,28 @@ def _overwrite() -> bool:
 
 
 def _log_dir_path(log_dir: Any) -> str:
-    """``log_dir`` as a path. None is an error, as in the reference framework (where ``os.path.join`` fails): neither a
-    directory named "None" nor a silent fallback to the current directory, which would hide an unset setting."""
+    """``log_dir`` as an absolute path, fixed at ``initialize`` so that an ``os.chdir`` later moves no log or dump.
+    None is an error, as in the reference framework (where ``os.path.join`` fails): neither a directory named "None"
+    nor a silent fallback to the current directory, which would hide an unset setting."""
     path = os.fspath(log_dir) if isinstance(log_dir, str | os.PathLike) else None
     if not isinstance(path, str):
         raise TypeError(f"log_dir must be a directory path (str or os.PathLike), got {log_dir!r}; the default is '.'")
-    return path
+    return os.path.abspath(path)
+
+
+def link_out_of(root: str, path: str) -> str | None:
+    """``"LINK -> TARGET"`` for the first symbolic link on the way from ``root`` down to ``path`` (``path`` included)
+    that leads out of ``root``, else None. A link planted in ``log_dir`` must not make the logs or dumps truncate and
+    overwrite a file elsewhere; links inside ``root`` (and ``root`` itself being one) are fine."""
+    real_root = os.path.realpath(root)
+    current = root
+    for part in os.path.relpath(path, root).split(os.sep):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            target = os.path.realpath(current)
+            if os.path.commonpath([real_root, target]) != real_root:
+                return f"{current} -> {os.readlink(current)}"
+    return None
 
 
 def print_warning(message: str) -> None:
@@ -244,23 +264,97 @@ class WriteFaults:
         return f"{sum(self.lost.values())} log lines were lost to write errors (the first: {self.first}): {where}"
 
 
-def _drop_torn_tail(path: str) -> None:
-    """Cut off a torn last line that an earlier run left (killed while writing) before appending to its file: the
-    first new line would run into it, and a torn line in the middle of a file is corruption to the readers."""
-    if not os.path.exists(path):
-        return
-    with open(path, "r+b") as file:
-        size = end = file.seek(0, os.SEEK_END)
-        while end > 0:
-            start = max(0, end - 65536)
-            file.seek(start)
-            newline = file.read(end - start).rfind(b"\n")
-            if newline >= 0:
-                end = start + newline + 1
-                break
-            end = start
-        if end < size:
-            file.truncate(end)
+def _complete_lines_end(fd: int, size: int) -> int:
+    """Where the last complete line of an open file ends: a torn last line that an earlier run left (killed while
+    writing) is cut off there before appending, since the first new line would run into it, and a torn line in the
+    middle of a file is corruption to the readers."""
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
+
+
+def _open_inside(root: str, path: str, flags: int) -> int:
+    """``os.open`` of a file of the logs, never through a symbolic link out of ``root`` nor a link in place of the
+    file itself: a link planted there would have its target truncated and overwritten (``UnsafeLogPathError``)."""
+    link = link_out_of(root, path)
+    if link is None:
+        try:
+            return os.open(path, flags | _NOFOLLOW, 0o666)
+        except OSError as error:
+            if error.errno != errno.ELOOP or not os.path.islink(path):
+                raise
+            link = f"{path} -> {os.readlink(path)}"
+    raise UnsafeLogPathError(
+        f"refusing to write the log {path} through the symbolic link {link}: log files are written only inside "
+        f"log_dir ({root}) and never through a link, which would overwrite its target. Remove the link or choose "
+        "another log_dir."
+    )
+
+
+_LOCK_FDS: set[int] = set()  # the lock files this process holds open
+
+
+def _close_locks_in_child() -> None:
+    """A forked child (a DataLoader worker) shares the parent's lock until it closes its copy: closed here, so that
+    ``end_debug`` in the parent releases the lock, whatever the children do."""
+    for fd in _LOCK_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_locks_in_child)
+
+
+class LogDirLock:
+    """Held from ``initialize`` to ``end_debug`` (the OS releases it if the process dies): a second live process on
+    the same ``log_dir`` at the same rank would truncate this one's logs and then write as the same rank, so it is
+    refused (``LogDirInUseError``, naming this process's pid and host from the lock file). A lock file that cannot
+    be created for lack of space is a write fault like the logs'; a file system without locks is warned about."""
+
+    def __init__(self, log_dir: str, faults: WriteFaults):
+        self.path = os.path.join(log_dir, MAIN_LOG_DIR, os.path.splitext(log_file_name())[0] + ".lock")
+        self._fd: int | None = None
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = _open_inside(log_dir, self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as error:
+            if error.errno not in _SPACE_ERRORS:
+                raise
+            faults.failed(self.path, 0, error)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "a process that has not named itself yet"
+            os.close(fd)
+            raise LogDirInUseError(
+                f"log_dir {log_dir} is in use at rank {_global_rank()} by another live run ({holder}; lock file "
+                f"{self.path}): a second run there would truncate its logs and both would write as one rank. Use "
+                "another log_dir, or end that run first (its lock goes at end_debug() or when its process ends)."
+            ) from None
+        except OSError as error:
+            print_warning(
+                f"cannot lock {self.path} ({error}): on this file system a second live run in this log_dir at "
+                "this rank is not refused, and would mix its logs with this run's"
+            )
+        self._fd = fd
+        _LOCK_FDS.add(fd)
+        with contextlib.suppress(OSError):  # the holder's name helps the refused run; a full disk may keep it out
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+
+    def release(self) -> None:
+        """Closing the file releases the lock; the file stays (removing it would race with a run taking it)."""
+        fd, self._fd = self._fd, None
+        if fd in _LOCK_FDS:  # not after a fork: the child's copy is closed already, the number may be reused
+            _LOCK_FDS.discard(fd)
+            os.close(fd)
 
 
 class LogFile:
@@ -270,10 +364,12 @@ class LogFile:
     full disk) is cut back to the previous one and its lines are counted in ``faults``; every later commit tries
     again, also creating the file if a full disk kept it from being created."""
 
-    def __init__(self, path: str, overwrite: bool, faults: WriteFaults):
+    def __init__(self, path: str, root: str, overwrite: bool, faults: WriteFaults):
         self.path = path
+        self._root = root
         self._faults = faults
-        self._flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if overwrite else 0)
+        self._overwrite = overwrite
+        self.overwritten = False  # an earlier run's lines were truncated
         self._pending: list[str] = []
         self._fd: int | None = None
         self._size = 0
@@ -286,11 +382,19 @@ class LogFile:
             faults.failed(path, 0, error)
 
     def _open(self) -> None:
+        """Open (and create) the file inside ``root``, never through a symbolic link (``UnsafeLogPathError``)."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        if not self._flags & os.O_TRUNC:
-            _drop_torn_tail(self.path)
-        self._fd = os.open(self.path, self._flags, 0o666)
-        self._size = os.fstat(self._fd).st_size
+        fd = _open_inside(self._root, self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        try:
+            size = os.fstat(fd).st_size
+            self._size = 0 if self._overwrite else _complete_lines_end(fd, size)
+            self.overwritten = self._overwrite and size > 0
+            if self._size < size:
+                os.ftruncate(fd, self._size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
 
     def add(self, lines: str) -> None:
         """Queue whole lines (each ending in a newline) for the next ``commit``."""
@@ -383,9 +487,9 @@ class StatisticsFile:
     each costs tens of microseconds), line by line, or while ``autoflush`` is off one write per file per
     batch (a step), so a crash leaves whole steps (see ``LogFile``)."""
 
-    def __init__(self, path: str, records_path: str, overwrite: bool, faults: WriteFaults):
-        self._file = LogFile(path, overwrite, faults)
-        self._records = LogFile(records_path, overwrite, faults)
+    def __init__(self, path: str, records_path: str, root: str, overwrite: bool, faults: WriteFaults):
+        self._file = LogFile(path, root, overwrite, faults)
+        self._records = LogFile(records_path, root, overwrite, faults)
         self._rank = _global_rank()
         self._second = -1
         self._stamp = ""
@@ -463,22 +567,30 @@ class FileLogger(BaseLogger):
     def __init__(self, name: str, log_dir: Any, strict: bool = False):
         self.log_dir = _log_dir_path(log_dir)
         self.faults = WriteFaults(strict)
-        self.logger = logging.getLogger(name)
-        self.logger.setLevel(_log_level_from_env())
-        self.logger.propagate = False
-        self._handlers: list[tuple[logging.Logger, logging.Handler]] = []
-        self.main_log_path = os.path.join(self.log_dir, MAIN_LOG_DIR, log_file_name())
-        self._main_log = LogFileHandler(LogFile(self.main_log_path, _overwrite(), self.faults))
-        self._add(self.logger, self._main_log)
-        stderr = logging.StreamHandler(sys.stderr)
-        stderr.setLevel(logging.WARNING)
-        stderr.setFormatter(logging.Formatter(STDERR_FORMAT))
-        self._add(self.logger, stderr)
+        self._lock = LogDirLock(self.log_dir, self.faults)
+        try:
+            self._open_main_log(name)
+        except BaseException:
+            self._lock.release()
+            raise
         self.stats_file: StatisticsFile | None = None
         self.stats_log_path: str | None = None
         self.stats_records_path: str | None = None
         self.logged_api_executed: set[str] = set()
         self.logged_api_encountered: set[str | None] = set()
+
+    def _open_main_log(self, name: str) -> None:
+        self.logger = logging.getLogger(name)
+        self.logger.setLevel(_log_level_from_env())
+        self.logger.propagate = False
+        self._handlers: list[tuple[logging.Logger, logging.Handler]] = []
+        self.main_log_path = os.path.join(self.log_dir, MAIN_LOG_DIR, log_file_name())
+        self._main_log = LogFileHandler(LogFile(self.main_log_path, self.log_dir, _overwrite(), self.faults))
+        self._add(self.logger, self._main_log)
+        stderr = logging.StreamHandler(sys.stderr)
+        stderr.setLevel(logging.WARNING)
+        stderr.setFormatter(logging.Formatter(STDERR_FORMAT))
+        self._add(self.logger, stderr)
 
     @property
     def root_log_dir(self) -> str:
@@ -495,8 +607,15 @@ class FileLogger(BaseLogger):
             name = log_file_name()
             self.stats_log_path = os.path.join(self.log_dir, dir_name, name)
             self.stats_records_path = os.path.join(self.log_dir, STATISTICS_RECORDS_DIR, os.path.splitext(name)[0] + ".jsonl")
-            self.stats_file = StatisticsFile(self.stats_log_path, self.stats_records_path, _overwrite(), self.faults)
+            self.stats_file = StatisticsFile(
+                self.stats_log_path, self.stats_records_path, self.log_dir, _overwrite(), self.faults
+            )
         return self
+
+    def overwritten_logs(self) -> list[str]:
+        """The log files of this run that held an earlier run's lines, truncated at ``initialize``."""
+        files = [self._main_log.file] + ([self.stats_file._file, self.stats_file._records] if self.stats_file else [])
+        return [file.path for file in files if file.overwritten]
 
     def log_message(self, message: str, level: int = logging.INFO) -> None:
         self.logger.log(level, message)
@@ -545,9 +664,12 @@ class FileLogger(BaseLogger):
                 logger.removeHandler(handler)
                 handler.close()
             self._handlers.clear()
-            if self.stats_file is not None:
-                stats_file, self.stats_file = self.stats_file, None
-                stats_file.close()
+            try:
+                if self.stats_file is not None:
+                    stats_file, self.stats_file = self.stats_file, None
+                    stats_file.close()
+            finally:
+                self._lock.release()
 
 
 LOGGER: FileLogger | None = None

@@ -39,6 +39,11 @@ class TornLineWarning(UserWarning):
     """A statistics file ends in an incomplete line, which was skipped."""
 
 
+class AppendedRunsWarning(UserWarning):
+    """A statistics file holds several runs one after another (``NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE=0``): their
+    statistics at the same iterations are read as one run's."""
+
+
 def run_directory(path: str | Path) -> Path:
     """The ``log_dir`` of a run, given it or one of the directories the run writes in it (the demo prints
     where the statistics are, and that path is the one people copy): a directory named as those, holding no
@@ -149,7 +154,27 @@ def _shown(line: bytes) -> str:
 def iter_statistics(log_dir: str | Path) -> Iterator[Statistic]:
     """Every statistic of every rank of the run in ``log_dir``."""
     for path in statistics_files(log_dir):
-        yield from _from_records(path) if path.suffix == ".jsonl" else _from_text(path)
+        yield from _warn_appended_runs(path, _from_records(path) if path.suffix == ".jsonl" else _from_text(path))
+
+
+def _warn_appended_runs(path: Path, statistics: Iterator[Statistic]) -> Iterator[Statistic]:
+    """One run writes its iterations in order; iterations going back mean that another run was appended, whose
+    statistics the report and ``read_stats`` would mix with the first's (an ``AppendedRunsWarning``, once a file)."""
+    last = -1
+    for number, statistic in enumerate(statistics, 1):
+        if statistic.iteration < last:
+            warnings.warn(
+                f"{path}: the iterations go back from {last} to {statistic.iteration} at statistic {number}: the file "
+                "holds more than one run, appended with NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE=0, and their statistics at "
+                "the same iterations are read as one run's. Give each run its own log_dir to keep them apart.",
+                AppendedRunsWarning,
+                stacklevel=3,
+            )
+            yield statistic
+            yield from statistics
+            return
+        last = statistic.iteration
+        yield statistic
 
 
 def read_stats(log_dir: str | Path) -> Any:

@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
 
 import pytest
 import torch
-from logreader import main_log_path, read_messages, read_stats, stats_log_path
+from logreader import main_log_path, read_messages, read_stats, stats_log_path, stats_records_path
 
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.errors import LogDirInUseError, UnsafeLogPathError
 from nvdlfw_inspect.logging import (
     BaseLogger,
     FileLogger,
     MetricLogger,
     TensorboardLogger,
     custom_assert,
+    get_logger,
     log_file_name,
     print_rank_0,
     wrap_tensorboard_writer,
 )
+from nvdlfw_inspect.reading import AppendedRunsWarning, iter_statistics
 
 CONFIG = {
     "s": {
@@ -163,6 +174,126 @@ def test_overwrite_is_default_and_append_on_request(log_dir, monkeypatch):
     monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE", "yes")
     with pytest.raises(ValueError, match="NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE='yes' must be an integer"):
         debug_api.initialize(CONFIG, log_dir=log_dir)
+
+
+@pytest.mark.parametrize("planted", [main_log_path, stats_log_path, stats_records_path])
+@pytest.mark.parametrize("linked", ["file", "directory"])
+def test_links_planted_in_log_dir_are_refused_and_their_targets_untouched(log_dir, tmp_path, planted, linked):
+    victim_dir = tmp_path / "elsewhere"
+    victim_dir.mkdir()
+    path = planted(log_dir)
+    victim = victim_dir / path.name
+    victim.write_text("precious\n")
+    link = path if linked == "file" else path.parent
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(victim if linked == "file" else victim_dir)
+    with pytest.raises(UnsafeLogPathError, match=rf"symbolic link {re.escape(str(link))} -> {re.escape(str(link.readlink()))}"):
+        debug_api.initialize(CONFIG, log_dir=log_dir)
+    assert victim.read_text() == "precious\n"
+    assert debug_api.DEBUG_MANAGER is None
+
+
+def test_log_dir_that_is_itself_a_link_and_links_inside_it_are_followed(tmp_path):
+    real = tmp_path / "real_logs"
+    (real / "stats_here").mkdir(parents=True)
+    (tmp_path / "logs").symlink_to(real)
+    (real / "nvdlfw_inspect_statistics_logs").symlink_to(real / "stats_here")
+    debug_api.initialize(CONFIG, log_dir=tmp_path / "logs")
+    log_stats_once()
+    debug_api.end_debug()
+    assert len((real / "stats_here" / "nvdlfw_inspect_globalrank-0.log").read_text().splitlines()) == 2
+
+
+def test_relative_log_dir_is_fixed_at_initialize(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    debug_api.initialize(CONFIG, log_dir="logs")
+    assert get_logger().root_log_dir == str(tmp_path / "a" / "logs")
+    monkeypatch.chdir(tmp_path / "b")
+    log_stats_once()
+    debug_api.end_debug()
+    assert len(stats_log_path(tmp_path / "a" / "logs").read_text().splitlines()) == 2
+    assert list((tmp_path / "b").iterdir()) == []
+
+
+def test_a_second_run_says_which_logs_it_overwrote_and_how_to_keep_them(log_dir):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the first run overwrites nothing and says nothing
+        debug_api.initialize(CONFIG, log_dir=log_dir)
+    log_stats_once()
+    debug_api.end_debug()
+    with pytest.warns(UserWarning, match="overwrote the logs of an earlier run") as record:
+        debug_api.initialize(CONFIG, log_dir=log_dir)
+    message = str(record[0].message)
+    assert str(log_dir) in message
+    for path in (main_log_path(log_dir), stats_log_path(log_dir), stats_records_path(log_dir)):
+        assert str(path.relative_to(log_dir)) in message
+    assert "NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE=0" in message and "its own log_dir" in message
+    assert sum("overwrote" in text for _, text in read_messages(log_dir)) == 1
+
+
+def test_appended_runs_are_read_with_a_warning_that_they_are_mixed(log_dir, monkeypatch):
+    monkeypatch.setenv("NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE", "0")
+    for _ in range(2):
+        debug_api.initialize(CONFIG, log_dir=log_dir)
+        log_stats_once()
+        log_stats_once()
+        debug_api.end_debug()
+    with pytest.warns(AppendedRunsWarning, match=r"go back from 1 to 0 at statistic 5: .* more than one run") as record:
+        statistics = list(iter_statistics(log_dir))
+    assert len(record) == 1 and len(statistics) == 8
+
+
+HOLDER = """
+import sys
+import nvdlfw_inspect.api as debug_api
+debug_api.initialize("", log_dir=sys.argv[1])
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_second_live_process_on_the_same_log_dir_is_refused_until_the_first_ends(log_dir):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(log_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    deadline = threading.Timer(60, holder.kill)  # a holder that hangs before it is ready ends the wait
+    deadline.start()
+    try:
+        assert holder.stdout.readline() == "ready\n"
+        before = main_log_path(log_dir).read_bytes()
+        with pytest.raises(
+            LogDirInUseError,
+            match=rf"in use at rank 0 by another live run \(pid {holder.pid} on host "
+            rf"{re.escape(socket.gethostname())}; lock file .*nvdlfw_inspect_globalrank-0\.lock\)",
+        ):
+            debug_api.initialize(CONFIG, log_dir=log_dir)
+        assert main_log_path(log_dir).read_bytes() == before and debug_api.DEBUG_MANAGER is None
+    finally:
+        deadline.cancel()
+        holder.kill()
+        holder.communicate(timeout=60)
+    debug_api.initialize(CONFIG, log_dir=log_dir)  # the OS released the killed holder's lock
+    assert (main_log_path(log_dir).parent / "nvdlfw_inspect_globalrank-0.lock").read_text() == (
+        f"pid {os.getpid()} on host {socket.gethostname()}\n"
+    )
+    debug_api.end_debug()
+    debug_api.initialize(CONFIG, log_dir=log_dir)  # and end_debug released this one's
+
+
+def test_a_forked_child_does_not_keep_the_lock_after_end_debug(log_dir):
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    child = os.fork()
+    if child == 0:  # a DataLoader worker, say: outlives the session
+        time.sleep(30)
+        os._exit(0)
+    try:
+        debug_api.end_debug()
+        debug_api.initialize(CONFIG, log_dir=log_dir)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
 
 
 def test_timestamped_file_names(log_dir, monkeypatch):

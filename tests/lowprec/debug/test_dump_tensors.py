@@ -3,6 +3,8 @@ the layer's high-precision tensors and quantized operands, readable without lowp
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 
@@ -13,6 +15,7 @@ from debugrun import make_linear, section, start, train_step
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
+from lowprec.debug.features.dump_tensors import dump_file_name
 from lowprec.formats.elements import E4M3
 from lowprec.quant.per_tensor import CurrentScalingQuantizer
 from nvdlfw_inspect.errors import ConfigError
@@ -38,21 +41,24 @@ def test_schedule_paths_and_contents_under_current_scaling(log_dir):
     layer = dump_run(log_dir, lowprec.Float8CurrentScaling(), freq=2, start_step=0, end_step=2)
     root = log_dir / "tensor_dumps" / "rank_0"
     assert sorted(p.name for p in root.iterdir()) == ["iter_000000", "iter_000002"]
-    assert sorted(p.name for p in (root / "iter_000002").iterdir()) == [f"model_fc1_{t}.pt" for t in sorted(TENSORS)]
-    activation = torch.load(root / "iter_000002" / "model_fc1_activation.pt", weights_only=True)
+    names = sorted(p.name for p in (root / "iter_000002").iterdir())
+    assert names == sorted(dump_file_name("model.fc1", t) for t in TENSORS)
+    assert all(name.startswith("model_fc1_") for name in names)
+    activation = torch.load(root / "iter_000002" / dump_file_name("model.fc1", "activation"), weights_only=True)
     assert torch.equal(activation["high_precision"], X)
     quantized = activation["quantized"]
     assert quantized["format"] == "FP8E4M3" and quantized["data"].dtype == torch.float8_e4m3fn
     expected = CurrentScalingQuantizer(E4M3).quantize(X).dequantize(torch.float32)
     assert torch.equal(quantized["data"].float() * quantized["scale_inv"], expected)
-    weight = torch.load(root / "iter_000002" / "model_fc1_weight.pt", weights_only=True)
+    weight = torch.load(root / "iter_000002" / dump_file_name("model.fc1", "weight"), weights_only=True)
     assert torch.equal(weight["high_precision"], layer.weight.detach() - 0.01)  # the weight of step 2, not 3
-    assert list(torch.load(root / "iter_000002" / "model_fc1_output.pt", weights_only=True)) == ["high_precision"]
+    output = torch.load(root / "iter_000002" / dump_file_name("model.fc1", "output"), weights_only=True)
+    assert list(output) == ["high_precision"]
 
 
 def test_mxfp8_operand_as_plain_tensors_loads_without_lowprec(log_dir):
     dump_run(log_dir, lowprec.MXFP8BlockScaling(), steps=1)
-    path = log_dir / "tensor_dumps" / "rank_0" / "iter_000000" / "model_fc1_activation.pt"
+    path = log_dir / "tensor_dumps" / "rank_0" / "iter_000000" / dump_file_name("model.fc1", "activation")
     quantized = torch.load(path, weights_only=True)["quantized"]
     rowwise = quantized["rowwise"]
     assert quantized["format"] == "block_scaled_FP8E4M3" and rowwise["block"] == (1, 32) and rowwise["shape"] == (16, 64)
@@ -75,3 +81,80 @@ def test_mxfp8_operand_as_plain_tensors_loads_without_lowprec(log_dir):
 def test_config_errors(log_dir, options, message):
     with pytest.raises(ConfigError, match=message):
         start(section({"DumpTensors": {"enabled": True, "tensors": ["activation"], **options}}), log_dir)
+
+
+def dump_activations(log_dir, names: list[str], steps: int = 1) -> dict[str, torch.Tensor]:
+    """Each layer its own input, dumped at every step; returns the inputs by layer name."""
+    config = {"enabled": True, "tensors": ["activation"], "high_precision_tensor": True}
+    start(section({"DumpTensors": config}), log_dir)
+    inputs = {name: torch.randn(16, 64) for name in names}
+    layers = {name: make_linear(name=name, in_f=64, out_f=48) for name in names}
+    for _ in range(steps):
+        for name in names:
+            train_step(layers[name], inputs[name], DY, recipe=lowprec.Float8CurrentScaling())
+        debug_api.step()
+    debug_api.end_debug()
+    return inputs
+
+
+def test_file_names_are_safe_bounded_and_unique(log_dir):
+    names = ["model.fc1", "model_fc1", "x" * 300, "a\0b", "a/../../b", "ü" * 200]
+    inputs = dump_activations(log_dir, names)
+    directory = log_dir / "tensor_dumps" / "rank_0" / "iter_000000"
+    files = {dump_file_name(name, "activation"): name for name in names}
+    assert len(files) == len(names) and sorted(p.name for p in directory.iterdir()) == sorted(files)
+    assert dump_file_name("model_fc1", "activation") == "model_fc1_activation.pt"  # safe names stay as they were
+    for file, name in files.items():
+        assert len(file.encode()) <= 255 and "\0" not in file and "/" not in file
+        assert torch.equal(torch.load(directory / file, weights_only=True)["high_precision"], inputs[name])
+
+
+def test_full_disk_skips_the_dumps_it_cannot_write_whole_and_training_goes_on(log_dir, monkeypatch):
+    real_save, calls = torch.save, []
+
+    def save_on_a_filling_disk(obj, file, *args, **kwargs):
+        calls.append(file)
+        if 2 <= len(calls) <= 3:  # the dumps of iterations 1 and 2
+            file.write(b"PK\x03\x04 a partial zip")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_save(obj, file, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_on_a_filling_disk)
+    with pytest.warns(UserWarning, match="DumpTensors cannot write tensor dumps .*No space left on device") as record:
+        inputs = dump_activations(log_dir, ["model.fc1"], steps=4)
+    assert sum("DumpTensors cannot write" in str(w.message) for w in record) == 1
+    root = log_dir / "tensor_dumps" / "rank_0"
+    written = {p.parent.name: p for p in root.glob("*/*") if p.is_file()}
+    assert sorted(written) == ["iter_000000", "iter_000003"]  # nothing of 1 and 2, not even a temporary file
+    for path in written.values():
+        assert torch.equal(torch.load(path, weights_only=True)["high_precision"], inputs["model.fc1"])
+
+
+def test_dumps_never_follow_links_out_of_log_dir(log_dir, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.pt"
+    victim.write_bytes(b"precious")
+    iteration = log_dir / "tensor_dumps" / "rank_0" / "iter_000000"
+    iteration.mkdir(parents=True)
+    (iteration / dump_file_name("model.fc1", "activation")).symlink_to(victim)  # replaced, not followed
+    (log_dir / "tensor_dumps" / "rank_0" / "iter_000001").symlink_to(outside)  # refused: the dump is skipped
+    with pytest.warns(UserWarning, match=r"symbolic link .*iter_000001 -> .*outside leads out of log_dir"):
+        inputs = dump_activations(log_dir, ["model.fc1"], steps=2)
+    assert victim.read_bytes() == b"precious" and sorted(p.name for p in outside.iterdir()) == ["victim.pt"]
+    dump = iteration / dump_file_name("model.fc1", "activation")
+    assert not dump.is_symlink() and torch.equal(torch.load(dump, weights_only=True)["high_precision"], inputs["model.fc1"])
+
+
+def test_relative_log_dir_and_a_later_chdir_keep_dumps_in_log_dir(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    config = {"enabled": True, "tensors": ["activation"], "high_precision_tensor": True}
+    start(section({"DumpTensors": config}), "logs")
+    layer = make_linear(name="fc1", in_f=64, out_f=48)
+    monkeypatch.chdir(tmp_path / "b")
+    train_step(layer, X, DY, recipe=lowprec.Float8CurrentScaling())
+    debug_api.end_debug()
+    assert (tmp_path / "a" / "logs" / "tensor_dumps" / "rank_0" / "iter_000000" / "fc1_activation.pt").is_file()
+    assert list((tmp_path / "b").iterdir()) == []

@@ -1,5 +1,5 @@
 """``DumpTensors``: save chosen GEMM tensors with ``torch.save``, as Transformer Engine's feature does, to
-``{log_dir}/tensor_dumps/rank_{rank}/iter_{iteration:06d}/{layer}_{tensor}.pt``.
+``{log_dir}/tensor_dumps/rank_{rank}/iter_{iteration:06d}/{layer}_{tensor}.pt`` (``dump_file_name``).
 
 A file holds a dict: ``high_precision`` (the tensor before quantization) and ``quantized`` (the operand
 the GEMMs read, as a dict of plain tensors with its format name). Unlike TE's pickled quantized tensor,
@@ -9,8 +9,12 @@ included) needs neither lowprec nor its version.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import re
+import tempfile
 from typing import Any
 
 import torch
@@ -20,18 +24,52 @@ from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.features.log_tensor_stats import schedule
 from lowprec.quant.protocol import BlockScaledData, BlockScaledTensor, Float8Tensor, QuantizedTensor
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_window
-from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
-from nvdlfw_inspect.logging import get_logger
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, UnsafeLogPathError
+from nvdlfw_inspect.logging import get_logger, link_out_of, say_once
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.utils import get_distributed_rank
 
 DUMP_KEYS = ("high_precision_tensor", "quantized_tensor")
+MAX_NAME_CHARS = 160  # with the hash and a temporary file's additions, well under the 255 bytes of a file name
+_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def dump_file_name(layer_name: str, tensor_name: str) -> str:
+    """``{layer}_{tensor}.pt`` when that is a safe file name. Otherwise every character but ``A-Z a-z 0-9 _ -``
+    becomes ``_`` (``/``, NUL, ``.``, ...), the name is cut to ``MAX_NAME_CHARS``, and ``.{hash}`` of the full names
+    is added, so that names that sanitise alike (``model.fc1``, ``model_fc1``) never share a file (a plain name has
+    no ``.``, a changed one always has)."""
+    name = f"{layer_name}_{tensor_name}"
+    safe = _UNSAFE_CHARS.sub("_", name)[:MAX_NAME_CHARS]
+    if safe != name:
+        safe += "." + hashlib.sha256(json.dumps([layer_name, tensor_name]).encode()).hexdigest()[:12]
+    return f"{safe}.pt"
 
 
 def dump_path(root_log_dir: str, rank: int, iteration: int, layer_name: str, tensor_name: str) -> str:
-    """Where one tensor goes; names lose the characters TE replaces (``.``, ``/``, spaces, ...) for ``_``."""
-    name = re.sub(r'[/\\:*?"<>| .]', "_", f"{layer_name}_{tensor_name}")
-    return os.path.join(root_log_dir, "tensor_dumps", f"rank_{rank}", f"iter_{iteration:06d}", f"{name}.pt")
+    """Where one tensor goes (see ``dump_file_name``)."""
+    directory = os.path.join(root_log_dir, "tensor_dumps", f"rank_{rank}", f"iter_{iteration:06d}")
+    return os.path.join(directory, dump_file_name(layer_name, tensor_name))
+
+
+def write_whole(dump: dict[str, Any], path: str, root_log_dir: str) -> None:
+    """``torch.save`` into a temporary file beside ``path``, then ``os.replace``: the dump is there whole or not at
+    all (a full disk leaves no unreadable file), and a link planted at ``path`` is replaced, not followed. A directory
+    on the way that links out of ``log_dir`` is refused (``UnsafeLogPathError``)."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    link = link_out_of(root_log_dir, directory)
+    if link is not None:
+        raise UnsafeLogPathError(f"the symbolic link {link} leads out of log_dir ({root_log_dir}); remove it")
+    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            torch.save(dump, file)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _block_part(part: BlockScaledData) -> dict[str, Any]:
@@ -102,9 +140,18 @@ class DumpTensors(TEConfigAPIMapper):
                 )
         if not dump:
             return
-        path = dump_path(get_logger().root_log_dir, get_distributed_rank(), iteration, layer_name, tensor_name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.save(dump, path)
+        root = get_logger().root_log_dir
+        path = dump_path(root, get_distributed_rank(), iteration, layer_name, tensor_name)
+        try:
+            write_whole(dump, path, root)
+        except OSError as error:
+            say_once(
+                f"DumpTensors cannot write tensor dumps in {os.path.join(root, 'tensor_dumps')}: "
+                f"{error.strerror or error}. Each dump that cannot be written is skipped whole (no partial file is "
+                "left) and training goes on; free space there, or turn DumpTensors off.",
+                call_site=__name__,
+            )
+            return
         debug_api.log_message(
             f"Feature=DumpTensors: {tensor_name} at iteration {iteration} to {path} ({sorted(dump)})", layer_name
         )
