@@ -328,9 +328,16 @@ class LogDirLock:
                 raise
             faults.failed(self.path, 0, error)
             return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        try:  # a POSIX record lock belongs to this process: a forked child (a DataLoader worker) does not hold it
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EACCES, errno.EAGAIN):
+                print_warning(
+                    f"cannot lock {self.path} ({error}): on this file system a second live run in this log_dir at "
+                    "this rank is not refused, and would mix its logs with this run's"
+                )
+                self._keep(fd)
+                return
             holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "a process that has not named itself yet"
             os.close(fd)
             raise LogDirInUseError(
@@ -338,11 +345,9 @@ class LogDirLock:
                 f"{self.path}): a second run there would truncate its logs and both would write as one rank. Use "
                 "another log_dir, or end that run first (its lock goes at end_debug() or when its process ends)."
             ) from None
-        except OSError as error:
-            print_warning(
-                f"cannot lock {self.path} ({error}): on this file system a second live run in this log_dir at "
-                "this rank is not refused, and would mix its logs with this run's"
-            )
+        self._keep(fd)
+
+    def _keep(self, fd: int) -> None:
         self._fd = fd
         _LOCK_FDS.add(fd)
         with contextlib.suppress(OSError):  # the holder's name helps the refused run; a full disk may keep it out
