@@ -25,7 +25,7 @@ from nvdlfw_inspect.config_yaml import config_line
 from nvdlfw_inspect.diagnose.command import add_arguments as diagnose_arguments
 from nvdlfw_inspect.errors import ConfigError, NvdlfwInspectError
 from nvdlfw_inspect.explain import ALL, explanation, feature_matches, suggestion
-from nvdlfw_inspect.reading import TornLineWarning
+from nvdlfw_inspect.reading import SkippedRecordsWarning
 from nvdlfw_inspect.registry import Registry
 
 
@@ -128,7 +128,7 @@ def report(args: argparse.Namespace) -> int:
     from nvdlfw_inspect.report import write_report
 
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", TornLineWarning)
+        warnings.simplefilter("always", SkippedRecordsWarning)
         try:
             path = write_report(args.log_dir, args.output)
         except (FileNotFoundError, ValueError) as error:
@@ -144,7 +144,7 @@ def diagnose(args: argparse.Namespace) -> int:
     from nvdlfw_inspect.diagnose import command
 
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", TornLineWarning)
+        warnings.simplefilter("always", SkippedRecordsWarning)
         try:
             code = command.run(args, sys.stdout)
         except ValueError as error:
