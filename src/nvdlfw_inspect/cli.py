@@ -25,7 +25,7 @@ from nvdlfw_inspect.config_yaml import config_line
 from nvdlfw_inspect.diagnose.command import add_arguments as diagnose_arguments
 from nvdlfw_inspect.errors import ConfigError, NvdlfwInspectError
 from nvdlfw_inspect.explain import ALL, explanation, feature_matches, suggestion
-from nvdlfw_inspect.reading import TornLineWarning
+from nvdlfw_inspect.reading import SkippedRecordsWarning
 from nvdlfw_inspect.registry import Registry
 
 
@@ -124,17 +124,17 @@ def _feature_names() -> list[str]:
 
 
 def report(args: argparse.Namespace) -> int:
-    """Write the report; warnings of the reading (a torn last line skipped) are printed as the command's own."""
+    """Write the report; warnings of the reading (records skipped) are printed as the command's own."""
     from nvdlfw_inspect.report import write_report
 
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", TornLineWarning)
+        warnings.simplefilter("always", SkippedRecordsWarning)
         try:
             path = write_report(args.log_dir, args.output)
         except (FileNotFoundError, ValueError) as error:
             raise UserError(str(error)) from None
-    for warning in caught:
-        print(f"nvdlfw-inspect report: warning: {warning.message}", file=sys.stderr)
+        finally:
+            _print_warnings("report", caught)
     print(f"report: {path}")
     return 0
 
@@ -144,14 +144,20 @@ def diagnose(args: argparse.Namespace) -> int:
     from nvdlfw_inspect.diagnose import command
 
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", TornLineWarning)
+        warnings.simplefilter("always", SkippedRecordsWarning)
         try:
             code = command.run(args, sys.stdout)
         except ValueError as error:
             raise UserError(str(error)) from None
-    for warning in caught:
-        print(f"nvdlfw-inspect diagnose: warning: {warning.message}", file=sys.stderr)
+        finally:
+            _print_warnings("diagnose", caught)
     return code
+
+
+def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None:
+    """The reading's warnings (records skipped) as the command's own, printed even when the command fails."""
+    for warning in caught:
+        print(f"nvdlfw-inspect {command}: warning: {warning.message}", file=sys.stderr)
 
 
 def _feature_dirs_argument(sub: argparse.ArgumentParser) -> None:

@@ -4,7 +4,9 @@ Records are read from ``STATISTICS_RECORDS_DIR``, or, for runs of versions that 
 ``STATISTICS_LOG_DIR`` beside the text logs.
 
 A file whose last line is torn (its writer was killed, or ran out of space, while writing it) is read
-without that line, with a ``TornLineWarning``; any other line that does not parse is an error.
+without that line, with a ``TornLineWarning``. Any other line that is no statistics record (it does not
+parse, or a field has the wrong type) is skipped: one ``SkippedRecordsWarning`` per file says how many and
+names the first by its line. A directory named like a statistics file is skipped with that warning too.
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from array import array
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from nvdlfw_inspect.errors import short_repr
 from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
 
 TENSOR_NAMES = ("activation", "gradient", "weight", "output", "wgrad", "dgrad")
 _TEXT_LINE = re.compile(r"^\S+ \S+ - \w+ - (\S+) \t\t\t\t iteration=(\d+) \t\t\t\t value=(\S+)$")
 _NAME = re.compile(rf"^(.*)_({'|'.join(TENSOR_NAMES)})_(.+)$")
 _RANK = re.compile(r"globalrank-(\d+)")
-RECORDS_PER_PARSE = 65536
+RECORDS_PER_PARSE = 2048
+_VALUE_TYPES = (float, int, str)  # finite values are numbers, NaN and infinities the strings float() reads
 
 
 class Statistic(NamedTuple):
@@ -35,7 +40,11 @@ class Statistic(NamedTuple):
     value: float
 
 
-class TornLineWarning(UserWarning):
+class SkippedRecordsWarning(UserWarning):
+    """Lines of a statistics file (or a whole path named like one) were skipped: they hold no statistics."""
+
+
+class TornLineWarning(SkippedRecordsWarning):
     """A statistics file ends in an incomplete line, which was skipped."""
 
 
@@ -63,7 +72,16 @@ def statistics_files(log_dir: str | Path) -> list[Path]:
     text_dir, records_dir = Path(log_dir) / STATISTICS_LOG_DIR, Path(log_dir) / STATISTICS_RECORDS_DIR
     if not text_dir.is_dir() and not records_dir.is_dir():
         raise FileNotFoundError(f"no statistics in '{log_dir}': neither '{records_dir}' nor '{text_dir}' exists")
-    return sorted(records_dir.glob("*.jsonl")) or sorted(text_dir.glob("*.jsonl")) or sorted(text_dir.glob("*.log"))
+    return _files(records_dir, "*.jsonl") or _files(text_dir, "*.jsonl") or _files(text_dir, "*.log")
+
+
+def _files(directory: Path, pattern: str) -> list[Path]:
+    """The files in ``directory`` matching ``pattern``; anything else that matches is said and skipped."""
+    paths = sorted(directory.glob(pattern))
+    for path in paths:
+        if not path.is_file():
+            warnings.warn(f"{path}: skipped: not a file (a statistics file is a file)", SkippedRecordsWarning, stacklevel=3)
+    return [path for path in paths if path.is_file()]
 
 
 def split_name(name: str) -> tuple[str, str, str]:
@@ -78,20 +96,56 @@ def _rank_of(path: Path) -> int:
 
 
 def _statistic(record: dict[str, Any], default_rank: int) -> Statistic:
-    return Statistic(
-        int(record.get("rank", default_rank)),
+    """A record as a ``Statistic``; a field of the wrong type is a ``TypeError`` naming it (a name that is no
+    string would break every sort of names later, far from its line). Exact type tests: ``json`` makes no
+    subclasses, and ``isinstance`` against a union costs a third of the reading."""
+    layer, tensor, stat, iteration, value = (
         record["layer"],
         record["tensor"],
         record["stat"],
-        int(record["iteration"]),
-        float(record["value"]),
+        record["iteration"],
+        record["value"],
     )
+    rank = record.get("rank", default_rank)
+    if (
+        type(layer) is str
+        and type(tensor) is str
+        and type(stat) is str
+        and type(iteration) is int
+        and type(rank) is int
+        and type(value) in _VALUE_TYPES
+    ):
+        return Statistic(rank, layer, tensor, stat, iteration, float(value))
+    for key, field in {"layer": layer, "tensor": tensor, "stat": stat, "iteration": iteration, "rank": rank}.items():
+        kind, wanted = (str, "a string") if key in ("layer", "tensor", "stat") else (int, "an integer")
+        if type(field) is not kind:
+            raise TypeError(f"{key} is {short_repr(field)}, not {wanted}")
+    raise TypeError(f"value is {short_repr(value)}, not a number")
+
+
+class _Skipped:
+    """The lines of one file that hold no statistics: counted, the first kept, said once at the file's end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.count, self.first = path, 0, (0, "")
+
+    def add(self, number: int, reason: str, line: bytes) -> None:
+        if not self.count:
+            self.first = (number, f"({reason}): {_shown(line)}")
+        self.count += 1
+
+    def say(self) -> None:
+        if self.count:
+            number, what = self.first
+            lines = "1 line" if self.count == 1 else f"{self.count} lines, this the first,"
+            message = f"{self.path}:{number}: skipped {lines} holding no statistics record {what}"
+            warnings.warn(message, SkippedRecordsWarning, stacklevel=4)
 
 
 def _from_records(path: Path) -> Iterator[Statistic]:
     """Parsed ``RECORDS_PER_PARSE`` lines at a time as one JSON array (several times faster than a
-    parse per line); a chunk that fails is parsed again line by line to name the bad line."""
-    rank = _rank_of(path)
+    parse per line); a chunk that fails is parsed again line by line to skip and count its bad lines."""
+    rank, skipped = _rank_of(path), _Skipped(path)
     with path.open("rb") as file:
         first_line = 1
         while lines := list(islice(file, RECORDS_PER_PARSE)):
@@ -99,13 +153,15 @@ def _from_records(path: Path) -> Iterator[Statistic]:
                 chunk = json.loads(b"[" + b",".join(line for line in lines if line.strip()) + b"]")
                 statistics = [_statistic(record, rank) for record in chunk]
             except (ValueError, KeyError, TypeError, AttributeError):
-                statistics = list(_line_by_line(path, lines, first_line, rank))
-            yield from statistics
+                statistics = list(_line_by_line(path, lines, first_line, rank, skipped))
             first_line += len(lines)
+            del lines  # not held while the consumer works
+            yield from statistics
+    skipped.say()
 
 
-def _line_by_line(path: Path, lines: list[bytes], first_line: int, rank: int) -> Iterator[Statistic]:
-    """A record that does not parse is an error, unless it is the file's last line and lacks its newline:
+def _line_by_line(path: Path, lines: list[bytes], first_line: int, rank: int, skipped: _Skipped) -> Iterator[Statistic]:
+    """A record that does not parse is skipped, unless it is the file's last line and lacks its newline:
     then it is torn (a complete record shows its end, the closing brace, even without a newline)."""
     for number, line in enumerate(lines, first_line):
         if not line.strip():
@@ -116,25 +172,28 @@ def _line_by_line(path: Path, lines: list[bytes], first_line: int, rank: int) ->
             if not line.endswith(b"\n"):  # only the last line of a file can lack it
                 _warn_torn(path, number, line)
                 return
-            raise ValueError(f"{path}:{number}: not a statistics record ({error}): {_shown(line)}") from None
+            skipped.add(number, f"no field {error}" if isinstance(error, KeyError) else str(error), line)
+            continue
         yield statistic
 
 
 def _from_text(path: Path) -> Iterator[Statistic]:
     """Text lines; the last one without its newline is torn even when it parses (its value may be cut short)."""
-    rank = _rank_of(path)
+    rank, skipped = _rank_of(path), _Skipped(path)
     with path.open("rb") as file:
         for number, raw in enumerate(file, 1):
             if not raw.endswith(b"\n"):
                 _warn_torn(path, number, raw)
-                return
+                break
             try:
                 match = _TEXT_LINE.match(raw.decode("utf-8").rstrip("\r\n"))
             except UnicodeDecodeError:
                 match = None
             if match is None:
-                raise ValueError(f"{path}:{number}: not a statistics line: {_shown(raw)}")
+                skipped.add(number, "not a statistics line", raw)
+                continue
             yield Statistic(rank, *split_name(match.group(1)), int(match.group(2)), float(match.group(3)))
+    skipped.say()
 
 
 def _warn_torn(path: Path, number: int, line: bytes) -> None:
@@ -179,9 +238,35 @@ def _warn_appended_runs(path: Path, statistics: Iterator[Statistic]) -> Iterator
 
 def read_stats(log_dir: str | Path) -> Any:
     """A pandas DataFrame with columns rank, layer, tensor, stat, iteration, value (needs pandas:
-    ``pip install lowprec-inspect[pandas]``)."""
+    ``pip install lowprec-inspect[pandas]``).
+
+    Read as a stream into compact columns (numbers in arrays, each name stored once and referred to by
+    its index) and made a DataFrame once at the end: a list of records would take several times the
+    log's size in memory."""
     try:
+        import numpy
         import pandas
     except ImportError:
         raise ImportError("read_stats needs pandas: pip install 'lowprec-inspect[pandas]'") from None
-    return pandas.DataFrame(list(iter_statistics(log_dir)), columns=list(Statistic._fields))
+    names: dict[str, int] = {}
+    code = names.setdefault
+    ranks, iterations, values = array("q"), array("q"), array("d")
+    codes = {field: array("i") for field in ("layer", "tensor", "stat")}
+    add_rank, add_iteration, add_value = ranks.append, iterations.append, values.append
+    add_layer, add_tensor, add_stat = (column.append for column in codes.values())
+    for rank, layer, tensor, stat, iteration, value in iter_statistics(log_dir):  # bound appends: the loop is hot
+        add_rank(rank)
+        add_layer(code(layer, len(names)))
+        add_tensor(code(tensor, len(names)))
+        add_stat(code(stat, len(names)))
+        add_iteration(iteration)
+        add_value(value)
+    table = numpy.empty(len(names), dtype=object)
+    table[:] = list(names)
+    columns = {
+        "rank": numpy.frombuffer(ranks, dtype=numpy.int64),
+        **{field: table[numpy.frombuffer(column, dtype=numpy.int32)] for field, column in codes.items()},
+        "iteration": numpy.frombuffer(iterations, dtype=numpy.int64),
+        "value": numpy.frombuffer(values, dtype=numpy.float64),
+    }
+    return pandas.DataFrame(columns, columns=list(Statistic._fields), copy=False)

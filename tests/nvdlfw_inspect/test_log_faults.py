@@ -19,7 +19,7 @@ from logreader import main_log_path, read_messages, stats_log_path, stats_record
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.cli import main
 from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
-from nvdlfw_inspect.reading import TornLineWarning, iter_statistics
+from nvdlfw_inspect.reading import SkippedRecordsWarning, TornLineWarning, iter_statistics
 
 WORKER = str(Path(__file__).with_name("log_fault_worker.py"))
 CHILD_TIMEOUT = 120
@@ -139,15 +139,15 @@ def test_torn_last_line_is_skipped_with_a_warning_and_the_report_is_written(log_
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".log"])
-def test_torn_line_in_the_middle_is_an_error(log_dir, tmp_path, suffix, capsys):
+def test_torn_line_in_the_middle_is_skipped_and_named(log_dir, tmp_path, suffix, capsys):
     run(log_dir, steps=2)
     path = stats_file(log_dir, suffix)
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:5] + [lines[5][:30]] + lines[6:]))
-    with pytest.raises(ValueError, match=rf"globalrank-0\{suffix}:6: not a statistics"):
-        list(iter_statistics(log_dir))
-    assert main(["report", str(log_dir), "-o", str(tmp_path / "r.html")]) == 1
-    assert ":6: not a statistics" in capsys.readouterr().err
+    with pytest.warns(SkippedRecordsWarning, match=rf"globalrank-0\{suffix}:6: skipped 1 line holding no statistics record"):
+        assert len(list(iter_statistics(log_dir))) == len(lines) - 2  # the torn 6th ran into the 7th: one line
+    assert main(["report", str(log_dir), "-o", str(tmp_path / "r.html")]) == 0
+    assert f"nvdlfw-inspect report: warning: {path}:6: skipped 1 line" in capsys.readouterr().err
 
 
 def test_each_step_reaches_each_file_in_one_write(log_dir, monkeypatch):

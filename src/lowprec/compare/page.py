@@ -137,9 +137,22 @@ def _outlier_tables(run: dict) -> str:
     return "".join(parts)
 
 
+def _failures(failed: list[dict]) -> str:
+    """The recipes that did not finish, each with its error (the page shows the others)."""
+    if not failed:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(run['name'])}</td><td>{html.escape(run['label'])}</td><td>{html.escape(run['error'])}</td></tr>"
+        for run in failed
+    )
+    return f"<h2>Failed recipes</h2><table><tr><th>recipe</th><th>format</th><th>error</th></tr>{rows}</table>\n"
+
+
 def render(data: dict) -> str:
-    """The page for ``data`` (``compare_formats`` makes it): title, runs, each with its losses and outliers."""
+    """The page for ``data`` (``compare_formats`` makes it): title, the recipes that failed, the runs, each
+    with its losses and outliers."""
     runs = data["runs"]
+    losses = f"{loss_charts(runs)}{_loss_table(runs)}" if runs else "<p class=note>No recipe finished.</p>"
     sections = "".join(
         f"<h3>{html.escape(run['name'])}: {html.escape(run['label'])}</h3>"
         f"<p class=note>statistics: {html.escape(', '.join(run['stats']) or 'LogTensorStats only')}</p>{_outlier_tables(run)}"
@@ -148,8 +161,8 @@ def render(data: dict) -> str:
     title = html.escape(data["title"])
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{STYLE}</style></head>\n'
-        f"<body><h1>{title}</h1><p class=note>{html.escape(data['setup'])}</p>\n"
-        f"<h2>Loss</h2>{loss_charts(runs)}{_loss_table(runs)}\n"
+        f"<body><h1>{title}</h1><p class=note>{html.escape(data['setup'])}</p>\n{_failures(data.get('failed', []))}"
+        f"<h2>Loss</h2>{losses}\n"
         f"<h2>Tensors that stand out, per format</h2><p class=note>{html.escape(data['ranking'])}</p>{sections}\n"
         f'<script type="application/json" id="compare-data">{script_json(data)}</script>\n</body></html>\n'
     )

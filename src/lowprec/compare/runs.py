@@ -20,6 +20,7 @@ from lowprec.compare.recipes import DEFAULT_RECIPES, RECIPES, Entry, parse_recip
 from lowprec.demo import SIZES, read_losses, run_demo
 from lowprec.errors import LowprecValueError
 from nvdlfw_inspect.errors import is_int
+from nvdlfw_inspect.files import write_text_atomic
 from nvdlfw_inspect.reading import iter_statistics
 
 TENSORS = ("activation", "gradient", "weight")
@@ -83,15 +84,21 @@ def compare_formats(
     device: str | None = None,
 ) -> Path:
     """Train the demo GPT once per recipe (names of ``RECIPES``, a list or ``"bf16,delayed"``) from ``seed``
-    and write the comparison page; returns its path. Statistics are logged about 25 times per run."""
+    and write the comparison page; returns its path. Statistics are logged about 25 times per run. A recipe
+    that fails is printed and named on the page with its error; the others still run."""
     names = parse_recipes(recipes)
     out = Path(out)
     _check(steps, size, seed, out, names)
     freq = max(1, steps // 25)
     every = f"{freq} steps" if freq > 1 else "step"
-    runs = []
+    runs, failed = [], []
     for name in names:
-        runs.append(_run(name, steps, size, seed, out, device, freq))
+        try:
+            runs.append(_run(name, steps, size, seed, out, device, freq))
+        except Exception as error:  # one recipe's failure (a full disk, a format the device lacks) costs only it
+            failed.append({"name": name, "label": RECIPES[name].label, "error": f"{type(error).__name__}: {error}"})
+            print(f"{name}: failed: {failed[-1]['error']}")
+            continue
         print(f"{name}: loss {runs[-1]['loss'][0]:.3f} -> {runs[-1]['last_loss']:.3f} in {runs[-1]['seconds']:.0f}s")
     data = {
         "title": f"Formats compared: {', '.join(names)}",
@@ -103,7 +110,6 @@ def compare_formats(
         "size": size,
         "seed": seed,
         "runs": runs,
+        "failed": failed,
     }
-    page = out / PAGE
-    page.write_text(render(data), encoding="utf-8")
-    return page
+    return write_text_atomic(out / PAGE, render(data), "the comparison page")

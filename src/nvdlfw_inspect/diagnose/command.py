@@ -11,6 +11,7 @@ from typing import TextIO
 
 from nvdlfw_inspect.diagnose import Diagnosis, Thresholds, diagnose
 from nvdlfw_inspect.diagnose.thresholds import RECIPE_FORMATS
+from nvdlfw_inspect.files import write_text_atomic
 from nvdlfw_inspect.reading import run_directory
 
 CONFIG_NAME = "diagnose_config.yaml"
@@ -44,18 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    """Diagnose, write the config when there is something to change, print. Bad thresholds and a config
-    that cannot be written raise ValueError."""
+    """Diagnose, write the config when there is something to change, print. Bad thresholds raise ValueError,
+    a config that cannot be written ``WriteError`` (a previous config there stays whole)."""
     thresholds = Thresholds(**{name: getattr(args, name) for name in [*FLAGS, "fp8_format"]})
     log_dir = run_directory(args.log_dir)
     diagnosis = diagnose(log_dir, thresholds)
     path = None
     if diagnosis.config_yaml is not None:
         path = Path(args.output) if args.output else log_dir / CONFIG_NAME
-        try:
-            path.write_text(diagnosis.config_yaml, encoding="utf-8")
-        except OSError as error:
-            raise ValueError(f"cannot write the config to '{path}': {error.strerror or error}") from None
+        write_text_atomic(path, diagnosis.config_yaml, "the config")
     if args.json:
         out.write(json.dumps({**diagnosis.as_dict(), "config_file": str(path) if path else None}) + "\n")
     else:

@@ -22,6 +22,7 @@ from typing import Any
 from nvdlfw_inspect.diagnose import diagnose_run
 from nvdlfw_inspect.diagnose.series import collect
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
+from nvdlfw_inspect.files import write_text_atomic
 from nvdlfw_inspect.reading import Statistic, iter_statistics, run_directory
 from nvdlfw_inspect.report.ranking import risk_rows
 
@@ -121,11 +122,11 @@ def _script_json(data: Any) -> str:
 
 def write_report(log_dir: str | Path, output: str | Path | None = None) -> Path:
     """Read every rank's statistics in ``log_dir`` and write the report (default ``{log_dir}/report.html``).
-    ``log_dir`` may also be one of the run's statistics directories (see ``run_directory``)."""
+    ``log_dir`` may also be one of the run's statistics directories (see ``run_directory``). A page that cannot
+    be written (full disk, unwritable directory) is a ``WriteError``; a previous page there stays whole."""
     log_dir = run_directory(log_dir)
     output = Path(output) if output is not None else Path(log_dir) / "report.html"
     data = report_data(iter_statistics(log_dir), f"Statistics of {Path(log_dir).resolve()}")
     if not data["series"]:
         raise ValueError(f"no statistics were logged in '{log_dir}'")
-    output.write_text(render(data), encoding="utf-8")
-    return output
+    return write_text_atomic(output, render(data), "the report")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from full_disk import NO_SPACE, fill_disk
 
 from lowprec.cli import main
 from lowprec.compare import RECIPES, compare_formats, parse_recipes, statistics_config
@@ -122,3 +123,16 @@ def test_outliers_rank_the_settled_value_and_relate_mse_to_the_variance():
     assert ranked["relative mse"] == [
         {"layer": "a", "tensor": "activation", "settled": 0.125, "worst": 0.125, "worst_iteration": 0}
     ]
+
+
+def test_a_recipe_that_fails_costs_only_itself(tmp_path, monkeypatch, capsys):
+    """The disk fills while bf16 writes its report: bf16 is named with its error, current still runs."""
+    fill_disk(monkeypatch, lambda path: path.parent.name == "bf16")
+    page = compare_formats(["bf16", "current"], steps=2, size="tiny", out=tmp_path, seed=SEED, device="cpu")
+    report = tmp_path / "bf16" / "report.html"
+    error = f"WriteError: cannot write the report to '{report}': {NO_SPACE}"
+    assert f"bf16: failed: {error}" in capsys.readouterr().out
+    data = page_data(page)
+    assert data["failed"] == [{"name": "bf16", "label": RECIPES["bf16"].label, "error": error}]
+    assert [run["name"] for run in data["runs"]] == ["current"] and len(data["runs"][0]["loss"]) == 2
+    assert "<h2>Failed recipes</h2>" in page.read_text() and not report.exists()

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from fp8ref import E5M2, current_fake_quant
+from full_disk import NO_SPACE, fill_disk
 from planted_runs import nan_run, planted_run, stats_config
 
 import lowprec
@@ -158,3 +159,12 @@ def test_command_line_without_statistics_or_a_place_for_the_config(planted, tmp_
     assert "nvdlfw-inspect diagnose: no statistics in" in capsys.readouterr().err
     assert main(["diagnose", str(planted), "-o", str(tmp_path / "missing" / "fix.yaml")]) == 1
     assert "cannot write the config to" in capsys.readouterr().err
+
+
+def test_a_full_disk_keeps_the_previous_config(planted, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "fix.yaml"
+    path.write_text("previous: config\n")
+    fill_disk(monkeypatch)
+    assert main(["diagnose", str(planted), "-o", str(path)]) == 1
+    assert capsys.readouterr().err == f"nvdlfw-inspect diagnose: cannot write the config to '{path}': {NO_SPACE}\n"
+    assert path.read_text() == "previous: config\n" and [p.name for p in tmp_path.iterdir()] == ["fix.yaml"]

@@ -1,0 +1,84 @@
+"""Reading a run's statistics back: malformed records are skipped and named, once per file, and
+``read_stats`` holds a large log in a fraction of its size."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pandas")  # imported before the memory is traced: read_stats needs it
+
+import nvdlfw_inspect  # noqa: E402
+from nvdlfw_inspect.cli import main  # noqa: E402
+from nvdlfw_inspect.reading import SkippedRecordsWarning, iter_statistics  # noqa: E402
+
+RECORDS = "nvdlfw_inspect_statistics_jsonl"
+ITERATIONS = 400  # of 192 records each: a log of 10 MB
+
+
+def record(number: int, **fields: object) -> str:
+    return json.dumps({"layer": "model.fc1", "tensor": "activation", "stat": "max", "iteration": number, "value": 1.5} | fields)
+
+
+@pytest.fixture
+def malformed(log_dir: Path) -> Path:
+    """Rank 0 with four records of a wrong type among good ones; a directory named like rank 1's file."""
+    (log_dir / RECORDS / "nvdlfw_inspect_globalrank-1.jsonl").mkdir(parents=True)
+    bad = [record(2, layer=7), record(3, value=[1]), record(4, iteration="4"), record(5, rank=None)]
+    lines = [record(0), record(1), *bad, record(6)]
+    (log_dir / RECORDS / "nvdlfw_inspect_globalrank-0.jsonl").write_text("\n".join(lines) + "\n")
+    return log_dir
+
+
+def test_malformed_records_are_skipped_and_named_once_per_file(malformed):
+    with pytest.warns(SkippedRecordsWarning) as caught:
+        assert [s.iteration for s in iter_statistics(malformed)] == [0, 1, 6]
+    assert [str(w.message) for w in caught] == [
+        f"{malformed / RECORDS / 'nvdlfw_inspect_globalrank-1.jsonl'}: skipped: not a file (a statistics file is a file)",
+        f"{malformed / RECORDS / 'nvdlfw_inspect_globalrank-0.jsonl'}:3: skipped 4 lines, this the first, holding no "
+        f"statistics record (layer is 7, not a string): {record(2, layer=7)!r}",
+    ]
+    with pytest.warns(SkippedRecordsWarning):
+        assert nvdlfw_inspect.read_stats(malformed).iteration.tolist() == [0, 1, 6]
+
+
+@pytest.mark.parametrize("command", ["report", "diagnose"])
+def test_the_commands_go_on_past_malformed_records(malformed, command, capsys):
+    assert main([command, str(malformed)]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"nvdlfw-inspect {command}: warning:")]
+    assert len(warned) == 2 and "globalrank-1.jsonl: skipped: not a file" in warned[0]
+    assert "globalrank-0.jsonl:3: skipped 4 lines" in warned[1] and "layer is 7, not a string" in warned[1]
+
+
+def test_read_stats_holds_a_large_log_in_less_than_its_size(log_dir):
+    """A 10 MB log: a list of records took 3.5 times its size, the columns take about 0.8 of it."""
+    path = log_dir / RECORDS / "nvdlfw_inspect_globalrank-0.jsonl"
+    path.parent.mkdir(parents=True)
+    names = [
+        (f"model.layers.{layer}.mlp.fc1", tensor, stat)
+        for layer in range(24)
+        for tensor in ("activation", "gradient")
+        for stat in ("max", "min", "std", "underflows%")
+    ]
+    with path.open("w") as file:
+        for iteration in range(ITERATIONS):
+            file.write(
+                "".join(
+                    f'{{"layer": "{layer}", "tensor": "{tensor}", "stat": "{stat}", "iteration": {iteration}, '
+                    f'"value": {iteration / 7 + i}, "rank": 0}}\n'
+                    for i, (layer, tensor, stat) in enumerate(names)
+                )
+            )
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        frame = nvdlfw_inspect.read_stats(log_dir)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(frame) == ITERATIONS * len(names) and frame.value.iloc[-1] == (ITERATIONS - 1) / 7 + len(names) - 1
+    assert frame.layer.iloc[-1] == "model.layers.23.mlp.fc1" and frame.iteration.iloc[-1] == ITERATIONS - 1
+    assert peak < size, f"read_stats peaked at {peak / size:.2f}x the log's size ({size / 2**20:.0f} MiB)"
