@@ -43,7 +43,6 @@ _EXPLAIN_HELP = (
 )
 # Built-in APIs a training step calls besides step(): before initialize they do nothing (one warning), as step() does
 _STEP_APIS = frozenset({"log_tensor_stats"})
-_SAID_BEFORE_INITIALIZE: set[str] = set()
 _ACCEPTED_KWARGS = ("tb_writer", "default_logging_enabled", "extensions", "strict_logging", "collective_timeout")
 
 
@@ -288,15 +287,13 @@ def get_tensor_reduction_group() -> Any:
 
 def _before_initialize(name: str, *args: Any, **kwargs: Any) -> dict:
     """A statistics call of a training step before ``initialize``: a script whose debugging is optional makes it
-    unconditionally, as it calls ``step()``; it logs nothing, and says so once per process and API (a forgotten
+    unconditionally, as it calls ``step()``; it logs nothing, and says so once per API (a forgotten
     ``initialize`` is not silent)."""
-    if name not in _SAID_BEFORE_INITIALIZE:
-        _SAID_BEFORE_INITIALIZE.add(name)
-        say_once(
-            f"debug_api.{name}() before debug_api.initialize() logs nothing and returns {{}} (a run without debugging "
-            "may make these calls); call debug_api.initialize(...) first to log statistics",
-            call_site=__name__,
-        )
+    say_once(
+        f"debug_api.{name}() before debug_api.initialize() logs nothing and returns {{}} (a run without debugging "
+        "may make these calls); call debug_api.initialize(...) first to log statistics",
+        call_site=__name__,
+    )
     return {}
 
 

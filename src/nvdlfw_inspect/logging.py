@@ -787,10 +787,13 @@ def say_once(
     """The one way the tools say what they skip, ignore or cannot do: once per ``call_site``, layer and
     message, in the debug log when a session is open, and as a Python ``warning`` (None: none) so the console
     shows it too; without a session the warning alone. True when said now."""
+    site = call_site or "say_once"
     try:
-        first = SingleMessageLogger.log_message_once(message, layer_name, level, call_site=call_site or "say_once")
-    except RuntimeError:  # no debug session to log to (Python shows each warning text once per place)
-        first = True
+        first = SingleMessageLogger.log_message_once(message, layer_name, level, call_site=site)
+    except RuntimeError:  # no debug session to log to: the warning alone, still once (until the next session)
+        key = ("no session", site, layer_name, message)
+        first = key not in SingleMessageLogger.logged_messages
+        SingleMessageLogger.logged_messages.add(key)
     if first and warning is not None:
         warnings.warn(message, warning, stacklevel=3)
     return first

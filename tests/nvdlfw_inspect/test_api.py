@@ -11,7 +11,7 @@ from logreader import read_messages, read_stats
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError, UnknownAPIError
-from nvdlfw_inspect.logging import LogFileHandler, MetricLogger
+from nvdlfw_inspect.logging import LogFileHandler, MetricLogger, SingleMessageLogger
 from nvdlfw_inspect.registry import Registry
 
 STATS_CONFIG = {
@@ -103,10 +103,10 @@ def test_calls_before_initialize(capsys):
         from nvdlfw_inspect.api import transformer_engine  # noqa: F401
 
 
-def test_statistics_calls_before_initialize_do_nothing_and_say_so_once(log_dir, recwarn, monkeypatch):
+def test_statistics_calls_before_initialize_do_nothing_and_say_so_once(log_dir, recwarn):
     """A script whose debugging is optional calls log_tensor_stats as it calls step(): both do nothing before
     initialize; log_tensor_stats says so once (a forgotten initialize is not silent), then works once initialized."""
-    monkeypatch.setattr(debug_api, "_SAID_BEFORE_INITIALIZE", set())  # once per process: not said by an earlier test
+    SingleMessageLogger.reset()  # said once until the next session: not by an earlier test
     for _ in range(3):
         assert debug_api.log_tensor_stats("decoder.0", tensor=torch.ones(3), tensor_name="activation") == {}
         debug_api.step()
