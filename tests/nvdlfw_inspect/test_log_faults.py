@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -333,3 +334,33 @@ def test_log_dir_none_is_an_error_not_a_directory_named_none(tmp_path, monkeypat
     with pytest.raises(TypeError, match=r"log_dir must be a directory path \(str or os.PathLike\), got None"):
         debug_api.initialize(CONFIG, log_dir=None)
     assert debug_api.DEBUG_MANAGER is None and list(tmp_path.iterdir()) == []
+
+
+# --- 6. end_debug from a signal handler, fork children ----------------------------------------
+
+
+def test_end_debug_from_a_signal_handler_during_step_exits(log_dir):
+    """A preemption handler calling end_debug interrupts step() in the same thread: it must not wait for the
+    step's own lock (a deadlock), and the steps logged before stay whole."""
+    command = [sys.executable, WORKER, "end_debug_from_signal_handler", str(log_dir)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        read_lines_until(child.stdout.fileno(), 3, child)  # inside the slow logger of step 2
+        child.send_signal(signal.SIGUSR1)
+        out, err = child.communicate(timeout=15)
+    finally:
+        child.kill()
+    assert child.returncode == 7, err.decode()[-3000:]
+    assert b"ended True" in out
+    per_step, torn = steps_read(log_dir)
+    assert torn == [] and per_step == {0: 20, 1: 20}
+
+
+@pytest.mark.parametrize("how", ["exit", "end_debug"])
+def test_a_forked_child_does_not_log_the_parents_step(log_dir, how):
+    child = subprocess.run(
+        [sys.executable, WORKER, "fork_mid_step", str(log_dir), how], capture_output=True, text=True, timeout=CHILD_TIMEOUT
+    )
+    assert child.returncode == 0, child.stderr
+    logged = sorted((s.layer, s.iteration, s.value) for s in iter_statistics(log_dir))
+    assert logged == [("net.fc", 0, 0.5), ("net.fc", 1, 1.5)]
