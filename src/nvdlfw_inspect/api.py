@@ -103,12 +103,15 @@ def _log_failure(error: BaseException) -> None:
 
 
 def _reset_process_state() -> None:
-    Registry.reset()
-    ConfigManager.reset()
-    MetricLogger.reset()
-    SingleMessageLogger.reset()
-    APICacheIdentifier.reset()
-    close_logger()
+    """Everything is reset even when a statistics logger's flush raises (``strict_logging``); its error comes after."""
+    try:
+        MetricLogger.reset()
+    finally:
+        Registry.reset()
+        ConfigManager.reset()
+        SingleMessageLogger.reset()
+        APICacheIdentifier.reset()
+        close_logger()
 
 
 def step() -> None:

@@ -49,54 +49,91 @@ class BaseLogger(ABC):
 
 
 class MetricLogger:
-    """Fans each statistic out to every enabled statistics logger."""
+    """Fans each statistic out to every enabled statistics logger. A logger that raises costs its own records
+    only: they are dropped and counted, the first failure is said once, ``end_debug`` says how many were lost,
+    and the other loggers and the training go on (``strict_logging`` raises the logger's error instead)."""
 
     enabled_loggers: list[BaseLogger] = []
+    failures: dict[int, tuple[str, str, int]] = {}  # id(logger) -> (its class, its first error, records dropped)
+
+    @classmethod
+    def _failed(cls, logger: BaseLogger, records: int, error: Exception) -> None:
+        """Count a logger's lost records and say its first failure; under ``strict_logging`` raise instead."""
+        if LOGGER is not None and LOGGER.faults.strict:
+            raise error
+        key = id(logger)
+        if key not in cls.failures:
+            cls.failures[key] = (type(logger).__name__, f"{type(error).__name__}: {error}", 0)
+            say_once(
+                f"statistics logger {cls.failures[key][0]} failed ({cls.failures[key][1]}): its records are dropped "
+                "and counted, the other loggers and the training go on (initialize(..., strict_logging=True) raises "
+                "instead).",
+                call_site=__name__,
+            )
+        name, first, dropped = cls.failures[key]
+        cls.failures[key] = (name, first, dropped + records)
 
     @classmethod
     def log_scalar(cls, name: str, value: Any, iteration: int, **kwargs: Any) -> None:
         for logger in cls.enabled_loggers:
-            logger.log_scalar(name, value, iteration, **kwargs)
+            try:
+                logger.log_scalar(name, value, iteration, **kwargs)
+            except Exception as error:
+                cls._failed(logger, 1, error)
 
     @classmethod
     def log_statistic(cls, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
         """One statistic of a layer's tensor (see ``_log_one``)."""
         for logger in cls.enabled_loggers:
-            _log_one(logger, (layer, tensor, stat, value, iteration))
+            try:
+                _log_one(logger, (layer, tensor, stat, value, iteration))
+            except Exception as error:
+                cls._failed(logger, 1, error)
 
     @classmethod
     def log_statistics(cls, records: list[Statistic]) -> None:
         """Many statistics at once (a step's): loggers that take a whole batch (``log_statistics``) get the list,
-        the others each record as ``log_statistic`` hands it to them."""
+        the others each record as ``_log_one`` hands it to them."""
         for logger in cls.enabled_loggers:
             batch = getattr(logger, "log_statistics", None)
             if batch is not None:
-                batch(records)
-            else:
-                for record in records:
+                try:
+                    batch(records)
+                except Exception as error:
+                    cls._failed(logger, len(records), error)
+                continue
+            for record in records:
+                try:
                     _log_one(logger, record)
+                except Exception as error:
+                    cls._failed(logger, 1, error)
 
     @classmethod
     def add_logger(cls, logger: BaseLogger) -> None:
         cls.enabled_loggers.append(logger)
 
     @classmethod
+    def _each(cls, method: str) -> None:
+        """Call ``method`` of every logger that has it; a failure costs what that logger held."""
+        for logger in cls.enabled_loggers:
+            call = getattr(logger, method, None)
+            if call is not None:
+                try:
+                    call()
+                except Exception as error:
+                    cls._failed(logger, 0, error)
+
+    @classmethod
     def flush(cls) -> None:
         """Let loggers that batch (those with a ``flush`` method) send what they hold."""
-        for logger in cls.enabled_loggers:
-            flush = getattr(logger, "flush", None)
-            if flush is not None:
-                flush()
+        cls._each("flush")
 
     @classmethod
     @contextlib.contextmanager
     def batch(cls) -> Iterator[None]:
         """Log many statistics at once: loggers that can (``hold_flushes``) stop flushing line by line,
         and every logger is flushed once at the end, also when logging fails half way."""
-        for logger in cls.enabled_loggers:
-            hold = getattr(logger, "hold_flushes", None)
-            if hold is not None:
-                hold()
+        cls._each("hold_flushes")
         try:
             yield
         finally:
@@ -104,8 +141,16 @@ class MetricLogger:
 
     @classmethod
     def reset(cls) -> None:
-        cls.flush()
-        cls.enabled_loggers.clear()
+        """Flush, say how many records each failing logger dropped, and forget every logger, even when a flush
+        raises (``strict_logging``), so that the next ``initialize`` starts clean."""
+        try:
+            cls.flush()
+            for name, first, dropped in cls.failures.values():
+                if dropped:
+                    say_once(f"statistics logger {name} dropped {dropped} statistics records (the first error: {first}).")
+        finally:
+            cls.enabled_loggers.clear()
+            cls.failures.clear()
 
 
 def _log_one(logger: BaseLogger, record: Statistic) -> None:

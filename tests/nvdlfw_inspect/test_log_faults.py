@@ -19,7 +19,7 @@ from logreader import main_log_path, read_messages, stats_log_path, stats_record
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.cli import main
-from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
+from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, BaseLogger
 from nvdlfw_inspect.reading import TornLineWarning, iter_statistics
 
 WORKER = str(Path(__file__).with_name("log_fault_worker.py"))
@@ -282,7 +282,7 @@ def test_exit_without_end_debug_logs_the_unfinished_step_once(log_dir, how, code
     logged = sorted((s.layer, s.iteration, s.value) for s in iter_statistics(log_dir))
     if how == "torn_down":  # nothing could be logged, and exit says so in one line
         assert logged == [("net.fc", 0, 0.5)] and "Traceback" not in child.stderr
-        assert child.stderr.count("could not close the debug run at exit: RuntimeError") == 1
+        assert child.stderr.count("statistics logger FileLogger failed (RuntimeError") == 1  # a failing logger
     else:
         assert logged == [("net.fc", 0, 0.5), ("net.fc", 1, 1.5)]
 
@@ -364,3 +364,69 @@ def test_a_forked_child_does_not_log_the_parents_step(log_dir, how):
     assert child.returncode == 0, child.stderr
     logged = sorted((s.layer, s.iteration, s.value) for s in iter_statistics(log_dir))
     assert logged == [("net.fc", 0, 0.5), ("net.fc", 1, 1.5)]
+
+
+# --- 7. a failing statistics logger -----------------------------------------------------------
+
+
+class BrokenLogger(BaseLogger):
+    """A custom statistics logger that fails (a remote service down): on every statistic, or on its flush."""
+
+    def __init__(self, fail_log: bool = True, fail_flush: bool = False):
+        self.fail_log, self.fail_flush, self.flushes = fail_log, fail_flush, 0
+
+    def log_scalar(self, name: str, value: float, iteration: int, **kwargs: object) -> None:
+        if self.fail_log:
+            raise ConnectionError("metrics service unreachable")
+
+    def flush(self) -> None:
+        self.flushes += 1
+        if self.fail_flush:
+            raise ConnectionError("metrics service unreachable")
+
+
+class ScalarWriter:
+    """A SummaryWriter stand-in that keeps what it is given."""
+
+    def __init__(self):
+        self.scalars: list[tuple[str, float, int]] = []
+
+    def add_scalar(self, name: str, value: float, step: int) -> None:
+        self.scalars.append((name, value, step))
+
+
+def test_a_failing_logger_costs_its_own_records_only(log_dir, recwarn):
+    writer = ScalarWriter()
+    debug_api.initialize(
+        CONFIG, log_dir=log_dir, statistics_logger=BrokenLogger(), tb_writer=writer, default_logging_enabled=True
+    )
+    for step in range(3):
+        log_step(step)  # never raises
+    debug_api.end_debug()
+    assert len(writer.scalars) == 3 * 4  # the logger after the broken one lost nothing
+    assert steps_read(log_dir) == ({0: 4, 1: 4, 2: 4}, [])
+    said = [str(w.message) for w in recwarn if "BrokenLogger" in str(w.message)]
+    assert len(said) == 2, said  # the first failure, and at end_debug the count
+    assert "ConnectionError: metrics service unreachable" in said[0] and "strict_logging=True" in said[0]
+    assert "12 statistics records" in said[1]
+    assert sum("BrokenLogger" in text for _, text in read_messages(log_dir)) == 2
+
+
+def test_strict_logging_raises_a_loggers_error(log_dir):
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=BrokenLogger(), strict_logging=True)
+    with pytest.raises(ConnectionError, match="metrics service unreachable"):
+        log_step(0)
+    debug_api.end_debug()
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_logger_failing_to_flush_at_end_debug_leaves_a_clean_state(log_dir, strict):
+    broken = BrokenLogger(fail_log=False, fail_flush=True)
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=broken, strict_logging=strict)
+    with pytest.raises(ConnectionError) if strict else pytest.warns(UserWarning, match="BrokenLogger"):
+        debug_api.end_debug()  # strict or not: end_debug completes (strict then raises the logger's error)
+    flushes = broken.flushes
+    debug_api.initialize(CONFIG, log_dir=log_dir)  # the broken logger is gone
+    log_step(0)
+    debug_api.end_debug()
+    assert broken.flushes == flushes and steps_read(log_dir)[0] == {0: 4}
