@@ -313,7 +313,8 @@ class LogFile:
     ``write`` on an unbuffered descriptor, so a process killed between commits leaves complete lines only (the
     kernel keeps what was written; nothing waits in a user-space buffer to be written in pieces). A failed commit (a
     full disk) is cut back to the previous one and its lines are counted in ``faults``; every later commit tries
-    again, also creating the file if a full disk kept it from being created."""
+    again, also creating the file if a full disk kept it from being created. A commit interrupted part way
+    (``KeyboardInterrupt``) is cut back too, so a step is in the file whole or not at all."""
 
     def __init__(self, path: str, overwrite: bool, faults: WriteFaults):
         self.path = path
@@ -354,6 +355,9 @@ class LogFile:
         except OSError as error:
             self._cut_back()
             self._faults.failed(self.path, sum(text.count("\n") for text in lines), error)
+        except BaseException:
+            self._cut_back()  # interrupted mid-write (Ctrl-C): the file keeps whole commits, this one goes
+            raise
 
     def _write(self, data: bytes) -> None:
         """One ``write`` unless the kernel takes less (then the rest, which on a full disk fails)."""
@@ -395,7 +399,7 @@ class LogFileHandler(logging.Handler):
         except Exception:
             self.handleError(record)  # a message that does not format: logging's usual report
             return
-        self.file.add(line + "\n")
+        self.file.add(_one_line(line) + "\n")
         self.file.commit()
 
     def close(self) -> None:
@@ -403,6 +407,12 @@ class LogFileHandler(logging.Handler):
             self.file.close()
         finally:
             super().close()
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks escaped (``\\n``, ``\\r``): in a text log a record is a line, so that a name
+    holding a newline cannot forge a line of its own."""
+    return text.replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _text_middle(iteration: int) -> str:
@@ -446,14 +456,14 @@ class StatisticsFile:
         return f"{self._stamp},{int((now - second) * 1000):03d}"
 
     def write(self, message: str, level: int = logging.INFO) -> None:
-        self._file.add(f"{self._asctime()} - {logging.getLevelName(level)} - {message}\n")
+        self._file.add(f"{self._asctime()} - {logging.getLevelName(level)} - {_one_line(message)}\n")
         if self.autoflush:
             self._file.commit()
 
     def _new_heads(self, names: tuple[str, str, str]) -> tuple[str, str]:
         """The text line's and the record's start for these names, encoded once per run."""
         record = ", ".join(f'"{key}": {json.dumps(name)}' for key, name in zip(("layer", "tensor", "stat"), names, strict=True))
-        heads = self._heads[names] = ("_".join(names), "{" + record)
+        heads = self._heads[names] = (_one_line("_".join(names)), "{" + record)
         return heads
 
     def write_record(self, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:

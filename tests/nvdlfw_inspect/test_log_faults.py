@@ -18,6 +18,7 @@ import torch
 from logreader import main_log_path, read_messages, stats_log_path, stats_records_path
 
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect import logging as nvdlfw_logging
 from nvdlfw_inspect.cli import main
 from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, BaseLogger
 from nvdlfw_inspect.reading import TornLineWarning, iter_statistics
@@ -430,3 +431,72 @@ def test_a_logger_failing_to_flush_at_end_debug_leaves_a_clean_state(log_dir, st
     log_step(0)
     debug_api.end_debug()
     assert broken.flushes == flushes and steps_read(log_dir)[0] == {0: 4}
+
+
+# --- 8. Ctrl-C in step(), and names that would forge lines ------------------------------------
+
+
+def test_ctrl_c_during_step_writes_the_step_whole_or_not_at_all(log_dir, monkeypatch):
+    """A KeyboardInterrupt while step() formats its 120 records (here at the 40th) writes none of them."""
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    log_step(0, layers=60)
+    calls, json_number = [0], nvdlfw_logging._json_number
+
+    def interrupted(value: float) -> str:
+        calls[0] += 1
+        if calls[0] == 40:
+            raise KeyboardInterrupt
+        return json_number(value)
+
+    monkeypatch.setattr(nvdlfw_logging, "_json_number", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        log_step(1, layers=60)
+    monkeypatch.setattr(nvdlfw_logging, "_json_number", json_number)
+    log_step(2, layers=60)
+    debug_api.end_debug()
+    assert steps_read(log_dir) == ({0: 120, 2: 120}, [])
+    stats_records_path(log_dir).unlink()  # the text log alone
+    assert steps_read(log_dir) == ({0: 120, 2: 120}, [])
+
+
+def test_ctrl_c_in_the_middle_of_a_steps_write_leaves_the_file_at_the_step_before(log_dir, monkeypatch):
+    """The kernel took part of the step's write when Ctrl-C came (a slow disk, a pipe): that part is cut back."""
+    jsonl, write, state = str(stats_records_path(log_dir)), os.write, {"armed": False, "writes": 0}
+
+    def interrupted_write(fd: int, data: bytes) -> int:
+        if state["armed"] and os.readlink(f"/proc/self/fd/{fd}") == jsonl:
+            state["writes"] += 1
+            if state["writes"] > 1:
+                raise KeyboardInterrupt  # while the write goes on
+            return write(fd, data[:1000])  # the kernel took a part
+        return write(fd, data)
+
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    monkeypatch.setattr(os, "write", interrupted_write)
+    log_step(0, layers=60)
+    state["armed"] = True
+    with pytest.raises(KeyboardInterrupt):
+        log_step(1, layers=60)
+    state["armed"] = False
+    log_step(2, layers=60)
+    debug_api.end_debug()
+    assert steps_read(log_dir) == ({0: 120, 2: 120}, [])
+
+
+FORGED = "net.fc\n2026-01-01 00:00:00,000 - INFO - net.forged_activation_max \t\t\t\t iteration=000007 \t\t\t\t value=9.0\r"
+
+
+def test_a_newline_in_a_layer_name_forges_no_line(log_dir):
+    """Text logs hold one record a line: a layer name's newline (or carriage return) is written escaped."""
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    debug_api.log_tensor_stats(FORGED, tensor=torch.tensor([0.5]), tensor_name="activation")
+    debug_api.log_message("seen", layer_name=FORGED)
+    debug_api.step()
+    debug_api.end_debug()
+    escaped = FORGED.replace("\n", "\\n").replace("\r", "\\r")
+    lines = stats_log_path(log_dir).read_text().splitlines()
+    assert [line.split(" - INFO - ", 1)[1] for line in lines] == [
+        f"{escaped}_activation_{stat} \t\t\t\t iteration=000000 \t\t\t\t value=0.5000" for stat in ("min", "max")
+    ]
+    assert ("INFO", f"LAYER={escaped}: seen") in read_messages(log_dir)
+    assert {s.layer for s in iter_statistics(log_dir)} == {FORGED}  # the records keep the name as it is
