@@ -20,7 +20,7 @@ from logreader import main_log_path, read_messages, stats_log_path, stats_record
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect import logging as nvdlfw_logging
 from nvdlfw_inspect.cli import main
-from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, BaseLogger
+from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, BaseLogger, MetricLogger
 from nvdlfw_inspect.reading import TornLineWarning, iter_statistics
 
 WORKER = str(Path(__file__).with_name("log_fault_worker.py"))
@@ -411,6 +411,18 @@ def test_a_failing_logger_costs_its_own_records_only(log_dir, recwarn):
     assert "ConnectionError: metrics service unreachable" in said[0] and "strict_logging=True" in said[0]
     assert "12 statistics records" in said[1]
     assert sum("BrokenLogger" in text for _, text in read_messages(log_dir)) == 2
+
+
+def test_a_failing_logger_costs_its_own_records_one_by_one_too(log_dir):
+    """The per-record entries (``MetricLogger.log_statistic`` and ``log_scalar``) isolate loggers as a step does."""
+    writer = ScalarWriter()
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=BrokenLogger(), tb_writer=writer)
+    with pytest.warns(UserWarning, match="statistics logger BrokenLogger failed"):
+        MetricLogger.log_statistic("net.fc", "activation", "max", 1.0, 0)
+    MetricLogger.log_scalar("net.fc_activation_min", -1.0, 0)
+    with pytest.warns(UserWarning, match="BrokenLogger dropped 2 statistics records"):
+        debug_api.end_debug()
+    assert writer.scalars == [("net.fc_activation_max", 1.0, 0), ("net.fc_activation_min", -1.0, 0)]
 
 
 def test_strict_logging_raises_a_loggers_error(log_dir):
