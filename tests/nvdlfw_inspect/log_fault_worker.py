@@ -87,15 +87,26 @@ def end_debug_from_signal_handler(log_dir: str) -> None:
         debug_api.step()
 
 
+class FlushReporter(BaseLogger):
+    """A batching logger (TensorBoard's writer, W&B) that says which process flushes it."""
+
+    def log_scalar(self, name: str, value: float, iteration: int, **kwargs: object) -> None:
+        pass
+
+    def flush(self) -> None:
+        print(f"flushed in {os.getpid()}", flush=True)
+
+
 def fork_mid_step(log_dir: str, how: str) -> None:
     """Log step 0, feed step 1, then fork a child that exits normally (after ``end_debug`` for ``how="end_debug"``);
     the parent ends the run after it."""
-    debug_api.initialize(CONFIG, log_dir=log_dir)
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=FlushReporter(), default_logging_enabled=True)
     debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([0.5]), tensor_name="activation")
     debug_api.step()
     debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([1.5]), tensor_name="activation")
     child = os.fork()
     if child == 0:
+        print(f"child {os.getpid()}", flush=True)
         if how == "end_debug":
             debug_api.end_debug()
         sys.exit(0)  # a normal exit: the atexit handlers run
