@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 from collections.abc import Hashable
 from functools import partial
@@ -113,12 +114,15 @@ def _log_failure(error: BaseException) -> None:
 
 
 def _reset_process_state() -> None:
-    Registry.reset()
-    ConfigManager.reset()
-    MetricLogger.reset()
-    SingleMessageLogger.reset()
-    APICacheIdentifier.reset()
-    close_logger()
+    """Everything is reset even when a statistics logger's flush raises (``strict_logging``); its error comes after."""
+    try:
+        MetricLogger.reset()
+    finally:
+        Registry.reset()
+        ConfigManager.reset()
+        SingleMessageLogger.reset()
+        APICacheIdentifier.reset()
+        close_logger()
 
 
 def step() -> None:
@@ -153,7 +157,10 @@ def end_debug() -> None:
 def _end_debug_at_exit() -> None:
     """``end_debug`` for a program that exits without it (``sys.exit``, an uncaught exception), so the unfinished
     step reaches the log. A multi-rank run drops that step: logging it reduces over the ranks, and a rank that
-    failed alone would wait at exit for ranks that never join instead of exiting. Never raises at exit."""
+    failed alone would wait at exit for ranks that never join instead of exiting. A child of ``os.fork()`` leaves
+    the run to its parent. Never raises at exit."""
+    if DEBUG_MANAGER is not None and DEBUG_MANAGER.owner_pid != os.getpid():
+        return  # a child of os.fork() exiting: the run, its loggers and its unfinished step are the parent's
     try:
         if DEBUG_MANAGER is not None and get_distributed_world_size() > 1:
             STATS_BUFFERS.reset()

@@ -45,7 +45,12 @@ class DebugManager:
         self.log_dir = get_logger().log_dir  # absolute, fixed at initialize
         self.config_file = config_file
         self._trainer_iteration_count = init_training_step
-        self._step_lock = threading.Lock()  # step, close and set_iteration: the counter and the flush in one piece
+        # step, close and set_iteration: the counter and the flush in one piece. Reentrant, for a signal handler
+        # (preemption) that calls end_debug while its thread is inside step(); _stepping names that thread.
+        self._step_lock = threading.RLock()
+        self._stepping: int | None = None
+        self._closed = False
+        self.owner_pid = os.getpid()  # a fork's child inherits the run, but its steps are the parent's to log
         self._tensor_reduction_group: Any = None
         self._first_step_done = False
         self._initialize_loggers(statistics_logger, tb_writer, default_logging_enabled)
@@ -135,15 +140,21 @@ class DebugManager:
         with self._step_lock:
             finished = self._trainer_iteration_count
             self._trainer_iteration_count += 1
+            self._stepping = threading.get_ident()
             try:
                 STATS_BUFFERS.flush(step=finished, timeout=self.collective_timeout)
             finally:
-                for api in self._namespace_apis.values():
-                    api.step()
-                if not self._first_step_done:
-                    self._first_step_done = True
-                    warn_sections_never_matched()
-                    warn_features_in_namespaces_not_called()
+                self._stepping = None
+                if not self._closed:  # else end_debug ran inside this step (a signal handler): nothing to step
+                    self._step_namespaces()
+
+    def _step_namespaces(self) -> None:
+        for api in self._namespace_apis.values():
+            api.step()
+        if not self._first_step_done:
+            self._first_step_done = True
+            warn_sections_never_matched()
+            warn_features_in_namespaces_not_called()
 
     def set_iteration(self, iteration: int) -> None:
         """Set the counter (``initialize_training_step``), never in the middle of a ``step``."""
@@ -151,10 +162,21 @@ class DebugManager:
             self._trainer_iteration_count = iteration
 
     def close(self) -> None:
-        """Log the statistics of the unfinished step, run every namespace's ``end_debug`` hook, drop the buffers."""
+        """Log the statistics of the unfinished step, run every namespace's ``end_debug`` hook, drop the buffers.
+        Called by a signal handler that interrupted this thread's ``step()``, it cannot wait for that step: the
+        step being logged is dropped, with a warning, and the steps logged before stay whole. In a child of
+        ``os.fork()`` nothing is logged: the parent logs its own unfinished step."""
         with self._step_lock:
+            self._closed = True
             try:
-                STATS_BUFFERS.flush(step=self._trainer_iteration_count, timeout=self.collective_timeout)
+                if self._stepping == threading.get_ident():
+                    say_once(
+                        f"end_debug() interrupted step() of iteration {self._trainer_iteration_count - 1} (a signal "
+                        "handler): that iteration's statistics are not logged (call end_debug() outside step() to log "
+                        "them)."
+                    )
+                elif os.getpid() == self.owner_pid:  # not in a child of os.fork(): the step is the parent's
+                    STATS_BUFFERS.flush(step=self._trainer_iteration_count, timeout=self.collective_timeout)
             finally:
                 STATS_BUFFERS.reset()
                 for api in self._namespace_apis.values():

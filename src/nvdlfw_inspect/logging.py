@@ -53,54 +53,91 @@ class BaseLogger(ABC):
 
 
 class MetricLogger:
-    """Fans each statistic out to every enabled statistics logger."""
+    """Fans each statistic out to every enabled statistics logger. A logger that raises costs its own records
+    only: they are dropped and counted, the first failure is said once, ``end_debug`` says how many were lost,
+    and the other loggers and the training go on (``strict_logging`` raises the logger's error instead)."""
 
     enabled_loggers: list[BaseLogger] = []
+    failures: dict[int, tuple[str, str, int]] = {}  # id(logger) -> (its class, its first error, records dropped)
+
+    @classmethod
+    def _failed(cls, logger: BaseLogger, records: int, error: Exception) -> None:
+        """Count a logger's lost records and say its first failure; under ``strict_logging`` raise instead."""
+        if LOGGER is not None and LOGGER.faults.strict:
+            raise error
+        key = id(logger)
+        if key not in cls.failures:
+            cls.failures[key] = (type(logger).__name__, f"{type(error).__name__}: {error}", 0)
+            say_once(
+                f"statistics logger {cls.failures[key][0]} failed ({cls.failures[key][1]}): its records are dropped "
+                "and counted, the other loggers and the training go on (initialize(..., strict_logging=True) raises "
+                "instead).",
+                call_site=__name__,
+            )
+        name, first, dropped = cls.failures[key]
+        cls.failures[key] = (name, first, dropped + records)
 
     @classmethod
     def log_scalar(cls, name: str, value: Any, iteration: int, **kwargs: Any) -> None:
         for logger in cls.enabled_loggers:
-            logger.log_scalar(name, value, iteration, **kwargs)
+            try:
+                logger.log_scalar(name, value, iteration, **kwargs)
+            except Exception as error:
+                cls._failed(logger, 1, error)
 
     @classmethod
     def log_statistic(cls, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
         """One statistic of a layer's tensor (see ``_log_one``)."""
         for logger in cls.enabled_loggers:
-            _log_one(logger, (layer, tensor, stat, value, iteration))
+            try:
+                _log_one(logger, (layer, tensor, stat, value, iteration))
+            except Exception as error:
+                cls._failed(logger, 1, error)
 
     @classmethod
     def log_statistics(cls, records: list[Statistic]) -> None:
         """Many statistics at once (a step's): loggers that take a whole batch (``log_statistics``) get the list,
-        the others each record as ``log_statistic`` hands it to them."""
+        the others each record as ``_log_one`` hands it to them."""
         for logger in cls.enabled_loggers:
             batch = getattr(logger, "log_statistics", None)
             if batch is not None:
-                batch(records)
-            else:
-                for record in records:
+                try:
+                    batch(records)
+                except Exception as error:
+                    cls._failed(logger, len(records), error)
+                continue
+            for record in records:
+                try:
                     _log_one(logger, record)
+                except Exception as error:
+                    cls._failed(logger, 1, error)
 
     @classmethod
     def add_logger(cls, logger: BaseLogger) -> None:
         cls.enabled_loggers.append(logger)
 
     @classmethod
+    def _each(cls, method: str) -> None:
+        """Call ``method`` of every logger that has it; a failure costs what that logger held."""
+        for logger in cls.enabled_loggers:
+            call = getattr(logger, method, None)
+            if call is not None:
+                try:
+                    call()
+                except Exception as error:
+                    cls._failed(logger, 0, error)
+
+    @classmethod
     def flush(cls) -> None:
         """Let loggers that batch (those with a ``flush`` method) send what they hold."""
-        for logger in cls.enabled_loggers:
-            flush = getattr(logger, "flush", None)
-            if flush is not None:
-                flush()
+        cls._each("flush")
 
     @classmethod
     @contextlib.contextmanager
     def batch(cls) -> Iterator[None]:
         """Log many statistics at once: loggers that can (``hold_flushes``) stop flushing line by line,
         and every logger is flushed once at the end, also when logging fails half way."""
-        for logger in cls.enabled_loggers:
-            hold = getattr(logger, "hold_flushes", None)
-            if hold is not None:
-                hold()
+        cls._each("hold_flushes")
         try:
             yield
         finally:
@@ -108,8 +145,16 @@ class MetricLogger:
 
     @classmethod
     def reset(cls) -> None:
-        cls.flush()
-        cls.enabled_loggers.clear()
+        """Flush, say how many records each failing logger dropped, and forget every logger, even when a flush
+        raises (``strict_logging``), so that the next ``initialize`` starts clean."""
+        try:
+            cls.flush()
+            for name, first, dropped in cls.failures.values():
+                if dropped:
+                    say_once(f"statistics logger {name} dropped {dropped} statistics records (the first error: {first}).")
+        finally:
+            cls.enabled_loggers.clear()
+            cls.failures.clear()
 
 
 def _log_one(logger: BaseLogger, record: Statistic) -> None:
@@ -367,7 +412,8 @@ class LogFile:
     ``write`` on an unbuffered descriptor, so a process killed between commits leaves complete lines only (the
     kernel keeps what was written; nothing waits in a user-space buffer to be written in pieces). A failed commit (a
     full disk) is cut back to the previous one and its lines are counted in ``faults``; every later commit tries
-    again, also creating the file if a full disk kept it from being created."""
+    again, also creating the file if a full disk kept it from being created. A commit interrupted part way
+    (``KeyboardInterrupt``) is cut back too, so a step is in the file whole or not at all."""
 
     def __init__(self, path: str, root: str, overwrite: bool, faults: WriteFaults):
         self.path = path
@@ -418,6 +464,9 @@ class LogFile:
         except OSError as error:
             self._cut_back()
             self._faults.failed(self.path, sum(text.count("\n") for text in lines), error)
+        except BaseException:
+            self._cut_back()  # interrupted mid-write (Ctrl-C): the file keeps whole commits, this one goes
+            raise
 
     def _write(self, data: bytes) -> None:
         """One ``write`` unless the kernel takes less (then the rest, which on a full disk fails)."""
@@ -459,7 +508,7 @@ class LogFileHandler(logging.Handler):
         except Exception:
             self.handleError(record)  # a message that does not format: logging's usual report
             return
-        self.file.add(line + "\n")
+        self.file.add(_one_line(line) + "\n")
         self.file.commit()
 
     def close(self) -> None:
@@ -467,6 +516,12 @@ class LogFileHandler(logging.Handler):
             self.file.close()
         finally:
             super().close()
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks escaped (``\\n``, ``\\r``): in a text log a record is a line, so that a name
+    holding a newline cannot forge a line of its own."""
+    return text.replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _text_middle(iteration: int) -> str:
@@ -510,14 +565,14 @@ class StatisticsFile:
         return f"{self._stamp},{int((now - second) * 1000):03d}"
 
     def write(self, message: str, level: int = logging.INFO) -> None:
-        self._file.add(f"{self._asctime()} - {logging.getLevelName(level)} - {message}\n")
+        self._file.add(f"{self._asctime()} - {logging.getLevelName(level)} - {_one_line(message)}\n")
         if self.autoflush:
             self._file.commit()
 
     def _new_heads(self, names: tuple[str, str, str]) -> tuple[str, str]:
         """The text line's and the record's start for these names, encoded once per run."""
         record = ", ".join(f'"{key}": {json.dumps(name)}' for key, name in zip(("layer", "tensor", "stat"), names, strict=True))
-        heads = self._heads[names] = ("_".join(names), "{" + record)
+        heads = self._heads[names] = (_one_line("_".join(names)), "{" + record)
         return heads
 
     def write_record(self, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:

@@ -5,6 +5,8 @@ Run as ``python log_fault_worker.py FUNCTION LOG_DIR [ARG]``.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 
@@ -12,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import nvdlfw_inspect.api as debug_api
-from nvdlfw_inspect.logging import MetricLogger, close_logger
+from nvdlfw_inspect.logging import BaseLogger, MetricLogger, close_logger
 
 CONFIG = {
     "s": {
@@ -58,6 +60,58 @@ def fail_on_one_rank(log_dir: str, rank: str, init_file: str) -> None:
     debug_api.initialize(CONFIG, log_dir=log_dir)
     debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([0.5]), tensor_name="activation")
     raise RuntimeError("rank 0 failed")
+
+
+class SlowLogger(BaseLogger):
+    """A statistics logger that from iteration 2 on takes its time (a remote one), saying when a step reached it."""
+
+    def log_scalar(self, name: str, value: float, iteration: int, **kwargs: object) -> None:
+        if iteration >= 2:
+            print(f"logging {iteration}", flush=True)
+            time.sleep(0.2)
+
+
+def end_debug_from_signal_handler(log_dir: str) -> None:
+    """The usual preemption handler (``end_debug``, then exit) run while ``step()`` hands a step to a slow logger."""
+
+    def preempted(signum: int, frame: object) -> None:
+        debug_api.end_debug()
+        print(f"ended {debug_api.DEBUG_MANAGER is None and MetricLogger.enabled_loggers == []}", flush=True)
+        sys.exit(7)
+
+    signal.signal(signal.SIGUSR1, preempted)
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=SlowLogger(), default_logging_enabled=True)
+    for step in range(1000):
+        for layer in range(20):
+            debug_api.log_tensor_stats(f"net.fc{layer}", tensor=torch.tensor([float(step)]), tensor_name="activation")
+        debug_api.step()
+
+
+class FlushReporter(BaseLogger):
+    """A batching logger (TensorBoard's writer, W&B) that says which process flushes it."""
+
+    def log_scalar(self, name: str, value: float, iteration: int, **kwargs: object) -> None:
+        pass
+
+    def flush(self) -> None:
+        print(f"flushed in {os.getpid()}", flush=True)
+
+
+def fork_mid_step(log_dir: str, how: str) -> None:
+    """Log step 0, feed step 1, then fork a child that exits normally (after ``end_debug`` for ``how="end_debug"``);
+    the parent ends the run after it."""
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=FlushReporter(), default_logging_enabled=True)
+    debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([0.5]), tensor_name="activation")
+    debug_api.step()
+    debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([1.5]), tensor_name="activation")
+    child = os.fork()
+    if child == 0:
+        print(f"child {os.getpid()}", flush=True)
+        if how == "end_debug":
+            debug_api.end_debug()
+        sys.exit(0)  # a normal exit: the atexit handlers run
+    assert os.waitpid(child, 0)[1] == 0
+    debug_api.end_debug()
 
 
 if __name__ == "__main__":

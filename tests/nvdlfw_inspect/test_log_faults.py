@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -17,8 +18,9 @@ import torch
 from logreader import main_log_path, read_messages, stats_log_path, stats_records_path
 
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect import logging as nvdlfw_logging
 from nvdlfw_inspect.cli import main
-from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
+from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, BaseLogger, MetricLogger
 from nvdlfw_inspect.reading import SkippedRecordsWarning, TornLineWarning, iter_statistics
 
 WORKER = str(Path(__file__).with_name("log_fault_worker.py"))
@@ -281,7 +283,7 @@ def test_exit_without_end_debug_logs_the_unfinished_step_once(log_dir, how, code
     logged = sorted((s.layer, s.iteration, s.value) for s in iter_statistics(log_dir))
     if how == "torn_down":  # nothing could be logged, and exit says so in one line
         assert logged == [("net.fc", 0, 0.5)] and "Traceback" not in child.stderr
-        assert child.stderr.count("could not close the debug run at exit: RuntimeError") == 1
+        assert child.stderr.count("statistics logger FileLogger failed (RuntimeError") == 1  # a failing logger
     else:
         assert logged == [("net.fc", 0, 0.5), ("net.fc", 1, 1.5)]
 
@@ -333,3 +335,183 @@ def test_log_dir_none_is_an_error_not_a_directory_named_none(tmp_path, monkeypat
     with pytest.raises(TypeError, match=r"log_dir must be a directory path \(str or os.PathLike\), got None"):
         debug_api.initialize(CONFIG, log_dir=None)
     assert debug_api.DEBUG_MANAGER is None and list(tmp_path.iterdir()) == []
+
+
+# --- 6. end_debug from a signal handler, fork children ----------------------------------------
+
+
+def test_end_debug_from_a_signal_handler_during_step_exits(log_dir):
+    """A preemption handler calling end_debug interrupts step() in the same thread: it must not wait for the
+    step's own lock (a deadlock), and the steps logged before stay whole."""
+    command = [sys.executable, WORKER, "end_debug_from_signal_handler", str(log_dir)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        read_lines_until(child.stdout.fileno(), 3, child)  # inside the slow logger of step 2
+        child.send_signal(signal.SIGUSR1)
+        out, err = child.communicate(timeout=15)
+    finally:
+        child.kill()
+    assert child.returncode == 7, err.decode()[-3000:]
+    assert b"ended True" in out
+    per_step, torn = steps_read(log_dir)
+    assert torn == [] and per_step == {0: 20, 1: 20}
+
+
+@pytest.mark.parametrize("how", ["exit", "end_debug"])
+def test_a_forked_child_does_not_log_the_parents_step(log_dir, how):
+    child = subprocess.run(
+        [sys.executable, WORKER, "fork_mid_step", str(log_dir), how], capture_output=True, text=True, timeout=CHILD_TIMEOUT
+    )
+    assert child.returncode == 0, child.stderr
+    logged = sorted((s.layer, s.iteration, s.value) for s in iter_statistics(log_dir))
+    assert logged == [("net.fc", 0, 0.5), ("net.fc", 1, 1.5)]
+    if how == "exit":  # nor, exiting, touch the parent's loggers (a TensorBoard writer's flush may hang there)
+        pid = child.stdout.split("child ")[1].split()[0]
+        assert f"flushed in {pid}" not in child.stdout
+
+
+# --- 7. a failing statistics logger -----------------------------------------------------------
+
+
+class BrokenLogger(BaseLogger):
+    """A custom statistics logger that fails (a remote service down): on every statistic, or on its flush."""
+
+    def __init__(self, fail_log: bool = True, fail_flush: bool = False):
+        self.fail_log, self.fail_flush, self.flushes = fail_log, fail_flush, 0
+
+    def log_scalar(self, name: str, value: float, iteration: int, **kwargs: object) -> None:
+        if self.fail_log:
+            raise ConnectionError("metrics service unreachable")
+
+    def flush(self) -> None:
+        self.flushes += 1
+        if self.fail_flush:
+            raise ConnectionError("metrics service unreachable")
+
+
+class ScalarWriter:
+    """A SummaryWriter stand-in that keeps what it is given."""
+
+    def __init__(self):
+        self.scalars: list[tuple[str, float, int]] = []
+
+    def add_scalar(self, name: str, value: float, step: int) -> None:
+        self.scalars.append((name, value, step))
+
+
+def test_a_failing_logger_costs_its_own_records_only(log_dir, recwarn):
+    writer = ScalarWriter()
+    debug_api.initialize(
+        CONFIG, log_dir=log_dir, statistics_logger=BrokenLogger(), tb_writer=writer, default_logging_enabled=True
+    )
+    for step in range(3):
+        log_step(step)  # never raises
+    debug_api.end_debug()
+    assert len(writer.scalars) == 3 * 4  # the logger after the broken one lost nothing
+    assert steps_read(log_dir) == ({0: 4, 1: 4, 2: 4}, [])
+    said = [str(w.message) for w in recwarn if "BrokenLogger" in str(w.message)]
+    assert len(said) == 2, said  # the first failure, and at end_debug the count
+    assert "ConnectionError: metrics service unreachable" in said[0] and "strict_logging=True" in said[0]
+    assert "12 statistics records" in said[1]
+    assert sum("BrokenLogger" in text for _, text in read_messages(log_dir)) == 2
+
+
+def test_a_failing_logger_costs_its_own_records_one_by_one_too(log_dir):
+    """The per-record entries (``MetricLogger.log_statistic`` and ``log_scalar``) isolate loggers as a step does."""
+    writer = ScalarWriter()
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=BrokenLogger(), tb_writer=writer)
+    with pytest.warns(UserWarning, match="statistics logger BrokenLogger failed"):
+        MetricLogger.log_statistic("net.fc", "activation", "max", 1.0, 0)
+    MetricLogger.log_scalar("net.fc_activation_min", -1.0, 0)
+    with pytest.warns(UserWarning, match="BrokenLogger dropped 2 statistics records"):
+        debug_api.end_debug()
+    assert writer.scalars == [("net.fc_activation_max", 1.0, 0), ("net.fc_activation_min", -1.0, 0)]
+
+
+def test_strict_logging_raises_a_loggers_error(log_dir):
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=BrokenLogger(), strict_logging=True)
+    with pytest.raises(ConnectionError, match="metrics service unreachable"):
+        log_step(0)
+    debug_api.end_debug()
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_logger_failing_to_flush_at_end_debug_leaves_a_clean_state(log_dir, strict):
+    broken = BrokenLogger(fail_log=False, fail_flush=True)
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=broken, strict_logging=strict)
+    with pytest.raises(ConnectionError) if strict else pytest.warns(UserWarning, match="BrokenLogger"):
+        debug_api.end_debug()  # strict or not: end_debug completes (strict then raises the logger's error)
+    flushes = broken.flushes
+    debug_api.initialize(CONFIG, log_dir=log_dir)  # the broken logger is gone
+    log_step(0)
+    debug_api.end_debug()
+    assert broken.flushes == flushes and steps_read(log_dir)[0] == {0: 4}
+
+
+# --- 8. Ctrl-C in step(), and names that would forge lines ------------------------------------
+
+
+def test_ctrl_c_during_step_writes_the_step_whole_or_not_at_all(log_dir, monkeypatch):
+    """A KeyboardInterrupt while step() formats its 120 records (here at the 40th) writes none of them."""
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    log_step(0, layers=60)
+    calls, json_number = [0], nvdlfw_logging._json_number
+
+    def interrupted(value: float) -> str:
+        calls[0] += 1
+        if calls[0] == 40:
+            raise KeyboardInterrupt
+        return json_number(value)
+
+    monkeypatch.setattr(nvdlfw_logging, "_json_number", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        log_step(1, layers=60)
+    monkeypatch.setattr(nvdlfw_logging, "_json_number", json_number)
+    log_step(2, layers=60)
+    debug_api.end_debug()
+    assert steps_read(log_dir) == ({0: 120, 2: 120}, [])
+    stats_records_path(log_dir).unlink()  # the text log alone
+    assert steps_read(log_dir) == ({0: 120, 2: 120}, [])
+
+
+def test_ctrl_c_in_the_middle_of_a_steps_write_leaves_the_file_at_the_step_before(log_dir, monkeypatch):
+    """The kernel took part of the step's write when Ctrl-C came (a slow disk, a pipe): that part is cut back."""
+    jsonl, write, state = str(stats_records_path(log_dir)), os.write, {"armed": False, "writes": 0}
+
+    def interrupted_write(fd: int, data: bytes) -> int:
+        if state["armed"] and os.readlink(f"/proc/self/fd/{fd}") == jsonl:
+            state["writes"] += 1
+            if state["writes"] > 1:
+                raise KeyboardInterrupt  # while the write goes on
+            return write(fd, data[:1000])  # the kernel took a part
+        return write(fd, data)
+
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    monkeypatch.setattr(os, "write", interrupted_write)
+    log_step(0, layers=60)
+    state["armed"] = True
+    with pytest.raises(KeyboardInterrupt):
+        log_step(1, layers=60)
+    state["armed"] = False
+    log_step(2, layers=60)
+    debug_api.end_debug()
+    assert steps_read(log_dir) == ({0: 120, 2: 120}, [])
+
+
+FORGED = "net.fc\n2026-01-01 00:00:00,000 - INFO - net.forged_activation_max \t\t\t\t iteration=000007 \t\t\t\t value=9.0\r"
+
+
+def test_a_newline_in_a_layer_name_forges_no_line(log_dir):
+    """Text logs hold one record a line: a layer name's newline (or carriage return) is written escaped."""
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    debug_api.log_tensor_stats(FORGED, tensor=torch.tensor([0.5]), tensor_name="activation")
+    debug_api.log_message("seen", layer_name=FORGED)
+    debug_api.step()
+    debug_api.end_debug()
+    escaped = FORGED.replace("\n", "\\n").replace("\r", "\\r")
+    lines = stats_log_path(log_dir).read_text().splitlines()
+    assert [line.split(" - INFO - ", 1)[1] for line in lines] == [
+        f"{escaped}_activation_{stat} \t\t\t\t iteration=000000 \t\t\t\t value=0.5000" for stat in ("min", "max")
+    ]
+    assert ("INFO", f"LAYER={escaped}: seen") in read_messages(log_dir)
+    assert {s.layer for s in iter_statistics(log_dir)} == {FORGED}  # the records keep the name as it is

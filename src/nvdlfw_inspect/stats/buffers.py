@@ -166,7 +166,9 @@ class StatsBuffers:
         self._layouts: dict[tuple[Any, torch.device], _Layout] = {}
         self._launch: _Launch | None = None
         self._lock = threading.RLock()  # the requests, tables and launch: every feed, and a flush's snapshot
-        self._flush_lock = threading.Lock()  # one flush at a time, so that steps reach the loggers in order
+        # One flush at a time, so that steps reach the loggers in order; reentrant for end_debug's reset from a
+        # signal handler that interrupted this thread's flush.
+        self._flush_lock = threading.RLock()
         self._timed: dict[str, int] = {}  # timed collectives per group name, kept over runs: markers stay unique
 
     def _table(self, device: torch.device) -> _Table:
