@@ -135,11 +135,15 @@ class MetricLogger:
     @classmethod
     @contextlib.contextmanager
     def batch(cls) -> Iterator[None]:
-        """Log many statistics at once: loggers that can (``hold_flushes``) stop flushing line by line,
-        and every logger is flushed once at the end, also when logging fails half way."""
+        """Log many statistics at once (a step): loggers that can (``hold_flushes``) stop flushing line by line,
+        and every logger is flushed once at the end. A batch cut short (Ctrl-C, an error of the caller) is written
+        whole or not at all: loggers that hold lines (``drop_held``) drop them."""
         cls._each("hold_flushes")
         try:
             yield
+        except BaseException:
+            cls._each("drop_held")
+            raise
         finally:
             cls.flush()
 
@@ -451,6 +455,9 @@ class LogFile:
         """Queue whole lines (each ending in a newline) for the next ``commit``."""
         self._pending.append(lines)
 
+    def drop_pending(self) -> None:
+        self._pending = []
+
     def commit(self) -> None:
         if self._closed:
             raise ValueError(f"{self.path} is closed")
@@ -609,6 +616,11 @@ class StatisticsFile:
         finally:
             self._records.commit()
 
+    def drop_held(self) -> None:
+        """Forget the lines queued since ``autoflush`` went off (a batch cut short)."""
+        self._file.drop_pending()
+        self._records.drop_pending()
+
     def close(self) -> None:
         try:
             self._file.close()
@@ -705,6 +717,10 @@ class FileLogger(BaseLogger):
     def flush(self) -> None:
         if self.stats_file is not None:
             self.stats_file.flush()
+
+    def drop_held(self) -> None:
+        if self.stats_file is not None:
+            self.stats_file.drop_held()
 
     def _report_lost_lines(self) -> None:
         """Whatever the log level: on stderr, and in the debug log (if it can be written now)."""

@@ -515,3 +515,25 @@ def test_a_newline_in_a_layer_name_forges_no_line(log_dir):
     ]
     assert ("INFO", f"LAYER={escaped}: seen") in read_messages(log_dir)
     assert {s.layer for s in iter_statistics(log_dir)} == {FORGED}  # the records keep the name as it is
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".log"])
+def test_a_real_ctrl_c_leaves_every_step_whole_or_absent(log_dir, suffix):
+    """SIGINT to a real process logging steps of 3,000 records: whatever it interrupts (formatting, a write, the
+    exit), each step is in the file whole or not at all."""
+    records = 3000
+    command = [sys.executable, WORKER, "log_forever", str(log_dir), str(records)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in child.stdout:  # steps 0-2 finished: interrupt the ones after
+            if int(line) == 2:
+                break
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=CHILD_TIMEOUT)
+    finally:
+        child.kill()
+    assert "KeyboardInterrupt" in stderr
+    stats_file(log_dir, suffix)  # for .log: the records file removed, the text log read
+    per_step, torn = steps_read(log_dir)
+    assert per_step[0] == per_step[1] == per_step[2] == records and torn == []
+    assert set(per_step.values()) == {records}, {step: n for step, n in per_step.items() if n != records}
