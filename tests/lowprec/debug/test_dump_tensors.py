@@ -101,9 +101,11 @@ def test_file_names_are_safe_bounded_and_unique(log_dir):
     names = ["model.fc1", "model_fc1", "x" * 300, "a\0b", "a/../../b", "ü" * 200]
     inputs = dump_activations(log_dir, names)
     directory = log_dir / "tensor_dumps" / "rank_0" / "iter_000000"
-    files = {dump_file_name(name, "activation"): name for name in names}
+    # model.fc1 gets Transformer Engine's name; model_fc1, dumped next in the same iteration, would clash with it
+    files = {dump_file_name(name, "activation", clash=name == "model_fc1"): name for name in names}
     assert len(files) == len(names) and sorted(p.name for p in directory.iterdir()) == sorted(files)
-    assert dump_file_name("model_fc1", "activation") == "model_fc1_activation.pt"  # safe names stay as they were
+    assert dump_file_name("model.fc1", "activation") == "model_fc1_activation.pt"  # as TE names it
+    assert dump_file_name("a/../../b", "activation") == "a_______b_activation.pt"
     for file, name in files.items():
         assert len(file.encode()) <= 255 and "\0" not in file and "/" not in file
         assert torch.equal(torch.load(directory / file, weights_only=True)["high_precision"], inputs[name])

@@ -30,26 +30,29 @@ from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.utils import get_distributed_rank
 
 DUMP_KEYS = ("high_precision_tensor", "quantized_tensor")
-MAX_NAME_CHARS = 160  # with the hash and a temporary file's additions, well under the 255 bytes of a file name
-_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+MAX_NAME_BYTES = 160  # with the hash and a temporary file's additions, well under the 255 bytes of a file name
+_TE_REPLACED = re.compile(r'[/\\:*?"<>| .]')  # what Transformer Engine's DumpTensors replaces with "_"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a NUL would cut the name, a newline break a listing
 
 
-def dump_file_name(layer_name: str, tensor_name: str) -> str:
-    """``{layer}_{tensor}.pt`` when that is a safe file name. Otherwise every character but ``A-Z a-z 0-9 _ -``
-    becomes ``_`` (``/``, NUL, ``.``, ...), the name is cut to ``MAX_NAME_CHARS``, and ``.{hash}`` of the full names
-    is added, so that names that sanitise alike (``model.fc1``, ``model_fc1``) never share a file (a plain name has
-    no ``.``, a changed one always has)."""
-    name = f"{layer_name}_{tensor_name}"
-    safe = _UNSAFE_CHARS.sub("_", name)[:MAX_NAME_CHARS]
-    if safe != name:
-        safe += "." + hashlib.sha256(json.dumps([layer_name, tensor_name]).encode()).hexdigest()[:12]
+def dump_file_name(layer_name: str, tensor_name: str, clash: bool = False) -> str:
+    """Transformer Engine's name, ``{layer}_{tensor}.pt`` with ``/ \\ : * ? " < > |``, space and ``.`` replaced by
+    ``_``, so tools written for TE's dumps find them. A name that needs more (control characters, more than
+    ``MAX_NAME_BYTES``) or that ``clash``es with another tensor's name in the same iteration (``model.fc1`` and
+    ``model_fc1``) also has its control characters replaced, is cut, and gets ``.{hash}`` of the full names: TE's
+    names never hold a ``.``, so it never meets one of them."""
+    te_name = _TE_REPLACED.sub("_", f"{layer_name}_{tensor_name}")
+    safe = _CONTROL.sub("_", te_name)
+    if clash or safe != te_name or len(safe.encode()) > MAX_NAME_BYTES:
+        cut = safe.encode()[:MAX_NAME_BYTES].decode("utf-8", "ignore")
+        safe = cut + "." + hashlib.sha256(json.dumps([layer_name, tensor_name]).encode()).hexdigest()[:12]
     return f"{safe}.pt"
 
 
-def dump_path(root_log_dir: str, rank: int, iteration: int, layer_name: str, tensor_name: str) -> str:
+def dump_path(root_log_dir: str, rank: int, iteration: int, layer_name: str, tensor_name: str, clash: bool = False) -> str:
     """Where one tensor goes (see ``dump_file_name``)."""
     directory = os.path.join(root_log_dir, "tensor_dumps", f"rank_{rank}", f"iter_{iteration:06d}")
-    return os.path.join(directory, dump_file_name(layer_name, tensor_name))
+    return os.path.join(directory, dump_file_name(layer_name, tensor_name, clash))
 
 
 def write_whole(dump: dict[str, Any], path: str, root_log_dir: str) -> None:
@@ -105,6 +108,21 @@ class DumpTensors(TEConfigAPIMapper):
     uses_gemms = False
     option_keys = frozenset(DUMP_KEYS) | WINDOW_KEYS
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._owners: dict[str, tuple[str, str]] = {}  # this iteration's dump files -> (layer, tensor)
+        self._owners_iteration: int | None = None
+
+    def _unique_path(self, root: str, iteration: int, layer_name: str, tensor_name: str) -> str:
+        """TE's file name, unless another tensor of this iteration has it already (names that sanitise alike)."""
+        if iteration != self._owners_iteration:
+            self._owners, self._owners_iteration = {}, iteration
+        rank, names = get_distributed_rank(), (layer_name, tensor_name)
+        path = dump_path(root, rank, iteration, *names)
+        if self._owners.setdefault(path, names) != names:
+            path = dump_path(root, rank, iteration, *names, clash=True)
+        return path
+
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
         collector = ErrorCollector()
         for key in DUMP_KEYS:
@@ -141,7 +159,7 @@ class DumpTensors(TEConfigAPIMapper):
         if not dump:
             return
         root = get_logger().root_log_dir
-        path = dump_path(root, get_distributed_rank(), iteration, layer_name, tensor_name)
+        path = self._unique_path(root, iteration, layer_name, tensor_name)
         try:
             write_whole(dump, path, root)
         except OSError as error:
