@@ -184,7 +184,8 @@ def build(size: dict, device: str) -> Bench:
     model.to(getattr(torch, size["dtype"]))
     lowprec.convert(model)
     converted = [module.name for module in model.modules() if isinstance(module, lowprec.Linear)]
-    left = [path for path, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    plain = (m for m in model.named_modules() if not isinstance(m[1], lowprec.Linear))  # a lowprec.Linear is an nn.Linear
+    left = [path for path, module in plain if isinstance(module, torch.nn.Linear)]
     input_ids = torch.randint(0, size["vocab"], (size["batch"], size["seq"]), device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     inspected = [name for name in converted if re.search(PROJ_LAYERS, name)]

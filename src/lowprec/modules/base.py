@@ -25,7 +25,8 @@ class NamedModule(torch.nn.Module):
     layer_types: tuple[str, ...] = ()
 
     def __init__(self, name: str | None):
-        super().__init__()
+        torch.nn.Module.__init__(self)  # not super(): torch.nn.Linear's __init__ (a base of lowprec.Linear) builds
+        # parameters, and each layer builds its own
         if name is not None and not isinstance(name, str):
             raise LowprecTypeError(f"name must be a string, got {name!r}")
         self._name = default_name() if name is None else name

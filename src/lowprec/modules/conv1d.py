@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from lowprec.modules.linear import Linear
+from lowprec.modules.linear import GemmLayer
 
 
-class Conv1D(Linear):
+class Conv1D(GemmLayer):
     """``y = x W + b`` with ``weight`` of shape ``(in_features, out_features)``, as in ``transformers``.
 
     The weight keeps Hugging Face's layout so checkpoints and shared Parameters stay as they are; each
     forward hands its transposed view to the GEMMs of ``lowprec.Linear`` (gradients flow back through
-    the view), so ``layer_types: [linear]`` selects it too.
+    the view), so ``layer_types: [linear]`` selects it too. It is not a ``torch.nn.Linear``: its weight is transposed.
     """
 
     @staticmethod

@@ -18,13 +18,9 @@ def init_linear_parameters(weight: torch.Tensor, bias: torch.Tensor | None) -> N
         torch.nn.init.uniform_(bias, -bound, bound)
 
 
-class Linear(NamedModule):
-    """``y = x W^T + b`` with ``weight`` of shape ``(out_features, in_features)``.
-
-    Inside ``lowprec.autocast`` the fprop, dgrad and wgrad GEMMs run in FP8 with the recipe's scaling;
-    outside it the layer is exactly ``torch.nn.Linear``. ``name`` identifies the layer in debug configs
-    and logs; ``layer_types: [linear]`` also selects it.
-    """
+class GemmLayer(NamedModule):
+    """A layer that is one GEMM with its weight and bias: ``lowprec.Linear`` and ``lowprec.Conv1D`` (which keeps
+    Hugging Face's transposed weight, so it must not pass for a ``torch.nn.Linear``)."""
 
     layer_types = ("linear",)
 
@@ -54,12 +50,9 @@ class Linear(NamedModule):
         return self.weight
 
     @classmethod
-    def from_torch(cls, module: torch.nn.Linear, name: str) -> Linear:
-        """A ``lowprec.Linear`` sharing ``module``'s parameters (the optimizer keeps working on them)."""
-        return cls.sharing(module.in_features, module.out_features, module.weight, module.bias, name)
-
-    @classmethod
-    def sharing(cls, in_features: int, out_features: int, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> Linear:
+    def sharing(
+        cls, in_features: int, out_features: int, weight: torch.Tensor, bias: torch.Tensor | None, name: str
+    ) -> GemmLayer:
         """A layer of this class whose Parameters are ``weight`` and ``bias`` themselves."""
         layer = cls(in_features, out_features, bias=bias is not None, name=name, device="meta")
         layer.weight = weight
@@ -74,3 +67,18 @@ class Linear(NamedModule):
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
             + super().extra_repr()
         )
+
+
+class Linear(GemmLayer, torch.nn.Linear):
+    """``y = x W^T + b`` with ``weight`` of shape ``(out_features, in_features)``: a ``torch.nn.Linear`` (code that
+    checks ``isinstance(m, nn.Linear)``, PEFT's LoRA, transformers' ``resize_token_embeddings``, keeps working).
+
+    Inside ``lowprec.autocast`` the fprop, dgrad and wgrad GEMMs run in FP8 with the recipe's scaling;
+    outside it the layer is exactly ``torch.nn.Linear``. ``name`` identifies the layer in debug configs
+    and logs; ``layer_types: [linear]`` also selects it.
+    """
+
+    @classmethod
+    def from_torch(cls, module: torch.nn.Linear, name: str) -> Linear:
+        """A ``lowprec.Linear`` sharing ``module``'s parameters (the optimizer keeps working on them)."""
+        return cls.sharing(module.in_features, module.out_features, module.weight, module.bias, name)

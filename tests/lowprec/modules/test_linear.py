@@ -102,3 +102,36 @@ def test_names():
     assert first.name.startswith("Layer_") and int(second.name[6:]) == int(first.name[6:]) + 1
     with pytest.raises(TypeError, match="name must be a string"):
         lowprec.Linear(2, 2, name=3)
+
+
+def test_is_a_torch_linear_and_conv1d_is_not():
+    """Code that checks ``isinstance(m, nn.Linear)`` (PEFT's LoRA, transformers' resize_token_embeddings) takes a
+    lowprec.Linear; Conv1D keeps Hugging Face's transposed weight, so it must not pass for one."""
+    layer, conv = lowprec.Linear(8, 4, name="fc"), lowprec.Conv1D(8, 4, name="c")
+    assert isinstance(layer, torch.nn.Linear) and not isinstance(conv, torch.nn.Linear)
+    assert list(layer.state_dict()) == ["weight", "bias"] and layer.weight.shape == (4, 8)
+    x = torch.randn(3, 8)
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+    converted = lowprec.convert(torch.nn.Sequential(layer))  # already lowprec: left as it is, not converted again
+    assert converted[0] is layer
+
+
+def test_transformers_resize_token_embeddings_on_a_converted_model():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = lowprec.convert(transformers.LlamaForCausalLM(config))
+    assert isinstance(model.lm_head, lowprec.Linear)
+    model.resize_token_embeddings(80)  # raised "Old language model head is of type lowprec.modules.linear.Linear"
+    assert model.lm_head.out_features == 80 and model.get_input_embeddings().num_embeddings == 80
+    with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+        logits = model(torch.randint(0, 80, (2, 16))).logits
+    assert logits.shape == (2, 16, 80) and torch.isfinite(logits).all()
