@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from nvdlfw_inspect.errors import NvdlfwInspectError
 
@@ -16,21 +18,35 @@ class WriteError(NvdlfwInspectError, OSError):
     """A file could not be written: the message names it and the cause; the previous file is intact."""
 
 
-def write_text_atomic(path: str | Path, text: str, what: str = "the file") -> Path:
-    """Write ``text`` to ``path`` (UTF-8) through a temporary file in the same directory and ``os.replace``.
-    Any ``OSError`` becomes a ``WriteError`` naming ``what``, the path and the cause; the temporary file is
-    removed."""
+def replace_whole(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write`` the new content into a temporary file beside ``path`` (created exclusively, so no link planted
+    there is followed), then ``os.replace`` it: ``path`` holds the previous file or the whole new one, never a part.
+    On any failure (a full disk, Ctrl-C) the temporary file is removed and the error goes on."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(temporary, "x", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
+        with open(temporary, "xb") as file:
+            write(file)
         os.replace(temporary, path)
-    except OSError as error:
+    except BaseException:
         with contextlib.suppress(OSError):
             temporary.unlink()
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str, what: str = "the file") -> Path:
+    """Write ``text`` to ``path`` (UTF-8, synced to the disk) with ``replace_whole``. Any ``OSError`` becomes a
+    ``WriteError`` naming ``what``, the path and the cause."""
+
+    def write(file: BinaryIO) -> None:
+        file.write(text.encode("utf-8"))
+        file.flush()
+        os.fsync(file.fileno())
+
+    path = Path(path)
+    try:
+        replace_whole(path, write)
+    except OSError as error:
         failure = WriteError(f"cannot write {what} to '{path}': {error.strerror or error}")
         failure.errno = error.errno
         raise failure from None

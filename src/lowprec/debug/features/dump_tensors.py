@@ -9,12 +9,10 @@ included) needs neither lowprec nor its version.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
-import tempfile
 from typing import Any
 
 import torch
@@ -25,6 +23,7 @@ from lowprec.debug.features.log_tensor_stats import schedule
 from lowprec.quant.protocol import BlockScaledData, BlockScaledTensor, Float8Tensor, QuantizedTensor
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, validate_window
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, UnsafeLogPathError
+from nvdlfw_inspect.files import replace_whole
 from nvdlfw_inspect.logging import get_logger, link_out_of, say_once
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.utils import get_distributed_rank
@@ -56,23 +55,15 @@ def dump_path(root_log_dir: str, rank: int, iteration: int, layer_name: str, ten
 
 
 def write_whole(dump: dict[str, Any], path: str, root_log_dir: str) -> None:
-    """``torch.save`` into a temporary file beside ``path``, then ``os.replace``: the dump is there whole or not at
-    all (a full disk leaves no unreadable file), and a link planted at ``path`` is replaced, not followed. A directory
+    """``torch.save`` through ``replace_whole``: the dump is there whole or not at all (a full disk leaves no
+    unreadable file), and a link planted at ``path`` is replaced, not followed. A directory
     on the way that links out of ``log_dir`` is refused (``UnsafeLogPathError``)."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     link = link_out_of(root_log_dir, directory)
     if link is not None:
         raise UnsafeLogPathError(f"the symbolic link {link} leads out of log_dir ({root_log_dir}); remove it")
-    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            torch.save(dump, file)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    replace_whole(path, lambda file: torch.save(dump, file))
 
 
 def _block_part(part: BlockScaledData) -> dict[str, Any]:
