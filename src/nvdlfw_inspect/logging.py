@@ -345,21 +345,6 @@ def _open_inside(root: str, path: str, flags: int) -> int:
     )
 
 
-_LOCK_FDS: set[int] = set()  # the lock files this process holds open
-
-
-def _close_locks_in_child() -> None:
-    """A forked child (a DataLoader worker) shares the parent's lock until it closes its copy: closed here, so that
-    ``end_debug`` in the parent releases the lock, whatever the children do."""
-    for fd in _LOCK_FDS:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _LOCK_FDS.clear()
-
-
-os.register_at_fork(after_in_child=_close_locks_in_child)
-
-
 class LogDirLock:
     """Held from ``initialize`` to ``end_debug`` (the OS releases it if the process dies): a second live process on
     the same ``log_dir`` at the same rank would truncate this one's logs and then write as the same rank, so it is
@@ -377,7 +362,9 @@ class LogDirLock:
                 raise
             faults.failed(self.path, 0, error)
             return
-        try:  # a POSIX record lock belongs to this process: a forked child (a DataLoader worker) does not hold it
+        # A POSIX record lock belongs to this process: a forked child (a DataLoader worker) does not hold it. Closing
+        # any descriptor of the file releases it, so this class is the file's only opener.
+        try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
             if error.errno not in (errno.EACCES, errno.EAGAIN):
@@ -398,7 +385,6 @@ class LogDirLock:
 
     def _keep(self, fd: int) -> None:
         self._fd = fd
-        _LOCK_FDS.add(fd)
         with contextlib.suppress(OSError):  # the holder's name helps the refused run; a full disk may keep it out
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
@@ -406,8 +392,7 @@ class LogDirLock:
     def release(self) -> None:
         """Closing the file releases the lock; the file stays (removing it would race with a run taking it)."""
         fd, self._fd = self._fd, None
-        if fd in _LOCK_FDS:  # not after a fork: the child's copy is closed already, the number may be reused
-            _LOCK_FDS.discard(fd)
+        if fd is not None:
             os.close(fd)
 
 
