@@ -90,8 +90,11 @@ def test_the_weight_cast_is_reused_until_a_gemm_needs_the_columnwise_copy():
     weight, cache = torch.nn.Parameter(torch.randn(16, 64)), WeightCache()
     rowwise_only = cache.quantize(weight, quantizer, transpose=False)
     assert isinstance(rowwise_only, BlockScaledTensor) and rowwise_only.columnwise is None
-    both = cache.quantize(weight, quantizer, transpose=True)
+    (weight * 1.0).sum().backward()  # a micro-batch's backward: the next one may reuse the cast...
+    assert cache.quantize(weight, quantizer, transpose=False) is rowwise_only
+    both = cache.quantize(weight, quantizer, transpose=True)  # ...unless it lacks the columnwise copy
     assert both is not rowwise_only and both.columnwise is not None
+    (weight * 1.0).sum().backward()
     assert cache.quantize(weight, quantizer, transpose=False) is both
     with torch.no_grad():
         weight.add_(1.0)  # an optimizer step: a new cast

@@ -1,10 +1,13 @@
-"""Reuse of a layer's weight cast while the weight is unchanged."""
+"""Reuse of a layer's weight cast between the micro-batches of one optimizer step."""
 
 from __future__ import annotations
 
 import weakref
+from functools import partial
+from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from lowprec import kernels
 from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor, Quantizer
@@ -52,39 +55,89 @@ def lacks_transpose(cast: Float8Tensor | BlockScaledTensor, weight: torch.Tensor
 
 
 class WeightCache:
-    """A layer's last weight cast, reused while the weight is unchanged: across the micro-batches of
-    a step (Transformer Engine's ``is_first_microbatch`` idea, decided here from the weight itself).
+    """A layer's last weight cast, reused between the micro-batches of one optimizer step (Transformer
+    Engine's ``is_first_microbatch`` idea, decided here from the weight and its gradient).
 
-    The weight counts as unchanged while it is the same tensor (the one it is a view of, for a view)
-    at the same address and layout, with the same version counter (bumped by every in-place update
-    such as an optimizer step), dtype and quantizer. These checks cost nothing; comparing values would
-    read the whole weight, about as much as casting it again. A new tensor at a freed weight's address
-    (a weight computed in forward) is told apart by identity.
+    A cast is served again only while all of these hold:
 
-    The checks only hold for a weight that owns its storage (``owns_its_storage``). A weight sharing
-    its storage, as FSDP2's unsharded parameters share their all-gather buffer, is cast on every call
-    (under delayed scaling each of those casts records its amax). Writes through a temporary
-    ``weight.data`` bypass the version counter: call ``clear()`` after such a write. With delayed
-    scaling a reused cast records no new amax, as in Transformer Engine.
+    - the weight is the same tensor (the one it is a view of, for a view) at the same address and
+      layout, with the same version counter, dtype and quantizer; a new tensor at a freed weight's
+      address (a weight computed in forward) is told apart by identity;
+    - the weight owns its storage (``owns_its_storage``): FSDP2's unsharded parameters, which share their
+      all-gather buffer, are cast on every call;
+    - no ``torch.optim`` optimizer has stepped since the cast (fused optimizers do not bump the version
+      counter);
+    - the weight is a leaf that requires grad, a backward has added to its gradient since the cast, and
+      the gradient is still that tensor (``zero_grad`` has not set it to None): we are between two
+      micro-batches of one optimizer step.
+
+    The last rule is what catches writes through ``weight.data`` (PEFT's ``merge_and_unload``, a
+    ``load_state_dict`` of copies, hand edits), which no counter sees: they happen between steps, or
+    on a frozen weight, which is cast at every forward (as are evaluation forwards). The one write it
+    cannot see is one through ``.data`` between the backward of one micro-batch and the forward of the
+    next; call ``clear()`` after such a write. With delayed scaling a reused cast records no new amax, as
+    in Transformer Engine.
     """
 
     def __init__(self) -> None:
         self._owner: weakref.ref[torch.Tensor] | None = None
         self._key: tuple | None = None
         self._cast: Float8Tensor | BlockScaledTensor | None = None
+        self._accumulated: weakref.ref[torch.Tensor] | None = None  # the owner's gradient, once a backward added to it
+        self._hooked: weakref.ref[torch.Tensor] | None = None  # the owner whose accumulations we hear of
 
     def quantize(self, weight: torch.Tensor, quantizer: Quantizer, transpose: bool) -> Float8Tensor | BlockScaledTensor:
-        if not owns_its_storage(weight):
+        owner = weight if weight._base is None else weight._base
+        if not (owner.requires_grad and owner.is_leaf and owns_its_storage(weight)):
             self.clear()
             return quantizer.quantize(weight, transpose)
-        owner = weight if weight._base is None else weight._base
-        key = (weight.data_ptr(), weight._version, weight.shape, weight.stride(), weight.dtype, quantizer)
-        cached = self._cast  # set together with the key and owner, so a matching key means a cast is there
-        fresh = key != self._key or self._owner is None or self._owner() is not owner
-        if fresh or (transpose and lacks_transpose(cached, weight)):
-            cached = quantizer.quantize(weight, transpose)
-            self._owner, self._key, self._cast = weakref.ref(owner), key, cached
-        return cached
+        _count_optimizer_steps()
+        key = (weight.data_ptr(), weight._version, weight.shape, weight.stride(), weight.dtype, quantizer, _optimizer_steps)
+        if self._serves(owner, key) and not (transpose and lacks_transpose(self._cast, weight)):
+            return self._cast
+        cast = quantizer.quantize(weight, transpose)
+        self._owner, self._key, self._cast, self._accumulated = weakref.ref(owner), key, cast, None
+        self._listen(owner)
+        return cast
+
+    def _serves(self, owner: torch.Tensor, key: tuple) -> bool:
+        """Whether the held cast is of this very weight, unchanged since (see the class docstring)."""
+        if key != self._key or self._owner is None or self._owner() is not owner or self._accumulated is None:
+            return False
+        return owner.grad is not None and owner.grad is self._accumulated()
+
+    def _listen(self, owner: torch.Tensor) -> None:
+        """Hear of every accumulation into ``owner.grad`` (once per owner; the hook holds the cache weakly)."""
+        if self._hooked is not None and self._hooked() is owner:
+            return
+        owner.register_post_accumulate_grad_hook(partial(_gradient_accumulated, weakref.ref(self)))
+        self._hooked = weakref.ref(owner)
 
     def clear(self) -> None:
-        self._owner = self._key = self._cast = None
+        self._owner = self._key = self._cast = self._accumulated = None
+
+
+def _gradient_accumulated(cache_ref: weakref.ref[WeightCache], parameter: torch.Tensor) -> None:
+    """A backward has added to ``parameter.grad``: a cast of ``parameter`` made before may serve the next
+    micro-batch, as long as that gradient stays and no optimizer steps."""
+    cache = cache_ref()
+    if cache is None or cache._owner is None or cache._owner() is not parameter or parameter.grad is None:
+        return
+    cache._accumulated = weakref.ref(parameter.grad)
+
+
+_optimizer_steps = 0  # steps taken by torch.optim optimizers since the first weight cast
+_counting = False
+
+
+def _count_optimizer_steps() -> None:
+    """Start counting optimizer steps (a global hook on every ``torch.optim.Optimizer``, registered once)."""
+    global _counting
+    if not _counting:
+        register_optimizer_step_post_hook(_optimizer_stepped)
+        _counting = True
+
+
+def _optimizer_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1

@@ -66,6 +66,7 @@ def test_delayed_scaling_first_step_uses_scale_one_then_the_amax():
     recipe = lowprec.DelayedScaling(amax_history_len=4)
     with lowprec.fp8_autocast(fp8_recipe=recipe):
         first = ours(x)
+        first.sum().backward()
         second = ours(x)  # a second micro-batch: the unchanged weight's cast is reused
         with torch.no_grad():
             ours.weight.mul_(1.0)  # an optimizer step: the weight changed in place

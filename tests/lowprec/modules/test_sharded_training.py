@@ -72,9 +72,11 @@ def test_cache_reuses_the_cast_of_a_weight_owning_its_storage_and_of_views_of_it
     cache, quantizer = WeightCache(), CountingQuantizer()
     assert owns_its_storage(weight) and owns_its_storage(weight.t())
     first = cache.quantize(weight, quantizer, transpose=True)
+    (weight * 1.0).sum().backward()  # a micro-batch's backward: the next one may reuse the cast
     assert cache.quantize(weight, quantizer, transpose=False) is first and quantizer.casts == 1
     transposed = WeightCache()  # a layer handing over weight.t() (a new view every call)
     once = transposed.quantize(weight.t(), quantizer, False)
+    (weight * 1.0).sum().backward()
     again = transposed.quantize(weight.t(), quantizer, False)  # (a view still alive would be another holder)
     assert again is once and quantizer.casts == 2
     # a square weight and its transpose share address, version, shape and dtype: the strides tell them apart

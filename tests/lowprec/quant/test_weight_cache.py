@@ -1,7 +1,9 @@
-"""The weight cache: one cast of a weight for every micro-batch, a fresh one after each optimizer step."""
+"""The weight cache: one cast of a weight for the micro-batches of an optimizer step, a fresh one after
+anything else (an optimizer step, fused or not, ``zero_grad``, a write through ``.data``)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lowprec.formats.elements import E4M3
@@ -19,20 +21,76 @@ class CountingQuantizer(CurrentScalingQuantizer):
         return super().quantize(tensor, transpose)
 
 
+def accumulate(weight: torch.Tensor) -> None:
+    """A micro-batch's backward: it adds to ``weight.grad``."""
+    (weight * 0.5).sum().backward()
+
+
 def test_weight_cache_reuses_the_cast_until_the_weight_changes():
     weight = torch.nn.Parameter(torch.randn(8, 8))
     cache, quantizer = WeightCache(), CountingQuantizer()
     first = cache.quantize(weight, quantizer, transpose=False)
+    accumulate(weight)
+    assert cache.quantize(weight, quantizer, transpose=True) is first and quantizer.casts == 1
+    accumulate(weight)
     assert cache.quantize(weight, quantizer, transpose=True) is first and quantizer.casts == 1
     with torch.no_grad():
         weight.add_(1.0)  # an optimizer step
     second = cache.quantize(weight, quantizer, transpose=False)
+    accumulate(weight)
     assert quantizer.casts == 2 and torch.equal(second.dequantize(), quantizer.quantize(weight.detach()).dequantize())
     other = CountingQuantizer()  # a new recipe brings new quantizers
     assert cache.quantize(weight, other, transpose=False) is not second and other.casts == 1
     cache.clear()
     cache.quantize(weight, other, transpose=False)
     assert other.casts == 2
+
+
+def test_a_cast_made_before_the_gradient_was_accumulated_is_not_reused():
+    """Two forwards without a backward between them (evaluation, or a write in between): cast twice."""
+    weight = torch.nn.Parameter(torch.randn(8, 8))
+    cache, quantizer = WeightCache(), CountingQuantizer()
+    cache.quantize(weight, quantizer, transpose=False)
+    cache.quantize(weight, quantizer, transpose=False)
+    assert quantizer.casts == 2
+
+
+def test_a_frozen_weight_is_cast_at_every_forward():
+    """LoRA's base layers: nothing tells of a write through ``.data`` to a weight without a gradient."""
+    weight = torch.nn.Parameter(torch.randn(8, 8), requires_grad=False)
+    cache, quantizer = WeightCache(), CountingQuantizer()
+    first = cache.quantize(weight, quantizer, transpose=False)
+    weight.data += 1.0  # PEFT's merge: no version bump
+    second = cache.quantize(weight, quantizer, transpose=False)
+    assert quantizer.casts == 2 and not torch.equal(first.dequantize(), second.dequantize())
+
+
+@pytest.mark.parametrize(
+    "write, zero_grad",
+    [
+        pytest.param(lambda w, opt: opt.step(), True, id="fused-adam-step"),
+        pytest.param(lambda w, opt: opt.step(), False, id="fused-adam-step-gradient-kept"),
+        pytest.param(lambda w, opt: opt.zero_grad(set_to_none=False) or opt.step(), False, id="zeroed-then-fused-step"),
+        pytest.param(lambda w, opt: w.data.add_(1.0), True, id="data-write"),
+        pytest.param(lambda w, opt: w.data.copy_(torch.randn_like(w)), True, id="data-copy"),
+    ],
+)
+def test_writes_the_version_counter_misses_are_never_served_a_stale_cast(write, zero_grad):
+    """Fused optimizers and ``.data`` writes leave ``weight._version`` alone: the cache watches optimizer
+    steps, and the gradient, which ``zero_grad`` sets to None between steps."""
+    weight = torch.nn.Parameter(torch.randn(8, 8))
+    optimizer = torch.optim.Adam([weight], lr=0.5, fused=True)
+    cache, quantizer = WeightCache(), CountingQuantizer()
+    cache.quantize(weight, quantizer, transpose=False)
+    accumulate(weight)
+    version = weight._version
+    write(weight, optimizer)
+    assert weight._version == version  # invisible to the version counter
+    if zero_grad:
+        optimizer.zero_grad()
+    served = cache.quantize(weight, quantizer, transpose=False)
+    assert quantizer.casts == 2
+    assert torch.equal(served.dequantize(), quantizer.quantize(weight.detach()).dequantize())
 
 
 def test_micro_batches_share_the_weight_cast_and_optimizer_steps_renew_it(monkeypatch):
@@ -53,5 +111,6 @@ def test_micro_batches_share_the_weight_cast_and_optimizer_steps_renew_it(monkey
             with lowprec.fp8_autocast():
                 layer(torch.randn(4, 16)).sum().backward()
         optimizer.step()
+        optimizer.zero_grad()
     weight_casts = casts.count((8, 16))
     assert weight_casts == 2 and casts.count((4, 16)) == 6 and casts.count((4, 8)) == 6
