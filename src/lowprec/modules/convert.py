@@ -50,6 +50,15 @@ _NOT_CONVERTED: tuple[tuple[type | tuple[type, ...], str], ...] = (
 )
 
 
+# Linear layers that override ``forward`` with ``x @ weight.T + bias`` (a plain linear layer in other words),
+# by module and qualified name, so that they are recognised without importing their library.
+KNOWN_PLAIN_LINEARS: frozenset[str] = frozenset(
+    {
+        "transformers.models.falcon.modeling_falcon.FalconLinear",
+    }
+)
+
+
 class Skipped(NamedTuple):
     """A module left in high precision: its path in the model, its type name and why."""
 
@@ -82,13 +91,16 @@ def convert(
     module_filter_fn: ModuleFilter | None = None,
     include: str | Sequence[str] | None = None,
     exclude: str | Sequence[str] | None = None,
+    plain_linears: Sequence[type] = (),
 ) -> torch.nn.Module:
     """Convert ``model``'s linear layers in place (see ``convert_with_report``) and return the model to use.
 
     A bare layer passed in is returned converted. What was converted and skipped is logged to the
     ``lowprec`` logger: INFO for conversions, WARNING for GEMM-bearing modules left in high precision.
     """
-    return convert_with_report(model, prefix, module_filter_fn=module_filter_fn, include=include, exclude=exclude).model
+    return convert_with_report(
+        model, prefix, module_filter_fn=module_filter_fn, include=include, exclude=exclude, plain_linears=plain_linears
+    ).model
 
 
 def convert_with_report(
@@ -98,6 +110,7 @@ def convert_with_report(
     module_filter_fn: ModuleFilter | None = None,
     include: str | Sequence[str] | None = None,
     exclude: str | Sequence[str] | None = None,
+    plain_linears: Sequence[type] = (),
 ) -> ConvertReport:
     """Replace ``torch.nn.Linear`` (and subclasses keeping its forward) by ``lowprec.Linear`` and Hugging
     Face ``Conv1D`` by ``lowprec.Conv1D``, each sharing the original's Parameters and named
@@ -106,6 +119,11 @@ def convert_with_report(
     A module at ``path`` (``"transformer.h.0.attn.c_attn"``; ``""`` for ``model`` itself) is converted
     only if ``module_filter_fn(path, module)`` returns True, some ``include`` regex (``re.search``)
     matches ``path`` and no ``exclude`` regex does: ``exclude="lm_head"`` keeps the head in high precision.
+
+    ``plain_linears`` names classes that override ``forward`` but compute ``x @ weight.T + bias`` from a
+    2-D ``weight`` of shape ``(out, in)`` and an optional ``bias``, so that they are converted like
+    ``torch.nn.Linear`` (a class need not be one); ``KNOWN_PLAIN_LINEARS`` (Falcon's ``FalconLinear``)
+    are recognised without being named.
     """
     if not isinstance(model, torch.nn.Module):
         raise LowprecTypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -113,9 +131,20 @@ def convert_with_report(
         raise LowprecTypeError(f"prefix must be a string, got {prefix!r}")
     selection = _Selection(module_filter_fn, _patterns("include", include), _patterns("exclude", exclude))
     report = ConvertReport(model)
-    report.model = _Converter(prefix, selection, report).visit(model, "")
+    report.model = _Converter(prefix, selection, _plain_classes(plain_linears), report).visit(model, "")
     _log(report)
     return report
+
+
+def _plain_classes(value: Sequence[type]) -> frozenset[type]:
+    """``plain_linears`` checked: a list or tuple of classes of ``torch.nn.Module``."""
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(cls, type) and issubclass(cls, torch.nn.Module) for cls in value
+    ):
+        raise LowprecTypeError(
+            f"plain_linears must be a list of torch.nn.Module classes whose forward computes x @ weight.T + bias, got {value!r}"
+        )
+    return frozenset(value)
 
 
 def _patterns(arg: str, value: str | Sequence[str] | None) -> list[re.Pattern[str]] | None:
@@ -165,8 +194,8 @@ class _Selection:
 class _Converter:
     """One walk over a model, converting in place and filling ``report``."""
 
-    def __init__(self, prefix: str, selection: _Selection, report: ConvertReport):
-        self.prefix, self.selection, self.report = prefix, selection, report
+    def __init__(self, prefix: str, selection: _Selection, plain_linears: frozenset[type], report: ConvertReport):
+        self.prefix, self.selection, self.plain_linears, self.report = prefix, selection, plain_linears, report
         self.done: dict[int, torch.nn.Module] = {}  # a module registered twice is handled once
 
     def visit(self, module: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -176,7 +205,7 @@ class _Converter:
         return self.done[id(module)]
 
     def _convert(self, module: torch.nn.Module, path: str) -> torch.nn.Module:
-        plan = _plan(module)
+        plan = _plan(module, self.plain_linears)
         if callable(plan):
             if self.selection.keeps(path, module):
                 name = ".".join(part for part in (self.prefix, path) if part)
@@ -195,11 +224,14 @@ class _Converter:
         return module
 
 
-def _plan(module: torch.nn.Module) -> Callable[[str], NamedModule] | str | None:
+def _plan(module: torch.nn.Module, plain_linears: frozenset[type]) -> Callable[[str], NamedModule] | str | None:
     """How to convert ``module``: a factory taking the layer name, the reason a GEMM-bearing module
     stays as it is, or None for modules without a GEMM of their own (and lowprec layers)."""
     if isinstance(module, NamedModule):
         return None
+    plain_forward = _plain_forward(module, plain_linears)
+    if plain_forward is not None:
+        return _plain_blocker(module) or _blocker(module, plain_forward) or partial(_linear_sharing, module)
     if isinstance(module, torch.nn.Linear):
         return _blocker(module, torch.nn.Linear.forward) or partial(Linear.from_torch, module)
     hf_class = _hf_conv1d_class(module)
@@ -209,6 +241,32 @@ def _plan(module: torch.nn.Module) -> Callable[[str], NamedModule] | str | None:
         if isinstance(module, types):
             return reason
     return None
+
+
+def _plain_forward(module: torch.nn.Module, plain_linears: frozenset[type]) -> Callable | None:
+    """The forward of the class that gives ``module`` its forward, if that class is a declared (or known)
+    plain linear layer."""
+    for cls in type(module).__mro__:
+        if "forward" in vars(cls):
+            known = f"{cls.__module__}.{cls.__qualname__}" in KNOWN_PLAIN_LINEARS
+            return cls.forward if cls in plain_linears or known else None
+    return None
+
+
+def _plain_blocker(module: torch.nn.Module) -> str | None:
+    """Why a declared plain linear layer has not the parameters of one."""
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 2:
+        return "declared a plain linear layer, but has no 2-D weight Parameter"
+    if bias is not None and (not isinstance(bias, torch.nn.Parameter) or bias.shape != weight.shape[:1]):
+        return f"declared a plain linear layer, but its bias is not a Parameter of shape ({weight.shape[0]},)"
+    return None
+
+
+def _linear_sharing(module: torch.nn.Module, name: str) -> Linear:
+    """A ``lowprec.Linear`` sharing the weight and bias of a plain linear layer of another class."""
+    out_features, in_features = module.weight.shape
+    return Linear.sharing(in_features, out_features, module.weight, module.bias, name)
 
 
 def _hf_conv1d_class(module: torch.nn.Module) -> type | None:
@@ -225,8 +283,11 @@ def _blocker(module: torch.nn.Module, forward: Callable) -> str | None:
         return "uninitialized lazy layer: run a forward pass before converting"
     if parametrize.is_parametrized(module):
         return "parametrized (torch.nn.utils.parametrize): its weight is computed at each forward"
-    if "forward" in vars(module) or type(module).forward is not forward:
-        return f"{type(module).__name__} overrides forward"
+    if "forward" in vars(module):
+        return "its forward is replaced on the instance"
+    if type(module).forward is not forward:
+        name = type(module).__name__
+        return f"{name} overrides forward; if it computes x @ weight.T + bias, convert it with plain_linears=[{name}]"
     if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
         return "has hooks registered, which the converted layer would not run"
     extra = [name for name, _ in module.named_parameters(recurse=False) if name not in ("weight", "bias")]

@@ -112,7 +112,9 @@ class LinearFunction(torch.autograd.Function):
         ctx.operand_kinds = save_operands(ctx, activation_wgrad, weight_dgrad)
         ctx.x_shape, ctx.weight_dtype, ctx.has_bias = x.shape, weight.dtype, bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+        # not a view of ``out``: autograd forbids in-place updates of a custom function's view outputs, and
+        # models do update them (Falcon: ``mlp_output += attention_output``); matmul does the same
+        return torch.ops.aten._unsafe_view(out.contiguous(), (*x.shape[:-1], weight.shape[0]))
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

@@ -148,12 +148,85 @@ def test_linears_that_cannot_be_converted_are_reported_with_the_reason():
     report = lowprec.convert_with_report(model)
     assert report.converted == [] and dict(model.items()) == originals
     reasons = {s.path: (s.type_name, s.reason) for s in report.skipped}
-    assert reasons["scaled"] == ("ScaledLinear", "ScaledLinear overrides forward")
-    assert reasons["patched"] == ("Linear", "Linear overrides forward")
+    assert reasons["scaled"] == (
+        "ScaledLinear",
+        "ScaledLinear overrides forward; if it computes x @ weight.T + bias, convert it with plain_linears=[ScaledLinear]",
+    )
+    assert reasons["patched"] == ("Linear", "its forward is replaced on the instance")
     assert "hooks" in reasons["hooked"][1]
     assert reasons["parametrized"][0] == "ParametrizedLinear" and "parametrize" in reasons["parametrized"][1]
     assert reasons["lazy"][0] == "LazyLinear" and "uninitialized lazy layer" in reasons["lazy"][1]
     assert "(mask)" in reasons["buffered"][1]
+
+
+class MatmulLinear(torch.nn.Linear):
+    """Falcon's way: a linear layer whose forward is ``x @ W.T + b``."""
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias
+
+
+class OwnLinear(torch.nn.Module):
+    """A plain linear layer that is not a torch.nn.Linear."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n + 1, n))
+        self.bias = None
+
+    def forward(self, x):
+        return x @ self.weight.T
+
+
+class SubMatmulLinear(MatmulLinear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def test_classes_declared_plain_linear_layers_are_converted():
+    model = torch.nn.ModuleDict({"matmul": MatmulLinear(4, 3), "own": OwnLinear(4), "sub": SubMatmulLinear(4, 3)})
+    x = torch.randn(2, 4)
+    want = {name: module(x) for name, module in model.items()}
+    report = lowprec.convert_with_report(model, plain_linears=[MatmulLinear, OwnLinear])
+    assert report.converted == ["model.matmul", "model.own"]
+    assert [s.path for s in report.skipped] == ["sub"] and "SubMatmulLinear overrides forward" in report.skipped[0].reason
+    for name in ("matmul", "own"):
+        layer = model[name]
+        assert isinstance(layer, lowprec.Linear) and layer.weight is report.model[name].weight
+        torch.testing.assert_close(layer(x), want[name])
+    assert (model["own"].in_features, model["own"].out_features, model["own"].bias) == (4, 5, None)
+
+
+def test_a_declared_plain_linear_without_the_parameters_of_one_is_reported():
+    odd = OwnLinear(4)
+    odd.weight = torch.nn.Parameter(torch.randn(2, 3, 4))
+    report = lowprec.convert_with_report(torch.nn.Sequential(odd), plain_linears=(OwnLinear,))
+    assert report.skipped == [Skipped("0", "OwnLinear", "declared a plain linear layer, but has no 2-D weight Parameter")]
+
+
+def test_falcon_converts_completely_and_trains_in_fp8():
+    """Falcon's FalconLinear overrides forward with x @ W.T + b: a known plain linear layer."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.FalconConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, new_decoder_architecture=False
+    )
+    torch.manual_seed(0)
+    model = transformers.FalconForCausalLM(config)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    want = model(input_ids=ids, labels=ids).loss
+    report = lowprec.convert_with_report(model)
+    assert len(report.converted) == 9 and report.skipped == []  # 4 per layer and the head
+    torch.testing.assert_close(model(input_ids=ids, labels=ids).loss, want)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(3):
+        with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert abs(losses[0] - want.item()) < 0.01 * want.item() and losses[-1] < losses[0]
 
 
 @pytest.mark.parametrize(
@@ -283,6 +356,11 @@ def test_a_filtered_out_bare_layer_is_returned_as_it_is():
         ({"module_filter_fn": "fc"}, TypeError, "module_filter_fn must be callable as fn(path, module) -> bool, got 'fc'"),
         ({"module_filter_fn": lambda path, m: None}, TypeError, "module_filter_fn must return a bool, got None for path '0'"),
         ({"prefix": None}, TypeError, "prefix must be a string, got None"),
+        (
+            {"plain_linears": [len]},
+            TypeError,
+            "plain_linears must be a list of torch.nn.Module classes whose forward computes x @ weight.T + bias, got [<built-in",
+        ),
     ],
 )
 def test_bad_arguments_are_named(kwargs, error, message):

@@ -136,3 +136,19 @@ def test_transformers_resize_token_embeddings_on_a_converted_model():
     with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
         logits = model(torch.randint(0, 80, (2, 16))).logits
     assert logits.shape == (2, 16, 80) and torch.isfinite(logits).all()
+
+
+def test_a_batched_output_can_be_updated_in_place():
+    """Models add to a layer's output in place (Falcon: ``mlp_output += attention_output``); autograd
+    forbids that on a custom function's view outputs."""
+    layer = lowprec.Linear(8, 4, name="fc")
+    x = torch.randn(2, 3, 8)
+    grads = []
+    for in_place in (False, True):
+        layer.zero_grad()
+        with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+            y = layer(x)
+        y = y.add_(1.0) if in_place else y + 1.0
+        (y * y).sum().backward()
+        grads.append(layer.weight.grad.clone())
+    assert torch.equal(grads[0], grads[1])
