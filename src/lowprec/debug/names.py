@@ -6,6 +6,8 @@ GEMMS = ("fprop", "dgrad", "wgrad")
 INPUT_TENSORS = ("activation", "weight", "gradient")
 OUTPUT_TENSORS = ("output", "dgrad", "wgrad")
 TENSORS = INPUT_TENSORS + OUTPUT_TENSORS
+#: the tensors of the backward GEMMs: what a reentrant checkpoint's recomputed graph shows the inspection features
+BACKWARD_TENSORS = ("gradient", "dgrad", "wgrad")
 
 #: tensor -> (the GEMM that uses it as it is laid out, the GEMM that uses its transpose or None)
 TENSOR_GEMMS: dict[str, tuple[str, str | None]] = {

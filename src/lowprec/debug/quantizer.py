@@ -8,12 +8,13 @@ Outputs (output, dgrad, wgrad) can be modified and inspected after their GEMM.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.names import TENSOR_GEMMS
+from lowprec.debug.names import TENSOR_GEMMS, TENSORS
 from lowprec.debug.plan import LayerPlan, Precision
 from lowprec.gemm import Operand
 from lowprec.quant.protocol import Quantizer
@@ -30,12 +31,17 @@ class DebugProcessing:
     """Turns a layer's tensors into GEMM operands under a debug plan (see module docstring)."""
 
     def __init__(
-        self, layer_name: str, quantizers: dict[str, Quantizer], plan: LayerPlan, tp_group: Any = None, inspect: bool = True
+        self,
+        layer_name: str,
+        quantizers: dict[str, Quantizer],
+        plan: LayerPlan,
+        tp_group: Any = None,
+        inspected: Collection[str] = TENSORS,
     ):
-        """``inspect=False``: run the plan's casts and modifications only (a recomputed forward, whose
-        tensors the original forward has already shown to the inspection features)."""
+        """``inspected``: the tensors shown to the inspection features; the others only get the plan's casts
+        and modifications (a recomputed forward's, which the original forward has already shown)."""
         self.layer_name = layer_name
-        self.inspect = inspect
+        self.inspected = inspected
         self.quantizers = quantizers
         self.plan = plan
         self.tp_group = tp_group
@@ -66,10 +72,11 @@ class DebugProcessing:
                 operands[gemm] = quantized
             else:
                 operands[gemm] = tensor
-        if plan.inspect and self.inspect:
+        inspected = tensor_name in self.inspected
+        if plan.inspect and inspected:
             self._inspect(tensor_name, tensor, iteration, operands[first], operands[second], quantizer)
         for gemm in (first, second):
-            if self.inspect and plan.inspect_postquantize.get(gemm) and plan.gemms[gemm] is not Precision.HIGH_PRECISION:
+            if inspected and plan.inspect_postquantize.get(gemm) and plan.gemms[gemm] is not Precision.HIGH_PRECISION:
                 debug_api.transformer_engine.inspect_tensor_postquantize(
                     layer_name=self.layer_name,
                     tensor_name=tensor_name,
@@ -96,7 +103,7 @@ class DebugProcessing:
                 default_quantizer=None,
                 iteration=iteration,
             )
-        if plan.inspect and self.inspect:
+        if plan.inspect and tensor_name in self.inspected:
             self._inspect(tensor_name, tensor.detach(), iteration, None, None, None)
         return tensor
 

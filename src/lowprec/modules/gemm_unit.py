@@ -16,9 +16,19 @@ import torch.nn.functional as F
 import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import active_recipe
 from lowprec.debug.layer_state import DebugLayerState
+from lowprec.debug.names import BACKWARD_TENSORS
 from lowprec.debug.quantizer import DebugProcessing
 from lowprec.modules.linear_function import LinearFunction, PlainProcessing, Processing
-from lowprec.modules.recompute import ForwardHistory, in_backward, replay_quantizers
+from lowprec.modules.recompute import (
+    CastRecorder,
+    ForwardHistory,
+    ReentrantForwards,
+    Replay,
+    check_not_in_reentrant_checkpoint,
+    in_backward,
+    reentrant_checkpoint,
+    replay_quantizers,
+)
 from lowprec.quant.protocol import Quantizer
 from lowprec.quant.weight_cache import WeightCache
 from lowprec.recipe import BLOCK_RECIPES, DelayedScaling, Recipe
@@ -49,6 +59,7 @@ class GemmUnit:
         self._quantizers: dict[str, Quantizer] = {}
         self.weight_cache = WeightCache()
         self.forwards = ForwardHistory()
+        self.reentrant_forwards = ReentrantForwards()
 
     def quantizers(self, recipe: Recipe | None, layer_name: str) -> dict[str, Quantizer]:
         if recipe is None:
@@ -79,23 +90,48 @@ class GemmUnit:
             processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group)
         else:
             processing = PlainProcessing(quantizers, None if traced else self.weight_cache)
+        checkpoint = None if traced or torch.is_grad_enabled() else reentrant_checkpoint()
+        if checkpoint is not None:
+            processing = recorder = CastRecorder(processing)
         out = apply_linear(x, weight, bias, processing)
-        if not traced and out.grad_fn is not None:
+        if checkpoint is not None:
+            self.reentrant_forwards.record(checkpoint, Replay(quantizers, recorder.cast_states(), recipe, plan))
+        elif not traced and out.grad_fn is not None:
             self.forwards.remember(out.grad_fn, recipe, plan)
         return out
 
     def _recompute(self, layer_name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """This forward runs inside a backward: activation checkpointing recomputing an earlier forward.
         Repeat it (see ``recompute.py``)."""
+        check_not_in_reentrant_checkpoint()
+        replay = self.reentrant_forwards.take()
+        if replay is not None:
+            return self._replay_reentrant(layer_name, x, weight, bias, replay)
         original = self.forwards.oldest()
         if original is None:
             return F.linear(x, weight, bias)
         quantizers = replay_quantizers(self.quantizers(original.recipe, layer_name), getattr(original.node, "cast_states", {}))
         if original.plan is not None:
-            processing = DebugProcessing(layer_name, quantizers, original.plan, self.tp_group, inspect=False)
+            processing = DebugProcessing(layer_name, quantizers, original.plan, self.tp_group, inspected=())
         else:
             processing = PlainProcessing(quantizers)
         return apply_linear(x, weight, bias, processing)
+
+    def _replay_reentrant(
+        self, layer_name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, replay: Replay
+    ) -> torch.Tensor:
+        """A reentrant checkpoint's recomputation: its graph's backward is the one that runs, so the
+        activation and weight repeat the original casts while the gradient casts live, and the backward
+        tensors are inspected here (the original forward inspected the forward ones)."""
+        quantizers = replay_quantizers(replay.quantizers, replay.cast_states, names=("activation", "weight"))
+        if replay.plan is not None:
+            processing = DebugProcessing(layer_name, quantizers, replay.plan, self.tp_group, inspected=BACKWARD_TENSORS)
+        else:
+            processing = PlainProcessing(quantizers)
+        out = apply_linear(x, weight, bias, processing)
+        if out.grad_fn is not None:  # a non-reentrant checkpoint inside the region recomputes this forward
+            self.forwards.remember(out.grad_fn, replay.recipe, replay.plan)
+        return out
 
 
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, processing: Processing) -> torch.Tensor:

@@ -12,19 +12,43 @@ backwards in the order of their forwards. The replay casts with the original sca
 compute theirs from the tensor, which is the same again) and the original stochastic-rounding noise,
 records no amax, advances no noise stream and inspects nothing; ``modify_tensor`` features run again,
 as they must to give the same tensors.
+
+``use_reentrant=True`` differs: the original forward runs under ``torch.no_grad()`` inside torch's
+``CheckpointFunction``, so it leaves no autograd node, and the backward that runs is the recomputed
+graph's. So a forward inside a reentrant checkpoint hands its recipe, debug plan, quantizers and cast
+states to that checkpoint's node (the ctx of ``CheckpointFunction``, which is the current autograd node
+when its backward recomputes the region), and the recomputation takes them from there: it repeats the
+forward's casts and inspects nothing of it, while its backward casts the gradient live and inspects the
+gradient, dgrad and wgrad, as the original graph's backward would have. A reentrant checkpoint nested
+in another checkpoint would run its forward inside a recomputation, where the two cannot be told apart:
+that raises an error that names ``use_reentrant=False``.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections import deque
+from collections.abc import Collection
 from typing import Any, NamedTuple
 
 import torch
+from torch.utils.checkpoint import CheckpointFunction
 
 from lowprec.debug.plan import LayerPlan
+from lowprec.errors import LowprecValueError
+from lowprec.gemm import Operand
+from lowprec.modules.linear_function import Processing, cast_states
 from lowprec.quant.protocol import CastState, Quantizer
 from lowprec.recipe import Recipe
+
+_CHECKPOINT_FORWARD = CheckpointFunction.forward.__code__
+_CHECKPOINT_NODE = CheckpointFunction._backward_cls  # the class of its ctx, which is its autograd node
+NESTED_REENTRANT = (
+    "a reentrant activation checkpoint (torch.utils.checkpoint with use_reentrant=True) {where}: lowprec cannot tell "
+    "its recomputations apart; use use_reentrant=False (torch.utils.checkpoint.checkpoint(..., use_reentrant=False), "
+    'or gradient_checkpointing_kwargs={{"use_reentrant": False}} in transformers)'
+)
 
 
 def in_backward() -> bool:
@@ -71,8 +95,86 @@ class ForwardHistory:
         return len(self._entries)
 
 
-def replay_quantizers(live: dict[str, Quantizer], cast_states: dict[str, CastState]) -> dict[str, Quantizer]:
+def replay_quantizers(
+    live: dict[str, Quantizer], cast_states: dict[str, CastState], names: Collection[str] | None = None
+) -> dict[str, Quantizer]:
     """Quantizers that repeat a forward's casts: each input cast with the scale (or the noise) the
     original used. An input the original did not cast keeps a quantizer that records nothing
-    (``modify_tensor`` features may still ask for it)."""
-    return {name: quantizer.replaying(cast_states.get(name)) for name, quantizer in live.items()}
+    (``modify_tensor`` features may still ask for it). ``names``: the inputs to repeat, the others keep
+    their live quantizer (the backward of a reentrant recomputation is the one that runs); None: all."""
+    return {
+        name: quantizer.replaying(cast_states.get(name)) if names is None or name in names else quantizer
+        for name, quantizer in live.items()
+    }
+
+
+def reentrant_checkpoint() -> Any | None:
+    """The node of the reentrant checkpoint whose forward runs on this thread (it runs without grad), or
+    None; an error if two do (one nested in the other). Walks the Python stack (about 55 ns a frame): only
+    FP8 or debugged forwards without grad pay for it."""
+    found = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _CHECKPOINT_FORWARD:
+            if found is not None:
+                raise LowprecValueError(NESTED_REENTRANT.format(where="inside another one"))
+            found = frame.f_locals["ctx"]
+        frame = frame.f_back
+    return found
+
+
+def check_not_in_reentrant_checkpoint() -> None:
+    """A forward inside a backward, without grad: a recomputation that runs a reentrant checkpoint's forward."""
+    if not torch.is_grad_enabled() and reentrant_checkpoint() is not None:
+        raise LowprecValueError(NESTED_REENTRANT.format(where="inside a recomputed checkpoint region"))
+
+
+class Replay(NamedTuple):
+    """What a forward inside a reentrant checkpoint ran with: its recomputation repeats it."""
+
+    quantizers: dict[str, Quantizer]
+    cast_states: dict[str, CastState]
+    recipe: Recipe | None
+    plan: LayerPlan | None
+
+
+class ReentrantForwards:
+    """A unit's forwards inside reentrant checkpoints, in call order per checkpoint node, held as long as
+    the node is (a graph freed without a backward leaves nothing behind)."""
+
+    def __init__(self) -> None:
+        self._by_node: weakref.WeakKeyDictionary[Any, deque[Replay]] = weakref.WeakKeyDictionary()
+
+    def record(self, node: Any, replay: Replay) -> None:
+        self._by_node.setdefault(node, deque()).append(replay)
+
+    def take(self) -> Replay | None:
+        """The oldest forward not yet repeated of the checkpoint whose backward is recomputing its region,
+        or None when no reentrant checkpoint is (or the original ran ``torch.nn.functional.linear``)."""
+        node = torch._C._current_autograd_node()
+        if not isinstance(node, _CHECKPOINT_NODE):
+            return None
+        replays = self._by_node.get(node)
+        return replays.popleft() if replays else None
+
+    def __len__(self) -> int:
+        return sum(len(replays) for replays in self._by_node.values())
+
+
+class CastRecorder:
+    """Processing that keeps the cast states of the activation and weight operands it hands out: a
+    forward without an autograd node (inside a reentrant checkpoint) has no ctx to find them on."""
+
+    def __init__(self, processing: Processing):
+        self.processing = processing
+        self._operands: dict[str, tuple[Operand, Operand]] = {}
+
+    def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
+        self._operands[tensor_name] = self.processing.input(tensor_name, tensor, transpose)
+        return self._operands[tensor_name]
+
+    def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return self.processing.output(tensor_name, tensor)
+
+    def cast_states(self) -> dict[str, CastState]:
+        return cast_states(*self._operands["activation"], *self._operands["weight"])

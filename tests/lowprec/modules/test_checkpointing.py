@@ -1,17 +1,22 @@
 """Activation checkpointing, saved-tensor hooks and CPU offload over lowprec layers: every GEMM operand
 goes through ``ctx.save_for_backward``, and a recomputed forward repeats its original exactly (recipe,
-scales, debug plan), so checkpointed training equals plain training number for number."""
+scales, debug plan), so checkpointed training equals plain training number for number, with
+``use_reentrant=False`` and ``use_reentrant=True`` alike."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
-from logreader import read_stats
+from logreader import read_stats, stats_log_path
 from torch.utils.checkpoint import checkpoint
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.names import TENSOR_GEMMS
+from lowprec.errors import LowprecValueError
+from lowprec.modules.gemm_unit import GemmUnit
 
 RECIPES = {"current": lowprec.Float8CurrentScaling(), "delayed": lowprec.DelayedScaling(amax_history_len=4)}
 BLOCK_RECIPES = {
@@ -32,22 +37,35 @@ class Model(torch.nn.Module):
         self.mode = "plain"
 
     def _run(self, block, x):
-        if self.mode == "checkpoint":
-            return checkpoint(block, x, use_reentrant=False)
+        if self.mode in ("checkpoint", "reentrant"):
+            return checkpoint(block, x, use_reentrant=self.mode == "reentrant")
         return block(x)
 
     def forward(self, x):
         return self._run(self.block2, self._run(self.block1, x) + x)
 
 
-def batches(steps: int, micro: int) -> list[list[torch.Tensor]]:
+def batches(steps: int, micro: int, requires_grad: bool = False) -> list[list[torch.Tensor]]:
+    """``requires_grad``: what a reentrant checkpoint needs of its inputs to give its region gradients."""
     g = torch.Generator().manual_seed(1)
-    return [[torch.randn(2, 6, 16, generator=g) * (1 + s) for _ in range(micro)] for s in range(steps)]
+    data = [[torch.randn(2, 6, 16, generator=g) * (1 + s) for _ in range(micro)] for s in range(steps)]
+    return [[x.requires_grad_(requires_grad) for x in step] for step in data]
+
+
+def units(model: torch.nn.Module) -> list[GemmUnit]:
+    return [unit for module in model.modules() for unit in vars(module).values() if isinstance(unit, GemmUnit)]
+
+
+def amax_histories(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every delayed-scaling quantizer's amax history (none for the other recipes)."""
+    quantizers = [quantizer for unit in units(model) for quantizer in unit._quantizers.values()]
+    return [quantizer.amax_history.clone() for quantizer in quantizers if hasattr(quantizer, "amax_history")]
 
 
 def train(mode: str, recipe, data, fp8_backward: bool = False, hooks=None, interleave: bool = False):
-    """Train a fresh model; returns (losses, final parameters). ``interleave``: all micro-batch forwards
-    of a step before their backwards, as a pipeline schedule runs them."""
+    """Train a fresh model (``recipe`` None: in high precision); returns (losses, final parameters, amax
+    histories). ``interleave``: all micro-batch forwards of a step before their backwards, as a pipeline
+    schedule runs them."""
     model = Model()
     model.mode = mode
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -55,7 +73,7 @@ def train(mode: str, recipe, data, fp8_backward: bool = False, hooks=None, inter
     for _step, micro_batches in enumerate(data):
         pending = []
         for x in micro_batches:
-            with lowprec.fp8_autocast(fp8_recipe=recipe), hooks() if hooks else _nothing():
+            with lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe), hooks() if hooks else _nothing():
                 loss = model(x).square().mean()
             losses.append(loss.detach())
             pending.append(loss)
@@ -67,12 +85,13 @@ def train(mode: str, recipe, data, fp8_backward: bool = False, hooks=None, inter
         optimizer.zero_grad()
         if debug_api.DEBUG_MANAGER is not None:
             debug_api.step()
-    return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
+    assert all(len(unit.reentrant_forwards) == 0 for unit in units(model))  # every recomputation found its forward
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], amax_histories(model)
 
 
 def _backward(loss, recipe, inside_autocast):
     if inside_autocast:  # users often call backward inside the autocast block
-        with lowprec.fp8_autocast(fp8_recipe=recipe):
+        with lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
             loss.backward()
     else:
         loss.backward()
@@ -87,10 +106,10 @@ class _nothing:
 
 
 def assert_same(run_a, run_b):
-    losses_a, params_a = run_a
-    losses_b, params_b = run_b
+    losses_a, params_a, amaxes_a = run_a
+    losses_b, params_b, amaxes_b = run_b
     assert torch.equal(losses_a, losses_b)
-    for a, b in zip(params_a, params_b, strict=True):
+    for a, b in zip(params_a + amaxes_a, params_b + amaxes_b, strict=True):
         assert torch.equal(a, b)
 
 
@@ -104,10 +123,23 @@ def test_checkpointed_training_equals_plain_training(recipe, interleave):
     assert not torch.equal(plain[0], train("plain", None, data, interleave=interleave)[0])  # FP8 really ran
 
 
-def test_checkpointing_a_high_precision_forward_stays_high_precision_under_a_backward_autocast():
-    data = batches(steps=2, micro=1)
+@pytest.mark.parametrize("recipe", {**RECIPES, **BLOCK_RECIPES}.values(), ids={**RECIPES, **BLOCK_RECIPES}.keys())
+@pytest.mark.parametrize("interleave", [False, True], ids=["micro-batches", "pipelined"])
+def test_reentrant_checkpointed_training_equals_plain_training(recipe, interleave):
+    """``use_reentrant=True`` recomputes under its own graph, whose backward is the one that runs: still the
+    original forward's casts (one amax record each for delayed scaling, the same stochastic-rounding noise)."""
+    data = batches(steps=2, micro=2, requires_grad=True)
+    plain = train("plain", recipe, data, interleave=interleave)
+    assert_same(train("reentrant", recipe, data, interleave=interleave), plain)
+    assert_same(train("reentrant", recipe, data, fp8_backward=True, interleave=interleave), plain)
+    assert not torch.equal(plain[0], train("plain", None, data, interleave=interleave)[0])  # FP8 really ran
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "reentrant"])
+def test_checkpointing_a_high_precision_forward_stays_high_precision_under_a_backward_autocast(mode):
+    data = batches(steps=2, micro=1, requires_grad=True)
     model = Model()
-    model.mode = "checkpoint"
+    model.mode = mode
     x = data[0][0]
     loss = model(x).square().mean()
     with lowprec.fp8_autocast(fp8_recipe=RECIPES["current"]):
@@ -135,6 +167,7 @@ def test_saved_tensor_hooks_see_every_gemm_operand_and_cpu_offload_trains_the_sa
     assert_same(train("plain", recipe, data, hooks=torch.autograd.graph.save_on_cpu), train("plain", recipe, data))
 
 
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")  # the checkpoint run without grad
 def test_a_layer_remembers_nothing_once_its_backward_ran_or_its_graph_is_gone():
     model = Model()
     x = torch.randn(3, 16)
@@ -146,6 +179,93 @@ def test_a_layer_remembers_nothing_once_its_backward_ran_or_its_graph_is_gone():
     assert len(unit.forwards) == 1  # only the forward whose graph is alive: the ones above left nothing behind
     del y
     assert unit.forwards.oldest() is None
+    x.requires_grad_()
+    with lowprec.fp8_autocast(fp8_recipe=RECIPES["delayed"]), torch.no_grad():
+        model(x)  # evaluation: no checkpoint to hand the forward to
+        model.mode = "reentrant"
+        model(x)  # a checkpoint without grad: its node is gone with the forward
+    assert len(unit.reentrant_forwards) == 0
+    with lowprec.fp8_autocast(fp8_recipe=RECIPES["delayed"]):
+        y = model(x)
+    assert len(unit.reentrant_forwards) == 1 and len(unit.forwards) == 0  # held by the checkpoint's node
+    del y
+    assert len(unit.reentrant_forwards) == 0
+
+
+class Nested(torch.nn.Module):
+    """``fc`` around an inner checkpoint of ``block`` inside an outer one: ``inner`` and ``outer`` say how each runs."""
+
+    def __init__(self, inner: str, outer: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.block = torch.nn.Sequential(lowprec.Linear(16, 16, name="a"), torch.nn.ReLU(), lowprec.Linear(16, 16, name="b"))
+        self.fc = lowprec.Linear(16, 16, name="fc")
+        self.inner, self.outer = inner, outer
+
+    def _run(self, mode, function, x):
+        return function(x) if mode == "plain" else checkpoint(function, x, use_reentrant=mode == "reentrant")
+
+    def forward(self, x):
+        return self._run(self.outer, lambda y: self.fc(self._run(self.inner, self.block, y)), x)
+
+
+def _nested_gradients(inner: str, outer: str, recipe) -> list[torch.Tensor]:
+    model = Nested(inner, outer)
+    for x in batches(steps=1, micro=2, requires_grad=True)[0]:
+        with lowprec.fp8_autocast(fp8_recipe=recipe):
+            loss = model(x).square().mean()
+        loss.backward()
+    return [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("recipe", [RECIPES["delayed"], BLOCK_RECIPES["nvfp4"]], ids=["delayed", "nvfp4"])
+def test_a_non_reentrant_checkpoint_inside_a_reentrant_one_trains_as_plain(recipe):
+    plain = _nested_gradients("plain", "plain", recipe)
+    for a, b in zip(_nested_gradients("checkpoint", "reentrant", recipe), plain, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("outer", "where"), [("reentrant", "inside another one"), ("checkpoint", "inside a recomputed")])
+def test_a_reentrant_checkpoint_inside_another_checkpoint_raises_an_error_that_names_the_way_out(outer, where):
+    """Its forward would run inside a recomputation, where its casts cannot be paired with the original's."""
+    with pytest.raises(LowprecValueError, match=f"{where}.*use_reentrant=False"):
+        _nested_gradients("reentrant", outer, RECIPES["delayed"])
+
+
+def test_transformers_reentrant_gradient_checkpointing_trains_and_logs_as_without_it(tmp_path):
+    """What trainers still do by default: ``gradient_checkpointing_enable`` with ``use_reentrant=True``, which
+    wraps each decoder layer's forward in ``torch.utils.checkpoint`` (and makes the embeddings' output require grad)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=128
+    )
+    recipe = lowprec.DelayedScaling(amax_history_len=4)
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randint(0, 128, (2, 8), generator=g) for _ in range(2)]
+    features = {"LogTensorStats": {"enabled": True, "tensors": list(TENSOR_GEMMS), "stats": ["max", "l2_norm"]}}
+    runs, logs, lines = {}, {}, {}
+    for run in ("plain", "reentrant"):
+        torch.manual_seed(0)
+        model = lowprec.convert(transformers.LlamaForCausalLM(config))
+        if run == "reentrant":
+            with warnings.catch_warnings():  # transformers 5 deprecates the name trainers still call
+                warnings.simplefilter("ignore", FutureWarning)
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        model.train()
+        debug_api.initialize(config_file=_stats_config(features), feature_dirs=[lowprec.FEATURE_DIR], log_dir=tmp_path / run)
+        for ids in inputs:
+            with lowprec.fp8_autocast(fp8_recipe=recipe):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        debug_api.end_debug()
+        runs[run] = [p.grad for p in model.parameters()] + amax_histories(model)
+        logs[run] = read_stats(tmp_path / run)
+        lines[run] = len(stats_log_path(tmp_path / run).read_text().splitlines())
+    assert model.model.layers[0].gradient_checkpointing
+    for a, b in zip(runs["reentrant"], runs["plain"], strict=True):
+        assert torch.equal(a, b)
+    assert logs["reentrant"] == logs["plain"]
+    assert lines["reentrant"] == lines["plain"] == len(logs["plain"]) == 15 * 6 * 2  # 15 layers, 6 tensors, 2 stats
 
 
 def _stats_config(features: dict) -> dict:
@@ -153,7 +273,8 @@ def _stats_config(features: dict) -> dict:
 
 
 @pytest.mark.parametrize("recipe", {**RECIPES, **BLOCK_RECIPES}.values(), ids={**RECIPES, **BLOCK_RECIPES}.keys())
-def test_checkpointed_debug_run_logs_the_plain_statistics_once_and_modifies_the_same(tmp_path, recipe):
+@pytest.mark.parametrize("mode", ["checkpoint", "reentrant"])
+def test_checkpointed_debug_run_logs_the_plain_statistics_once_and_modifies_the_same(tmp_path, recipe, mode):
     # statistics of the layer's own recipe exist for the per-tensor recipes; block recipes get what-if ones
     own = recipe in RECIPES.values()
     fp8_stats = ["underflows%", "scale_inv_min"] if own else ["mxfp8_underflows%", "fp8_current_scaling_mse"]
@@ -162,13 +283,16 @@ def test_checkpointed_debug_run_logs_the_plain_statistics_once_and_modifies_the_
         "LogFp8TensorStats": {"enabled": True, "tensors": ["activation", "weight"], "stats": fp8_stats},
         "FakeQuant": {"enabled": True, "gemms": ["wgrad"], "tensors": ["activation"], "quant_format": "FP8E5M2"},
     }
-    data = batches(steps=2, micro=2)
-    runs, logs = {}, {}
-    for mode in ("plain", "checkpoint"):
-        debug_api.initialize(config_file=_stats_config(features), feature_dirs=[lowprec.FEATURE_DIR], log_dir=tmp_path / mode)
-        runs[mode] = train(mode, recipe, data)
+    data = batches(steps=2, micro=2, requires_grad=True)
+    runs, logs, lines = {}, {}, {}
+    for run in ("plain", mode):
+        debug_api.initialize(config_file=_stats_config(features), feature_dirs=[lowprec.FEATURE_DIR], log_dir=tmp_path / run)
+        runs[run] = train(run, recipe, data)
         debug_api.end_debug()
-        logs[mode] = read_stats(tmp_path / mode)
-    assert_same(runs["checkpoint"], runs["plain"])
-    assert logs["checkpoint"] == logs["plain"]
-    assert any("fc1_activation_l2_norm" in name for name, _ in logs["plain"])
+        logs[run] = read_stats(tmp_path / run)
+        lines[run] = len(stats_log_path(tmp_path / run).read_text().splitlines())
+    assert_same(runs[mode], runs["plain"])
+    assert logs[mode] == logs["plain"]
+    assert lines[mode] == lines["plain"] == len(logs["plain"])  # each record once
+    for tensor in TENSOR_GEMMS:  # forward and backward statistics of a layer inside the checkpointed regions
+        assert any(f"fc1_{tensor}_l2_norm" in name for name, _ in logs["plain"])
