@@ -26,7 +26,9 @@ from lowprec.modules.recompute import (
     Replay,
     check_not_in_reentrant_checkpoint,
     in_backward,
+    in_reentrant_recomputation,
     reentrant_checkpoint,
+    refuse_backpropagation,
     replay_quantizers,
 )
 from lowprec.quant.protocol import Quantizer
@@ -104,18 +106,24 @@ class GemmUnit:
         """This forward runs inside a backward: activation checkpointing recomputing an earlier forward.
         Repeat it (see ``recompute.py``)."""
         check_not_in_reentrant_checkpoint()
-        replay = self.reentrant_forwards.take()
-        if replay is not None:
-            return self._replay_reentrant(layer_name, x, weight, bias, replay)
+        if in_reentrant_recomputation():
+            replay = self.reentrant_forwards.take()
+            return F.linear(x, weight, bias) if replay is None else self._replay_reentrant(layer_name, x, weight, bias, replay)
         original = self.forwards.oldest()
         if original is None:
-            return F.linear(x, weight, bias)
-        quantizers = replay_quantizers(self.quantizers(original.recipe, layer_name), getattr(original.node, "cast_states", {}))
-        if original.plan is not None:
-            processing = DebugProcessing(layer_name, quantizers, original.plan, self.tp_group, inspected=())
+            out = F.linear(x, weight, bias)
         else:
-            processing = PlainProcessing(quantizers)
-        return apply_linear(x, weight, bias, processing)
+            quantizers = replay_quantizers(
+                self.quantizers(original.recipe, layer_name), getattr(original.node, "cast_states", {})
+            )
+            if original.plan is not None:
+                processing = DebugProcessing(layer_name, quantizers, original.plan, self.tp_group, inspected=())
+            else:
+                processing = PlainProcessing(quantizers)
+            out = apply_linear(x, weight, bias, processing)
+        if out.grad_fn is not None:  # a non-reentrant checkpoint only takes this graph's saved tensors
+            out.grad_fn.register_prehook(refuse_backpropagation)
+        return out
 
     def _replay_reentrant(
         self, layer_name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, replay: Replay

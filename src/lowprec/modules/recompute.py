@@ -129,6 +129,23 @@ def check_not_in_reentrant_checkpoint() -> None:
         raise LowprecValueError(NESTED_REENTRANT.format(where="inside a recomputed checkpoint region"))
 
 
+def in_reentrant_recomputation() -> bool:
+    """Whether torch's reentrant checkpoint is recomputing its region: its node is the current one."""
+    return isinstance(torch._C._current_autograd_node(), _CHECKPOINT_NODE)
+
+
+def refuse_backpropagation(grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+    """A prehook for the graph of a forward recomputed for its saved tensors, which nothing should
+    backpropagate: if something does, a reentrant checkpoint that is not torch's recomputed it, with
+    casts that need not be the original forward's."""
+    raise LowprecValueError(
+        "a lowprec layer's forward recomputed during backward is being backpropagated: a reentrant activation "
+        "checkpoint that lowprec does not recognise (it recognises torch.utils.checkpoint's) recomputed it, and "
+        "its gradients would not be those of the original forward's casts; use a non-reentrant checkpoint "
+        "(torch.utils.checkpoint.checkpoint(..., use_reentrant=False))"
+    )
+
+
 class Replay(NamedTuple):
     """What a forward inside a reentrant checkpoint ran with: its recomputation repeats it."""
 
@@ -149,12 +166,9 @@ class ReentrantForwards:
         self._by_node.setdefault(node, deque()).append(replay)
 
     def take(self) -> Replay | None:
-        """The oldest forward not yet repeated of the checkpoint whose backward is recomputing its region,
-        or None when no reentrant checkpoint is (or the original ran ``torch.nn.functional.linear``)."""
-        node = torch._C._current_autograd_node()
-        if not isinstance(node, _CHECKPOINT_NODE):
-            return None
-        replays = self._by_node.get(node)
+        """The oldest forward not yet repeated of the reentrant checkpoint recomputing its region (see
+        ``in_reentrant_recomputation``), or None if the original ran ``torch.nn.functional.linear``."""
+        replays = self._by_node.get(torch._C._current_autograd_node())
         return replays.popleft() if replays else None
 
     def __len__(self) -> int:

@@ -232,6 +232,44 @@ def test_a_reentrant_checkpoint_inside_another_checkpoint_raises_an_error_that_n
         _nested_gradients("reentrant", outer, RECIPES["delayed"])
 
 
+class OwnReentrantCheckpoint(torch.autograd.Function):
+    """A reentrant checkpoint of another library (Megatron and DeepSpeed have their own): forward without
+    grad, backward recomputes the region and backpropagates through the recomputed graph."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return ctx.block(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = ctx.block(x)
+        torch.autograd.backward(out, grad)
+        return x.grad
+
+
+def test_a_reentrant_checkpoint_lowprec_does_not_recognise_raises_instead_of_training_wrong(monkeypatch):
+    block = Model().block1
+    monkeypatch.setattr(OwnReentrantCheckpoint, "block", block, raising=False)
+
+    def forward(ctx, x):
+        ctx.block = block
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return block(x)
+
+    monkeypatch.setattr(OwnReentrantCheckpoint, "forward", staticmethod(forward))
+    x = torch.randn(4, 16, requires_grad=True)
+    with lowprec.fp8_autocast(fp8_recipe=RECIPES["current"]):
+        out = OwnReentrantCheckpoint.apply(x)
+    with pytest.raises(LowprecValueError, match=r"does not recognise .*use_reentrant=False"):
+        out.sum().backward()
+
+
 def test_transformers_reentrant_gradient_checkpointing_trains_and_logs_as_without_it(tmp_path):
     """What trainers still do by default: ``gradient_checkpointing_enable`` with ``use_reentrant=True``, which
     wraps each decoder layer's forward in ``torch.utils.checkpoint`` (and makes the embeddings' output require grad)."""
