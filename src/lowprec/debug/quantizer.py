@@ -33,7 +33,8 @@ class DebugProcessing:
         self, layer_name: str, quantizers: dict[str, Quantizer], plan: LayerPlan, tp_group: Any = None, inspect: bool = True
     ):
         """``inspect=False``: run the plan's casts and modifications only (a recomputed forward, whose
-        tensors the original forward has already shown to the inspection features)."""
+        tensors the original forward has already shown to the inspection features, or one run inside
+        ``debug_api.paused()``)."""
         self.layer_name = layer_name
         self.inspect = inspect
         self.quantizers = quantizers
