@@ -66,8 +66,15 @@ class DebugSession:
         convert: bool = False,
         **initialize_kwargs: Any,
     ):
-        if not isinstance(config_file, (str, os.PathLike, dict)) or config_file == "":
+        if not isinstance(config_file, (str, os.PathLike, dict)):
             raise LowprecTypeError(f"config_file must be the path of a YAML config (or a dict), got {config_file!r}")
+        if config_file == "":
+            raise LowprecValueError("config_file is empty: give the path of a YAML config (or a dict) saying what to inspect")
+        if "init_training_step" in initialize_kwargs:
+            raise LowprecTypeError(
+                "init_training_step is set by the integration: the Trainer callbacks count iterations from the training's "
+                "own global step (a resumed training logs at its own steps); accelerate's DebugRun takes it as an argument"
+            )
         for name, value in (("fp8", fp8), ("convert", convert)):
             if not isinstance(value, bool):
                 raise LowprecTypeError(f"{name} must be a bool, got {value!r}")

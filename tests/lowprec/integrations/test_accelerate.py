@@ -21,7 +21,7 @@ from trainrun import (
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
-from lowprec.errors import LowprecTypeError
+from lowprec.errors import LowprecTypeError, LowprecValueError
 
 accelerate = pytest.importorskip("accelerate")
 
@@ -85,5 +85,7 @@ def test_bad_arguments_name_the_value_and_what_is_allowed(tmp_path):
         DebugRun(accelerator, model, config_file(tmp_path), recipe="fp8")
     with pytest.raises(LowprecTypeError, match="config_file must be the path of a YAML config"):
         DebugRun(accelerator, model, None)
+    with pytest.raises(LowprecValueError, match="config_file is empty"):
+        DebugRun(accelerator, model, "")
     with pytest.raises(LowprecTypeError, match="convert must be a bool, got 'yes'"):
         DebugRun(accelerator, model, config_file(tmp_path), convert="yes")

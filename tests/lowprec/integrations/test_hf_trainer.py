@@ -20,6 +20,7 @@ from trainrun import (
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import active_recipe
+from lowprec.errors import LowprecTypeError
 
 transformers = pytest.importorskip("transformers")
 
@@ -102,3 +103,21 @@ def test_training_forwards_run_under_the_recipe_and_evaluation_paused(tmp_path):
     evaluation = [s for s in seen if not s[0]]
     assert training == [(True, RECIPE, False)] * ACCUMULATION
     assert evaluation and set(evaluation) == {(False, RECIPE, True)}
+
+
+def test_a_resumed_training_logs_at_its_own_steps(tmp_path):
+    """Iterations count from the Trainer's global step at on_train_begin (a training resumed from a checkpoint)."""
+    model = tiny_llama()
+    callback = DebugCallback(config_file(tmp_path), log_dir=tmp_path / "logs", recipe=RECIPE)
+    state = transformers.TrainerState(global_step=5)
+    callback.on_train_begin(None, state, None, model=model)
+    assert debug_api.DEBUG_MANAGER._trainer_iteration_count == 5
+    callback.on_step_end(None, state, None, model=model)
+    assert debug_api.DEBUG_MANAGER._trainer_iteration_count == 6
+    callback.on_train_end(None, state, None, model=model)
+    assert debug_api.DEBUG_MANAGER is None
+
+
+def test_the_iteration_is_not_an_initialize_keyword_here(tmp_path):
+    with pytest.raises(LowprecTypeError, match="init_training_step is set by the integration"):
+        DebugCallback(config_file(tmp_path), init_training_step=3)
