@@ -209,3 +209,32 @@ def test_nothing_imports_the_programs_on_top():
         if not any(in_package(module, p) for p in PROGRAMS)
     }
     assert not {m: t for m, t in importers.items() if t}
+
+
+# The training frameworks: each is imported by its own integration module only, and no module of src/ outside
+# lowprec.integrations imports an integration, so that importing lowprec (or nvdlfw_inspect) imports none of them.
+FRAMEWORK_INTEGRATIONS = {
+    "transformers": "lowprec.integrations.hf",
+    "lightning": "lowprec.integrations.lightning",
+    "pytorch_lightning": None,
+    "accelerate": "lowprec.integrations.accelerate",
+    "peft": None,
+}
+
+
+def test_only_its_integration_imports_each_training_framework():
+    _, imports = import_graph()
+    importers = {
+        framework: sorted(module for module, names in imports.items() if any(in_package(name, framework) for name in names))
+        for framework in FRAMEWORK_INTEGRATIONS
+    }
+    assert importers == {framework: [module] if module else [] for framework, module in FRAMEWORK_INTEGRATIONS.items()}
+
+
+def test_nothing_outside_the_integrations_imports_them():
+    importers = {
+        module: sorted(t for t in targets if in_package(t, "lowprec.integrations"))
+        for module, targets in lowprec_imports().items()
+        if not in_package(module, "lowprec.integrations")
+    }
+    assert not {m: t for m, t in importers.items() if t}

@@ -25,6 +25,17 @@ def active_recipe() -> Recipe | None:
     return state.recipe if state.enabled else None
 
 
+def checked_recipe(recipe: Recipe | None, what: str = "autocast recipe") -> Recipe:
+    """``recipe``, or the default (delayed scaling, HYBRID) for None; anything else is a ``LowprecTypeError``
+    naming ``what`` (the argument) and the recipes allowed."""
+    if recipe is None:
+        return DelayedScaling()
+    if not isinstance(recipe, RECIPES):
+        allowed = ", ".join(f"lowprec.{cls.__name__}" for cls in RECIPES)
+        raise LowprecTypeError(f"{what} must be one of {allowed}; got {type(recipe).__name__}")
+    return recipe
+
+
 @contextmanager
 def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[None]:
     """Run ``lowprec`` layers inside the block in FP8 with ``recipe`` (default: delayed scaling, HYBRID).
@@ -33,12 +44,7 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[Non
     """
     if not isinstance(enabled, bool):
         raise LowprecTypeError(f"autocast(enabled=...) must be a bool, got {enabled!r}")
-    if recipe is None:
-        recipe = DelayedScaling()
-    if not isinstance(recipe, RECIPES):
-        allowed = ", ".join(f"lowprec.{cls.__name__}" for cls in RECIPES)
-        raise LowprecTypeError(f"autocast recipe must be one of {allowed}; got {type(recipe).__name__}")
-    _stack.append(AutocastState(enabled, recipe))
+    _stack.append(AutocastState(enabled, checked_recipe(recipe)))
     try:
         yield
     finally:

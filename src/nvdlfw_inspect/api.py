@@ -10,7 +10,8 @@ import atexit
 import logging
 import os
 import sys
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -152,6 +153,28 @@ def end_debug() -> None:
         DEBUG_MANAGER = None
         atexit.unregister(_end_debug_at_exit)
         _reset_process_state()
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """Pause inspection for the block, e.g. around an evaluation run between training steps, whose forwards would
+    otherwise be merged into the next step's statistics.
+
+    Inside, no statistic is recorded, no tensor is dumped and nothing is added to the step (``log_tensor_stats``
+    returns ``{}``); features that steer precision or modify tensors keep applying, so the model computes as in
+    training. The iteration counter is untouched. Blocks nest; the pause ends with the outermost, also when it
+    raises. It holds in every thread (a backward runs in autograd's threads); a ``lowprec`` layer decides at its
+    forward, so the backward of a forward run paused is not inspected either. Before ``initialize`` it does nothing.
+    """
+    manager = DEBUG_MANAGER
+    if manager is None:
+        yield
+        return
+    manager.pause()
+    try:
+        yield
+    finally:
+        manager.resume()  # the manager it paused, even if end_debug() and initialize() ran inside the block
 
 
 def _end_debug_at_exit() -> None:

@@ -53,6 +53,8 @@ class DebugManager:
         self.owner_pid = os.getpid()  # a fork's child inherits the run, but its steps are the parent's to log
         self._tensor_reduction_group: Any = None
         self._first_step_done = False
+        self._pauses = 0  # debug_api.paused() blocks open now, in any thread
+        self._pause_lock = threading.Lock()
         self._initialize_loggers(statistics_logger, tb_writer, default_logging_enabled)
         self._load_namespace_apis_and_features(normalize_feature_dirs(feature_dirs))
 
@@ -155,6 +157,19 @@ class DebugManager:
             self._first_step_done = True
             warn_sections_never_matched()
             warn_features_in_namespaces_not_called()
+
+    @property
+    def paused(self) -> bool:
+        """Whether inspection is paused (``debug_api.paused``): nothing is recorded, precision is still steered."""
+        return self._pauses > 0
+
+    def pause(self) -> None:
+        with self._pause_lock:
+            self._pauses += 1
+
+    def resume(self) -> None:
+        with self._pause_lock:
+            self._pauses -= 1
 
     def set_iteration(self, iteration: int) -> None:
         """Set the counter (``initialize_training_step``), never in the middle of a ``step``."""

@@ -315,6 +315,41 @@ def test_step_counter(log_dir):
         debug_api.initialize_training_step(-1)
 
 
+def test_paused_records_nothing_nests_and_ends_with_its_block_also_on_error(log_dir):
+    """Statistics calls inside paused() (directly or through the namespace) record nothing and return {}; the pause
+    nests, survives an inner block's end, ends with the outermost block even when it raises, and leaves the
+    iteration counter alone. Outside it the step's statistics are those of the calls made outside only."""
+    with debug_api.paused():  # before initialize: nothing to pause
+        pass
+    debug_api.initialize(STATS_CONFIG, log_dir=log_dir)
+    assert not debug_api.DEBUG_MANAGER.paused
+    debug_api.log_tensor_stats("decoder.0", tensor=torch.ones(3), tensor_name="activation")
+    with debug_api.paused():
+        with debug_api.paused():
+            assert debug_api.log_tensor_stats("decoder.0", tensor=torch.full((3,), 100.0), tensor_name="activation") == {}
+        assert debug_api.DEBUG_MANAGER.paused
+        assert (
+            debug_api.base.log_tensor_stats(layer_name="decoder.0", tensor=torch.full((3,), -7.0), tensor_name="activation") == {}
+        )
+    assert not debug_api.DEBUG_MANAGER.paused
+    with pytest.raises(RuntimeError, match="inside"), debug_api.paused():
+        raise RuntimeError("inside")
+    assert not debug_api.DEBUG_MANAGER.paused
+    assert debug_api.DEBUG_MANAGER._trainer_iteration_count == 0
+    debug_api.log_tensor_stats("decoder.0", tensor=torch.full((3,), 3.0), tensor_name="activation")
+    debug_api.step()
+    assert read_stats(log_dir) == {("decoder.0_activation_max", 0): 3.0, ("decoder.0_activation_mean", 0): 2.0}
+
+
+def test_a_pause_entered_in_one_run_does_not_pause_the_next(log_dir):
+    debug_api.initialize(STATS_CONFIG, log_dir=log_dir)
+    with debug_api.paused():
+        debug_api.end_debug()
+        debug_api.initialize(STATS_CONFIG, log_dir=log_dir)
+        assert not debug_api.DEBUG_MANAGER.paused
+    assert debug_api.log_tensor_stats("decoder.0", tensor=torch.ones(3), tensor_name="activation")["max"] == 1.0
+
+
 def test_bad_init_training_step(log_dir):
     with pytest.raises(ValueError, match="init_training_step must be a non-negative integer, got 'x'"):
         debug_api.initialize(STATS_CONFIG, log_dir=log_dir, init_training_step="x")

@@ -40,8 +40,10 @@ class TensorPlan:
 
     def active(self, fp8: bool) -> bool:
         """Whether a feature touches this tensor (so the layer must take the debug path)."""
-        if self.inspect or any(self.inspect_postquantize.values()):
-            return True
+        return self.inspect or any(self.inspect_postquantize.values()) or self.steered(fp8)
+
+    def steered(self, fp8: bool) -> bool:
+        """Whether a feature changes what this tensor's GEMMs compute (modifies it, or sets its precision)."""
         if Precision.MODIFY in self.gemms.values():
             return True
         # with FP8 on, an input tensor kept in high precision is a feature's doing too
@@ -59,6 +61,11 @@ class LayerPlan:
     @property
     def active(self) -> bool:
         return any(plan.active(self.fp8) for plan in self.tensors.values())
+
+    @property
+    def steered(self) -> bool:
+        """Whether a feature changes what the layer computes: inspection paused, it still needs the debug path."""
+        return any(plan.steered(self.fp8) for plan in self.tensors.values())
 
     def precision(self, tensor: str, gemm: str) -> Precision:
         return self.tensors[tensor].gemms[gemm]

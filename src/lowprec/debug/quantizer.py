@@ -39,7 +39,8 @@ class DebugProcessing:
         inspected: Collection[str] = TENSORS,
     ):
         """``inspected``: the tensors shown to the inspection features; the others only get the plan's casts
-        and modifications (a recomputed forward's, which the original forward has already shown)."""
+        and modifications (a recomputed forward's, which the original forward has already shown, or all of
+        a forward run inside ``debug_api.paused()``)."""
         self.layer_name = layer_name
         self.inspected = inspected
         self.quantizers = quantizers

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import active_recipe
 from lowprec.debug.layer_state import DebugLayerState
-from lowprec.debug.names import BACKWARD_TENSORS
+from lowprec.debug.names import BACKWARD_TENSORS, TENSORS
 from lowprec.debug.quantizer import DebugProcessing
 from lowprec.modules.linear_function import LinearFunction, PlainProcessing, Processing
 from lowprec.modules.recompute import (
@@ -85,11 +85,15 @@ class GemmUnit:
         weight cache (it keys on storage) nor hold the autograd node for a recomputation."""
         recipe = active_recipe()
         plan = self.debug.plan_for(layer_name, recipe is not None, self.layer_types)
+        manager = debug_api.DEBUG_MANAGER
+        inspect = manager is not None and not manager.paused
+        if plan is not None and not inspect and not plan.steered:
+            plan = None  # debug_api.paused() and the features only look: the plain path, no per-tensor work
         if recipe is None and plan is None:
             return F.linear(x, weight, bias)
         quantizers = self.quantizers(recipe, layer_name)
         if plan is not None:
-            processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group)
+            processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group, inspected=TENSORS if inspect else ())
         else:
             processing = PlainProcessing(quantizers, None if traced else self.weight_cache)
         checkpoint = None if traced or torch.is_grad_enabled() else reentrant_checkpoint()

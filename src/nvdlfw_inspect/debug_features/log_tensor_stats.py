@@ -255,7 +255,9 @@ class LogTensorStats(GenericConfigAPIMapper):
     def log_tensor_stats(self, config: dict, layer_name: str, **kwargs: Any) -> Mapping[str, torch.Tensor]:
         """Returns this call's statistics as 0-dim float32 tensors on the tensor's device, torch's own reductions
         computed when read (see ``DerivedStats``); the logged values, merged over the step's calls and reduced over
-        the group, follow at ``step()``."""
+        the group, follow at ``step()``. Inside ``debug_api.paused()`` it records nothing and returns ``{}``."""
+        if debug_api.DEBUG_MANAGER.paused:
+            return {}
         tensor_name = kwargs["tensor_name"]
         announced = vars(self).setdefault("_announced", set())  # (layer, tensor) whose first call the debug log noted
         if (layer_name, tensor_name) not in announced:  # checked here, cheaply: this runs for every call

@@ -27,9 +27,9 @@ def counters(monkeypatch):
         counts["plans"] += 1
         return original_plan(*args)
 
-    def init(self, *args):
+    def init(self, *args, **kwargs):
         counts["debug"] += 1
-        original_init(self, *args)
+        original_init(self, *args, **kwargs)
 
     def apply(*args):
         counts["function"] += 1

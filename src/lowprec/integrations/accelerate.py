@@ -1,0 +1,73 @@
+"""accelerate: a context manager that runs a debug session over a hand-written training loop.
+
+::
+
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    with DebugRun(accelerator, model, "config.yaml", log_dir="logs", recipe=lowprec.Float8CurrentScaling()) as run:
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            run.step()  # after every batch: steps the debug run only when accelerator.sync_gradients
+
+Entering starts the run, with the layers named from the model without its wrappers (``accelerator.prepare``'s
+DDP, FSDP, DeepSpeed, ``torch.compile``; PEFT); leaving ends it, also when the loop raises. The prepared model's
+forward runs under ``lowprec.autocast(recipe=...)`` in train mode, and in eval mode (an evaluation inside the loop)
+under the same recipe with inspection paused, so that evaluation adds nothing to the statistics.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from lowprec.errors import LowprecTypeError
+from lowprec.integrations.session import DebugSession
+from lowprec.recipe import Recipe
+
+
+class DebugRun:
+    """Arguments after ``model`` as ``lowprec.integrations.session.DebugSession``'s (config, feature dirs, log dir,
+    ``initialize`` keywords, recipe, ``fp8``, ``convert``); ``init_training_step`` sets the first iteration (a
+    resumed training)."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        config_file: str | os.PathLike | dict,
+        *,
+        feature_dirs: Any = None,
+        log_dir: str | os.PathLike = ".",
+        recipe: Recipe | None = None,
+        fp8: bool = True,
+        convert: bool = False,
+        init_training_step: int = 0,
+        **initialize_kwargs: Any,
+    ):
+        if not isinstance(accelerator, Accelerator):
+            raise LowprecTypeError(f"accelerator must be an accelerate.Accelerator, got {type(accelerator).__name__}")
+        self.accelerator = accelerator
+        self.model = model
+        self.init_training_step = init_training_step
+        self.session = DebugSession(
+            config_file, feature_dirs=feature_dirs, log_dir=log_dir, recipe=recipe, fp8=fp8, convert=convert, **initialize_kwargs
+        )
+
+    def __enter__(self) -> DebugRun:
+        self.session.start(self.model, init_training_step=self.init_training_step)
+        return self
+
+    def step(self) -> None:
+        """Call after every batch: at the batch that ends a gradient accumulation (``accelerator.sync_gradients``,
+        the batch whose ``optimizer.step()`` updated the model) it logs the step's statistics."""
+        if self.accelerator.sync_gradients:
+            self.session.step()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.session.end()

@@ -1,0 +1,62 @@
+"""Hugging Face ``Trainer``: a ``TrainerCallback`` that runs a debug session over ``trainer.train()``.
+
+::
+
+    callback = DebugCallback("config.yaml", log_dir="logs", recipe=lowprec.Float8CurrentScaling())
+    trainer = Trainer(model=model, args=args, train_dataset=..., eval_dataset=..., callbacks=[callback])
+    with callback:  # ends the run also when train() raises
+        trainer.train()
+
+At ``on_train_begin`` the run starts (iterations count from ``state.global_step``, so a resumed training logs at
+its own steps), with the layers named from the model without its wrappers (see ``session.unwrap``); it steps at
+``on_step_end``, once per optimizer step whatever ``gradient_accumulation_steps``; it ends at ``on_train_end``.
+Training forwards run under ``lowprec.autocast(recipe=...)``; the Trainer's evaluations (the model in eval mode)
+run under the same recipe with inspection paused, so they add nothing to the statistics.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from transformers import TrainerCallback
+
+from lowprec.integrations.session import DebugSession
+from lowprec.recipe import Recipe
+
+
+class DebugCallback(TrainerCallback):
+    """Arguments as ``lowprec.integrations.session.DebugSession``'s (config, feature dirs, log dir, ``initialize``
+    keywords, recipe, ``fp8``, ``convert``). Used as a context manager around ``train()``, it also ends the run
+    when training raises (the Trainer calls no callback then); otherwise a failed run ends at the next
+    ``train()`` or at exit."""
+
+    def __init__(
+        self,
+        config_file: str | os.PathLike | dict,
+        *,
+        feature_dirs: Any = None,
+        log_dir: str | os.PathLike = ".",
+        recipe: Recipe | None = None,
+        fp8: bool = True,
+        convert: bool = False,
+        **initialize_kwargs: Any,
+    ):
+        self.session = DebugSession(
+            config_file, feature_dirs=feature_dirs, log_dir=log_dir, recipe=recipe, fp8=fp8, convert=convert, **initialize_kwargs
+        )
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self.session.start(model, init_training_step=state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.session.step()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.session.end()
+
+    def __enter__(self) -> DebugCallback:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.session.end()
