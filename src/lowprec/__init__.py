@@ -11,6 +11,7 @@ from lowprec.kernels import kernel_mode, set_kernel_mode
 from lowprec.modules import (
     Conv1D,
     ConvertReport,
+    GroupedLinear,
     LayerNormLinear,
     LayerNormMLP,
     Linear,
@@ -47,6 +48,7 @@ __all__ = [
     "Float8CurrentScaling",
     "Float8Tensor",
     "Format",
+    "GroupedLinear",
     "LayerNormLinear",
     "LayerNormMLP",
     "Linear",

@@ -9,6 +9,7 @@ import torch
 
 from lowprec.errors import LowprecTypeError
 from lowprec.modules.gemm_unit import GemmUnit
+from lowprec.modules.grouped_gemm import GroupedGemm
 
 _unnamed = itertools.count(1)
 
@@ -54,9 +55,10 @@ class NamedModule(torch.nn.Module):
         """The process group this layer's (and its sublayers') weights are sharded over: weight
         statistics are reduced over it. ``None``: weights are not sharded; their statistics stay per rank."""
         for module in self.modules():
-            for unit in vars(module).values():
-                if isinstance(unit, GemmUnit):
-                    unit.tp_group = group
+            for value in vars(module).values():
+                for unit in value.units if isinstance(value, GroupedGemm) else (value,):
+                    if isinstance(unit, GemmUnit):
+                        unit.tp_group = group
 
     def extra_repr(self) -> str:
         return f"name={self._name!r}"

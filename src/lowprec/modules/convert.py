@@ -22,6 +22,7 @@ from lowprec.errors import LowprecTypeError, LowprecValueError
 from lowprec.modules.base import NamedModule
 from lowprec.modules.conv1d import Conv1D
 from lowprec.modules.linear import Linear
+from lowprec.modules.moe import moe_plan
 
 logger = logging.getLogger("lowprec")
 
@@ -240,7 +241,7 @@ def _plan(module: torch.nn.Module, plain_linears: frozenset[type]) -> Callable[[
     for types, reason in _NOT_CONVERTED:
         if isinstance(module, types):
             return reason
-    return None
+    return moe_plan(module)  # Hugging Face experts and routers; any other module holding 3-D weights is reported
 
 
 def _plain_forward(module: torch.nn.Module, plain_linears: frozenset[type]) -> Callable | None:
