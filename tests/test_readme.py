@@ -15,7 +15,7 @@ import pytest
 from logreader import read_stats
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-OPTIONAL = ("wandb", "tensorboard", "pandas", "transformers")
+OPTIONAL = ("wandb", "tensorboard", "pandas", "transformers", "lightning", "accelerate")
 
 
 def fenced_blocks() -> list[tuple[str, str, str | None, str]]:
@@ -78,10 +78,21 @@ def check_diagnose(directory: Path, stdout: str) -> None:
     assert stdout.strip().endswith("findings")
 
 
+C_ATTN_STATS = {f"model.transformer.h.{i}.attn.c_attn_activation_{stat}" for i in (0, 1) for stat in ("max", "l2_norm")}
+
+
 def check_convert(directory: Path, stdout: str) -> None:
     assert "8 layers converted" in stdout and "skipped lm_head (Linear): filtered out" in stdout
-    names = {f"model.transformer.h.{i}.attn.c_attn_activation_{stat}" for i in (0, 1) for stat in ("max", "l2_norm")}
-    assert set(read_stats(directory / "convert_logs")) == {(name, iteration) for name in names for iteration in range(3)}
+    assert set(read_stats(directory / "convert_logs")) == {(name, iteration) for name in C_ATTN_STATS for iteration in range(3)}
+
+
+def check_training_loop(log_dir: str):
+    """The integration snippets: three optimizer steps of c_attn statistics, none from evaluation."""
+
+    def check(directory: Path, stdout: str) -> None:
+        assert set(read_stats(directory / log_dir)) == {(name, iteration) for name in C_ATTN_STATS for iteration in range(3)}
+
+    return check
 
 
 def check_fp8_debugging(directory: Path, stdout: str) -> None:
@@ -113,6 +124,9 @@ CHECKS = {
     "FP8 layers: `lowprec`": None,  # its assertion is appended to the snippet
     "Converting an existing model: `lowprec.convert`": check_convert,
     "Comparing formats: `nvdlfw-inspect compare`": check_compare,
+    "Hugging Face `Trainer`": check_training_loop("hf_logs"),
+    "Lightning": check_training_loop("pl_logs"),
+    "accelerate": check_training_loop("acc_logs"),
     "Studying a format on your own tensors: `lowprec.quantize`": check_quantize,
     "Debugging FP8 training (config namespace `transformer_engine`)": check_fp8_debugging,
 }
