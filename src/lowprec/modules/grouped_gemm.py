@@ -47,7 +47,8 @@ class GroupedGemm:
         for group ``i``; the outputs in the same row order. A group of no rows runs no GEMM."""
         if torch.compiler.is_compiling():  # the routing plan and the token statistics are host-side
             return run_eagerly(self.forward, layer_name, x, weight, bias, m_splits)
-        log_tokens = debug_api.DEBUG_MANAGER is not None and not in_backward()  # a recomputation counts nothing again
+        manager = debug_api.DEBUG_MANAGER  # paused (an evaluation) or recomputing (counted already): nothing to count
+        log_tokens = manager is not None and not manager.paused and not in_backward()
         outputs = []
         for i, (unit, rows) in enumerate(zip(self.units, x.split(list(m_splits)), strict=True)):
             name = gemm_name(layer_name, i)

@@ -143,6 +143,8 @@ def test_tokens_are_summed_over_micro_batches_and_logged_when_the_expert_is(log_
         for splits in micro_batches:
             with lowprec.autocast(recipe=lowprec.DelayedScaling()):
                 layer(inputs(splits, 4), splits).sum().backward()
+        with debug_api.paused(), torch.no_grad():  # an evaluation: counts nothing
+            layer(inputs([9, 9, 9, 9], 5), [9, 9, 9, 9])
         debug_api.step()
     debug_api.end_debug()
     tokens = {key: value for key, value in logged(log_dir).items() if key[2] == "tokens"}
