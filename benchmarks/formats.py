@@ -5,9 +5,12 @@ the bandwidth of quantizing one tensor in each format, measured side by side in 
    and current scaling, MXFP8, FP8 block scaling, NVFP4) as a ratio to the same step in high precision.
    On the CPU every recipe is emulated; on a CUDA GPU per-tensor FP8 runs ``torch._scaled_mm`` and the
    block recipes are emulated (quantize, dequantize, GEMM in high precision).
-2. Quantizing a bf16 tensor (128 MiB on CUDA, 8 MiB on the CPU) with each format's quantizer, as GB/s
-   of bytes read next to a plain copy's. On CUDA each cast runs the fused Triton kernels, and again as
-   the torch emulation (``(torch)`` rows, ``lowprec.set_kernel_mode("emulated")``) to show what the fusion saves.
+2. Quantizing a bf16 tensor (128 MiB on CUDA, 8 MiB on the CPU) with each format's quantizer (rowwise,
+   as an activation), as GB/s of bytes read next to a plain copy's. On CUDA each cast runs the fused
+   Triton kernels, and again as the torch emulation (``(torch)`` rows, ``lowprec.set_kernel_mode("emulated")``)
+   to show what the fusion saves. When torchao is installed, its eager ``to_mx`` (MXFP8, E4M3, blocks of
+   32) and ``nvfp4_quantize`` (with a per-tensor scale from the amax, as ours) run beside them, and a last
+   table gives ours / torchao's time (below 1: ours is faster).
 
 ``--tiny`` runs the CPU tables at tiny sizes (checks that the code runs, not its speed); ``--json PATH``
 also writes the key numbers of the last device's tables.
@@ -19,6 +22,7 @@ Run: ``python benchmarks/formats.py [--steps N] [--repeats R] [--width W] [--dep
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 from harness import InProcess, device_name, interleave, mean_seconds, print_ratio_table, synchronize, write_json
@@ -71,9 +75,25 @@ def unfused(cast, x: torch.Tensor):
         kernels.set_kernel_mode(saved)
 
 
+def torchao_casts(x: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """torchao's eager MXFP8 and NVFP4 quantization of ``x``, keyed by the label of our recipe they match;
+    empty (said once) when torchao is not installed."""
+    try:
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
+        from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
+    except ImportError as error:
+        print(f"torchao columns: not measured (torchao not installed: {error})")
+        return {}
+
+    def nvfp4() -> object:
+        return nvfp4_quantize(x, 16, per_tensor_amax_to_scale(x.abs().amax().float()))
+
+    return {"MXFP8": lambda: to_mx(x, torch.float8_e4m3fn, 32), "NVFP4": nvfp4}
+
+
 def quantize_table(args: argparse.Namespace, device: str, side: int) -> dict[str, float]:
     """Seconds per quantization of a ``side`` x ``side`` bf16 tensor by each recipe's activation
-    quantizer, and a copy's."""
+    quantizer, by torchao's matching casts, and a copy's."""
     x = torch.randn(side, side, device=device, dtype=torch.bfloat16)
     size = x.numel() * x.element_size()
     work = {"copy (ceiling)": lambda: x.clone()}
@@ -83,15 +103,22 @@ def quantize_table(args: argparse.Namespace, device: str, side: int) -> dict[str
             work[label] = lambda quantizer=quantizer: quantizer.quantize(x)
             if device == "cuda":
                 work[f"{label} (torch)"] = lambda quantizer=quantizer: unfused(quantizer.quantize, x)
-    seconds = {}
-    for label, fn in work.items():
-        seconds[label] = min(mean_seconds(fn, args.steps, device) for _ in range(args.repeats))
-        synchronize(device)
+    theirs = torchao_casts(x)
+    work.update({f"{label} (torchao)": cast for label, cast in theirs.items()})
+    seconds = {label: float("inf") for label in work}
+    for _ in range(args.repeats):  # interleaved rounds: a busy machine slows every variant alike
+        for label, fn in work.items():
+            seconds[label] = min(seconds[label], mean_seconds(fn, args.steps, device))
+            synchronize(device)
     print(f"\nQuantizing a {size / 2**20:g} MiB bf16 tensor ({side}x{side}), {device}")
     print(f"{'variant':<32} {'ms':>9} {'GB/s read':>10} {'of copy':>8}")
     copy_rate = size / seconds["copy (ceiling)"]
     for label, value in seconds.items():
         print(f"{label:<32} {value * 1e3:>9.2f} {size / value / 1e9:>10.2f} {size / value / copy_rate:>8.2f}")
+    if theirs:
+        print(f"\n{'format':<12} {'ours / torchao':>15}")
+        for label in theirs:
+            print(f"{label:<12} {seconds[label] / seconds[f'{label} (torchao)']:>15.2f}")
     return seconds
 
 

@@ -18,6 +18,9 @@ def test_every_recipe_is_timed_next_to_high_precision(capsys):
     steps = formats.training_table(args, "cpu", torch.float32)
     quantized = formats.quantize_table(args, "cpu", 256)
     assert set(steps) == set(formats.RECIPES) and all(seconds > 0 for seconds in steps.values())
-    assert set(quantized) == {"copy (ceiling)"} | {label for label, recipe in formats.RECIPES.items() if recipe is not None}
+    ours = {label for label, recipe in formats.RECIPES.items() if recipe is not None}
+    assert set(quantized) == {"copy (ceiling)"} | ours | {"MXFP8 (torchao)", "NVFP4 (torchao)"}  # torchao: a dev extra
     out = capsys.readouterr().out
     assert "training step per recipe" in out and "NVFP4" in out and "GB/s read" in out
+    ratios = dict(line.split() for line in out.split("ours / torchao")[1].strip().splitlines())
+    assert set(ratios) == {"MXFP8", "NVFP4"} and all(float(ratio) > 0 for ratio in ratios.values())
