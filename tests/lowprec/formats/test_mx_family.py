@@ -8,31 +8,15 @@ fp32 ``log2`` just above a power of two (RCEIL), blocks whose scale is byte 0 (E
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
+from mxref import ELEMENTS, MODE, ScaleCalculationMode, torchao_cast
 
 from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E2M1, E2M3, E3M2, E4M3, E5M2, ElementFormat, FP8Format
 from lowprec.formats.scales import MX_BLOCK, MXScaleRule
 from lowprec.quant.block import BlockQuantizer
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from torchao.prototype.mx_formats.config import ScaleCalculationMode
-    from torchao.prototype.mx_formats.kernels import unpack_uint4
-    from torchao.prototype.mx_formats.mx_tensor import to_mx
-
-ELEMENTS = {"e4m3": E4M3, "e5m2": E5M2, "e3m2": E3M2, "e2m3": E2M3, "e2m1": E2M1}
-TORCHAO_DTYPE = {
-    E4M3: torch.float8_e4m3fn,
-    E5M2: torch.float8_e5m2,
-    E3M2: "fp6_e3m2",
-    E2M3: "fp6_e2m3",
-    E2M1: torch.float4_e2m1fn_x2,
-}
-MODE = {"nvidia": ScaleCalculationMode.RCEIL, "ocp": ScaleCalculationMode.FLOOR}
 EMAX = {E4M3: 8, E5M2: 15, E3M2: 4, E2M3: 2, E2M1: 2}  # floor(log2(max)) of each element: the OCP rule's emax_elem
 
 
@@ -131,14 +115,7 @@ def ours(x: torch.Tensor, element: ElementFormat, rule: str) -> tuple[torch.Tens
 
 
 def torchao(x: torch.Tensor, element: ElementFormat, mode: ScaleCalculationMode) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(scale bytes, codes)`` of ``to_mx`` on ``x`` padded with zeros to whole blocks (as our casts pad), cropped."""
-    cols = x.shape[1]
-    padded = torch.nn.functional.pad(x, (0, -cols % MX_BLOCK)).contiguous()
-    scales, data = to_mx(padded, TORCHAO_DTYPE[element], MX_BLOCK, mode)
-    codes = data.view(torch.uint8)
-    if element is E2M1:  # two codes a byte
-        codes = unpack_uint4(codes.reshape(-1)).reshape(padded.shape)
-    return scales.view(torch.uint8).reshape(x.shape[0], -1), codes[:, :cols]
+    return torchao_cast(x, element, mode)
 
 
 def spread(rows: int, cols: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
