@@ -46,7 +46,7 @@ def test_defaults_rules_and_labels():
     ]:
         quantizers = lowprec.MXBlockScaling(name).quantizers("fc")
         for quantizer in quantizers.values():
-            assert quantizer.rule.rule == rule and quantizer.label == label and quantizer.element is ELEMENTS[name]
+            assert quantizer.rule.convention == rule and quantizer.label == label and quantizer.element is ELEMENTS[name]
             assert quantizer.block == (1, 32)
         if name in ("e3m2", "e2m3", "e2m1"):  # features that cast per tensor: E4M3 forward, E5M2 gradients
             assert (quantizers["activation"].format, quantizers["gradient"].format) == (E4M3, E5M2)
@@ -181,7 +181,7 @@ def test_compare_knows_the_mx_family():
     made = {name: COMPARE_RECIPES[name].make(0) for name in names}
     assert made["mxfp4"] == lowprec.MXBlockScaling("e2m1") and made["mxfp6_e3m2"] == lowprec.MXBlockScaling("e3m2")
     assert made["mxfp8_ocp"].quantizers("x")["weight"].label == "mxfp8_ocp"
-    assert made["mxfp4_nvidia"].quantizers("x")["weight"].rule.rule == "nvidia"
+    assert made["mxfp4_nvidia"].quantizers("x")["weight"].rule.convention == "nvidia"
     assert all(COMPARE_RECIPES[name].stats == ("underflows%", "mse") for name in names)
     with pytest.raises(LowprecValueError, match="unknown recipe 'mxfp5'"):
         parse_recipes("mxfp5")

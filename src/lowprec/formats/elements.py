@@ -121,6 +121,14 @@ class MiniFloatFormat:
     exponent_bits: int
     mantissa_bits: int
 
+    def __post_init__(self) -> None:
+        bits = (self.exponent_bits, self.mantissa_bits)
+        integers = all(isinstance(b, int) and not isinstance(b, bool) for b in bits)
+        if not integers or self.exponent_bits < 1 or self.mantissa_bits < 0:
+            raise LowprecValueError(f"{self.name}: exponent_bits >= 1 and mantissa_bits >= 0 must be integers, got {bits}")
+        if sum(bits) > 7:
+            raise LowprecValueError(f"{self.name}: a sign, {bits[0]} exponent and {bits[1]} mantissa bits exceed a uint8 code")
+
     @functools.cached_property
     def magnitudes(self) -> tuple[float, ...]:
         """Every non-negative value, indexed by its code: the code of a positive value is its bit pattern."""

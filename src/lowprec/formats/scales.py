@@ -96,28 +96,28 @@ def default_mx_scale_rule(element: ElementFormat) -> str:
 
 @dataclass(frozen=True)
 class MXScaleRule:
-    """One E8M0 power of two per block (see the module docstring): ``rule`` ``"nvidia"`` (rounded up, the
-    default: Transformer Engine's MXFP8) or ``"ocp"`` (the specification's floor)."""
+    """One E8M0 power of two per block (see the module docstring) under ``convention`` ``"nvidia"`` (rounded up,
+    the default: Transformer Engine's MXFP8) or ``"ocp"`` (the specification's floor)."""
 
     element: ElementFormat
-    rule: str = NVIDIA
+    convention: str = NVIDIA
 
     def __post_init__(self) -> None:
-        if self.rule not in MX_SCALE_RULES:
-            raise LowprecValueError(f"MX scale rule must be one of {list(MX_SCALE_RULES)}, got {self.rule!r}")
+        if self.convention not in MX_SCALE_RULES:
+            raise LowprecValueError(f"MX scale rule must be one of {list(MX_SCALE_RULES)}, got {self.convention!r}")
 
     def scales(self, amax: torch.Tensor, has_nan: torch.Tensor) -> BlockScales:
         amax = amax.float()
-        if self.rule == NVIDIA:
+        if self.convention == NVIDIA:
             amax = amax * (1.0 / self.element.max)  # a Python float: multiplied as fp32(1 / element max)
         positive = amax > 0
-        log2 = ceil_log2 if self.rule == NVIDIA else floor_log2
+        log2 = ceil_log2 if self.convention == NVIDIA else floor_log2
         exponent = torch.where(positive & amax.isfinite(), log2(torch.where(positive, amax, 1.0)), E8M0_BIAS)
-        if self.rule == OCP:
+        if self.convention == OCP:
             exponent = torch.where(amax.isfinite(), exponent - (math.frexp(self.element.max)[1] - 1), exponent)  # - emax_elem
         exponent = torch.where(positive, exponent, -E8M0_BIAS).clamp(-E8M0_BIAS, E8M0_BIAS)
         stored = exponent + E8M0_BIAS
-        if self.rule == OCP or not self.element.has_nan:  # the block's NaN is its scale's (see the module docstring)
+        if self.convention == OCP or not self.element.has_nan:  # the block's NaN is its scale's (see the module docstring)
             stored = torch.where(has_nan, E8M0_NAN, stored)
         return BlockScales(stored.to(torch.uint8).view(torch.float8_e8m0fnu), power_of_two(-exponent))
 

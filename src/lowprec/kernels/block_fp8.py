@@ -115,7 +115,7 @@ def _block_fp8_tile(
 def scale_kind(rule: ScaleRule) -> int | None:
     """The kernel's SCALE_KIND for ``rule``, None for a rule it does not implement (NVFP4's, MX's OCP floor)."""
     if isinstance(rule, MXScaleRule):
-        return E8M0 if rule.rule == NVIDIA else None
+        return E8M0 if rule.convention == NVIDIA else None
     if isinstance(rule, Float8BlockScaleRule):
         return FP32_POWER_OF_2 if rule.power_2 else FP32
     return None

@@ -131,4 +131,4 @@ def test_the_default_element_formats_of_what_if_mxfp8_ocp():
 
     for fmt in (E4M3, E5M2):
         quantizer = mx_what_if_quantizer("mxfp8_ocp", fmt)
-        assert quantizer.element is fmt and quantizer.rule.rule == "ocp" and quantizer.label == "mxfp8_ocp"
+        assert quantizer.element is fmt and quantizer.rule.convention == "ocp" and quantizer.label == "mxfp8_ocp"

@@ -231,3 +231,14 @@ def test_departure_nan_blocks(name, rule):
     assert dequantized[0, 0].isnan() and (dequantized[0, 1:MX_BLOCK].isnan().all().item() is marks_nan)
     if not marks_nan:
         assert dequantized[0, 1:3].tolist() == [3.0, -0.5]
+
+
+def test_mini_float_formats_must_fit_a_uint8_code():
+    from lowprec.formats.elements import MiniFloatFormat
+
+    assert MiniFloatFormat("FP6E3M2", 3, 2) == E3M2
+    assert MiniFloatFormat("E4M3-like", 4, 3).max == 480.0  # no NaN: the top binade is normal
+    with pytest.raises(LowprecValueError, match=r"E5M3: a sign, 5 exponent and 3 mantissa bits exceed a uint8 code"):
+        MiniFloatFormat("E5M3", 5, 3)
+    with pytest.raises(LowprecValueError, match=r"E0M3: exponent_bits >= 1 and mantissa_bits >= 0 .*, got \(0, 3\)"):
+        MiniFloatFormat("E0M3", 0, 3)
