@@ -3,6 +3,10 @@ training (every layer, ``convert``, GroupedLinear), in ``lowprec.quantize`` and 
 
 from __future__ import annotations
 
+import json
+import math
+import re
+
 import pytest
 import torch
 from mxref import ELEMENTS, torchao_dequantized
@@ -10,7 +14,7 @@ from test_block_recipes import LAYERS, relative_error, train_mlp
 
 import lowprec
 from lowprec.compare import RECIPES as COMPARE_RECIPES
-from lowprec.compare import parse_recipes
+from lowprec.compare import compare_formats, parse_recipes
 from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E4M3, E5M2
 
@@ -185,6 +189,15 @@ def test_compare_knows_the_mx_family():
     assert all(COMPARE_RECIPES[name].stats == ("underflows%", "mse") for name in names)
     with pytest.raises(LowprecValueError, match="unknown recipe 'mxfp5'"):
         parse_recipes("mxfp5")
+
+
+def test_compare_trains_and_ranks_the_new_formats(tmp_path):
+    page = compare_formats(["mxfp4", "mxfp6_e2m3"], steps=2, size="tiny", out=tmp_path, seed=3, device="cpu")
+    data = json.loads(re.search(r'<script type="application/json" id="compare-data">(.*?)</script>', page.read_text(), re.S)[1])
+    assert data["failed"] == [] and [run["name"] for run in data["runs"]] == ["mxfp4", "mxfp6_e2m3"]
+    for run in data["runs"]:
+        assert len(run["loss"]) == 2 and all(math.isfinite(loss) for loss in run["loss"])
+        assert run["stats"] == ["underflows%", "mse"] and set(run["outliers"]) == {"underflows%", "relative mse"}
 
 
 def test_the_fused_mxfp8_kernel_takes_only_what_it_implements():

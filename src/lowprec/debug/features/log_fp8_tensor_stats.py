@@ -133,7 +133,8 @@ class LogFp8TensorStats(ScheduledStats):
     transposed copy).
     Other keys: ``tensors``/``tensors_struct``, ``freq``, ``start_step``, ``end_step``,
     ``start_end_list``. What-if casts use the layer's FP8 format, or E4M3 (E5M2 for gradients) when the
-    layer runs without one; what-if delayed scaling keeps its own amax history per layer and tensor.
+    layer runs without one (what-if MXFP6 and MXFP4 their own element); what-if delayed scaling keeps its own
+    amax history per layer and tensor.
     """
 
     allowed_tensors = ("activation", "gradient", "weight")
