@@ -6,7 +6,7 @@ Importing ``lowprec`` makes its debug features (config namespace ``transformer_e
 
 from lowprec.autocast import autocast, fp8_autocast
 from lowprec.debug import FEATURE_DIR
-from lowprec.formats.elements import E2M1, E4M3, E5M2, FP4Format, FP8Format
+from lowprec.formats.elements import E2M1, E2M3, E3M2, E4M3, E5M2, FP4Format, FP8Format, MiniFloatFormat
 from lowprec.kernels import kernel_mode, set_kernel_mode
 from lowprec.modules import (
     Conv1D,
@@ -25,6 +25,7 @@ from lowprec.recipe import (
     Float8BlockScaling,
     Float8CurrentScaling,
     Format,
+    MXBlockScaling,
     MXFP8BlockScaling,
     NVFP4BlockScaling,
 )
@@ -35,6 +36,8 @@ register_default_feature_dir(FEATURE_DIR)
 
 __all__ = [
     "E2M1",
+    "E2M3",
+    "E3M2",
     "E4M3",
     "E5M2",
     "FEATURE_DIR",
@@ -52,7 +55,9 @@ __all__ = [
     "LayerNormLinear",
     "LayerNormMLP",
     "Linear",
+    "MXBlockScaling",
     "MXFP8BlockScaling",
+    "MiniFloatFormat",
     "NVFP4BlockScaling",
     "QuantizedView",
     "TransformerLayer",

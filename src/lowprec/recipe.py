@@ -3,7 +3,8 @@
 Per-tensor FP8: ``DelayedScaling``, ``Float8CurrentScaling``. Block-scaled (one scale per block of
 values along the GEMM's inner dimension, see ``formats/scales.py``): ``MXFP8BlockScaling``,
 ``Float8BlockScaling``, ``NVFP4BlockScaling``. Names, fields and defaults follow Transformer Engine's
-``transformer_engine.common.recipe``, so configs and code written for it carry over.
+``transformer_engine.common.recipe``, so configs and code written for it carry over. ``MXBlockScaling``
+(lowprec's) covers the whole OCP MX family, MXFP8, MXFP6 and MXFP4, under either E8M0 scale rule.
 """
 
 from __future__ import annotations
@@ -13,10 +14,19 @@ from enum import Enum
 
 from lowprec.errors import LowprecValueError
 from lowprec.formats import elements
-from lowprec.formats.elements import E2M1, FP4Format, FP8Format
+from lowprec.formats.elements import E2M1, MX_ELEMENTS, ElementFormat, FP4Format, FP8Format
 from lowprec.formats.noise import RoundingStream
-from lowprec.formats.scales import FLOAT8_BLOCK, MX_BLOCK, NVFP4_BLOCK, Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
-from lowprec.quant.block import FLOAT8_BLOCK_LABEL, MXFP8_LABEL, NVFP4_LABEL, BlockQuantizer
+from lowprec.formats.scales import (
+    FLOAT8_BLOCK,
+    MX_BLOCK,
+    MX_SCALE_RULES,
+    NVFP4_BLOCK,
+    NVIDIA,
+    Float8BlockScaleRule,
+    NVFP4ScaleRule,
+    default_mx_scale_rule,
+)
+from lowprec.quant.block import FLOAT8_BLOCK_LABEL, NVFP4_LABEL, BlockQuantizer, mx_quantizer
 from lowprec.quant.per_tensor import CurrentScalingQuantizer, DelayedScalingQuantizer
 from lowprec.quant.protocol import Quantizer
 from nvdlfw_inspect.errors import is_int
@@ -122,12 +132,57 @@ class MXFP8BlockScaling(Recipe):
 
     def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
         fwd, bwd = self.fp8_format.forward, self.fp8_format.backward
-        weight_block = (MX_BLOCK, MX_BLOCK) if self.enable_2d_quantization else (1, MX_BLOCK)
-        return {
-            "activation": BlockQuantizer(MXScaleRule(fwd), fwd, (1, MX_BLOCK), fwd, label=MXFP8_LABEL),
-            "weight": BlockQuantizer(MXScaleRule(fwd), fwd, weight_block, fwd, label=MXFP8_LABEL),
-            "gradient": BlockQuantizer(MXScaleRule(bwd), bwd, (1, MX_BLOCK), bwd, label=MXFP8_LABEL),
-        }
+        return _mx_quantizers((fwd, NVIDIA), (bwd, NVIDIA), self.enable_2d_quantization)
+
+
+def _mx_quantizers(forward: tuple[ElementFormat, str], gradient: tuple[ElementFormat, str], two_d: bool) -> dict[str, Quantizer]:
+    """The MX quantizers of each operand from ``(element, scale rule)`` of the forward operands and the gradient;
+    ``two_d``: one scale per 32 x 32 block of the weight. Per-tensor features use E4M3 (E5M2 for gradients) where
+    the element is not FP8."""
+    weight_block = (MX_BLOCK, MX_BLOCK) if two_d else (1, MX_BLOCK)
+    return {
+        "activation": mx_quantizer(*forward),
+        "weight": mx_quantizer(*forward, block=weight_block),
+        "gradient": mx_quantizer(*gradient, fmt=elements.E5M2),
+    }
+
+
+@dataclass(frozen=True)
+class MXBlockScaling(Recipe):
+    """Any OCP MX format: ``element`` values (``"e4m3"``, ``"e5m2"``: MXFP8; ``"e3m2"``, ``"e2m3"``: MXFP6;
+    ``"e2m1"``: MXFP4), one E8M0 scale per 32 consecutive values along the GEMM's inner dimension.
+    ``gradient_element``: the gradients' element (None: ``element``), e.g. ``"e5m2"`` under ``"e4m3"`` as
+    Transformer Engine's HYBRID. ``scale_rule``: ``"nvidia"`` (rounded up, Transformer Engine's MXFP8: no
+    value saturates) or ``"ocp"`` (the specification's floor); None takes each element's default, NVIDIA's
+    for FP8 elements (where Transformer Engine has the format) and the specification's for FP6 and FP4
+    (only it defines them). ``enable_2d_quantization``: one scale per 32 x 32 block of the weight.
+    ``MXBlockScaling(element="e4m3", scale_rule="nvidia")`` is ``MXFP8BlockScaling()``, bit for bit."""
+
+    element: str = "e4m3"
+    gradient_element: str | None = None
+    scale_rule: str | None = None
+    enable_2d_quantization: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("element", "gradient_element"):
+            value = getattr(self, name)
+            if not (isinstance(value, str) and value in MX_ELEMENTS) and not (name == "gradient_element" and value is None):
+                raise LowprecValueError(f"MXBlockScaling.{name} must be one of {list(MX_ELEMENTS)}, got {value!r}")
+        if self.scale_rule is not None and not (isinstance(self.scale_rule, str) and self.scale_rule in MX_SCALE_RULES):
+            raise LowprecValueError(
+                f"MXBlockScaling.scale_rule must be one of {list(MX_SCALE_RULES)} or None (each element's default), "
+                f"got {self.scale_rule!r}"
+            )
+        _check_bool("MXBlockScaling.enable_2d_quantization", self.enable_2d_quantization)
+
+    def rule_of(self, element: ElementFormat) -> str:
+        """The scale rule ``element``'s operands use: ``scale_rule``, or the element's default."""
+        return self.scale_rule or default_mx_scale_rule(element)
+
+    def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
+        fwd = MX_ELEMENTS[self.element]
+        bwd = MX_ELEMENTS[self.gradient_element or self.element]
+        return _mx_quantizers((fwd, self.rule_of(fwd)), (bwd, self.rule_of(bwd)), self.enable_2d_quantization)
 
 
 @dataclass(frozen=True)
@@ -212,8 +267,8 @@ class NVFP4BlockScaling(Recipe):
         }
 
 
-RECIPES = (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)
-BLOCK_RECIPES = (MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)
+RECIPES = (DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, MXBlockScaling, Float8BlockScaling, NVFP4BlockScaling)
+BLOCK_RECIPES = (MXFP8BlockScaling, MXBlockScaling, Float8BlockScaling, NVFP4BlockScaling)
 
 
 def _check_format(fmt: object) -> None:

@@ -27,7 +27,8 @@ QUANTIZE_LAYER = "lowprec.quantize"
 @dataclass(frozen=True)
 class Orientation:
     """One orientation of a cast. ``codes``: uint8, one per element, in this orientation's logical shape
-    (FP8 bytes, or E2M1 codes: bit 3 the sign, bits 0-2 the index into 0, 0.5, 1, 1.5, 2, 3, 4, 6);
+    (FP8 bytes; E2M1 codes: bit 3 the sign, bits 0-2 the index into 0, 0.5, 1, 1.5, 2, 3, 4, 6; FP6 E3M2
+    and E2M3 codes: the 6-bit pattern, bit 5 the sign);
     ``scale_inv``: the decode scales as the format stores them, one per block (rows of blocks x blocks
     per row; E8M0 or E4M3 bytes as uint8, fp32 for FP8 block scaling) or one per tensor (fp32, 0-dim);
     ``global_scale_inv``: NVFP4's per-tensor decode scale (fp32, 0-dim), None for other formats;

@@ -2,7 +2,10 @@
 
 ``bf16`` is the usual high-precision baseline, the forward under ``torch.autocast`` to bfloat16; ``fp32``
 trains without either. Each FP8 and block recipe logs ``LogFp8TensorStats`` of its own casts, NVFP4
-``LogNvfp4TensorStats`` of its own (E2M1 zero codes counted as underflows).
+``LogNvfp4TensorStats`` of its own (E2M1 zero codes counted as underflows). The MX family: ``mxfp8``
+(Transformer Engine's), ``mxfp8_ocp``, ``mxfp6_e3m2``, ``mxfp6_e2m3`` and ``mxfp4`` (the OCP rule, their
+default) and ``mxfp4_nvidia`` (scales rounded up, as the default ``ROUND_UP`` mode of OpenAI's
+triton_kernels, which gpt-oss's MXFP4 kernels come from, rounds them).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from lowprec.recipe import (
     DelayedScaling,
     Float8BlockScaling,
     Float8CurrentScaling,
+    MXBlockScaling,
     MXFP8BlockScaling,
     NVFP4BlockScaling,
     Recipe,
@@ -47,6 +51,11 @@ RECIPES: dict[str, Entry] = {
     "mxfp8": Entry("MXFP8", lambda seed: MXFP8BlockScaling(), OWN_STATS),
     "block": Entry("FP8 block scaling", lambda seed: Float8BlockScaling(), OWN_STATS),
     "nvfp4": Entry("NVFP4", lambda seed: NVFP4BlockScaling(seed=seed), OWN_STATS, "LogNvfp4TensorStats", "nvfp4_"),
+    "mxfp8_ocp": Entry("MXFP8 (OCP scales)", lambda seed: MXBlockScaling("e4m3", scale_rule="ocp"), OWN_STATS),
+    "mxfp6_e3m2": Entry("MXFP6 E3M2", lambda seed: MXBlockScaling("e3m2"), OWN_STATS),
+    "mxfp6_e2m3": Entry("MXFP6 E2M3", lambda seed: MXBlockScaling("e2m3"), OWN_STATS),
+    "mxfp4": Entry("MXFP4", lambda seed: MXBlockScaling("e2m1"), OWN_STATS),
+    "mxfp4_nvidia": Entry("MXFP4 (NVIDIA scales)", lambda seed: MXBlockScaling("e2m1", scale_rule="nvidia"), OWN_STATS),
 }
 DEFAULT_RECIPES = ("bf16", "delayed", "current", "mxfp8", "block", "nvfp4")
 

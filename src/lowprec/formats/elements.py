@@ -22,6 +22,11 @@ Casts saturate at ±6 and round to nearest, ties to even (0.25 -> 0, 0.75 -> 1, 
 given uniform noise in [0, 1), stochastically: up with probability equal to the distance from the
 lower neighbour in units of the step, so the expected value is the input. NaN has no code; casts map
 it to +0 and leave marking the block to the caller (NVFP4 gives such a block a NaN scale).
+
+FP6 E3M2 and E2M3 (OCP MX v1.0) work the same way (``MiniFloatFormat``, of which ``FP4Format`` is the
+E2M1 case): no inf or NaN, codes one per ``uint8`` with the sign in bit 5, round to nearest even,
+saturation at their largest magnitude (28 and 7.5): the OCP conversion clamps scaled values to the
+element's largest normal, as torchao's casts do.
 """
 
 from __future__ import annotations
@@ -103,27 +108,87 @@ def fp8_format(name: str) -> FP8Format:
         raise LowprecValueError(f"unknown FP8 format {name!r}; known: {sorted(FP8_FORMATS)}") from None
 
 
-MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-VALUES = MAGNITUDES + tuple(-magnitude for magnitude in MAGNITUDES)  # indexed by code: bit 3 is the sign
-SIGN_BIT = 8
+@dataclass(frozen=True)
+class MiniFloatFormat:
+    """A floating-point element format of at most 7 bits with neither inf nor NaN (OCP MX v1.0's FP6 and
+    FP4): ``exponent_bits`` and ``mantissa_bits`` below a sign bit, exponent bias ``2**(exponent_bits-1) - 1``,
+    subnormals at exponent field 0, and every exponent field, the largest included, holding normal values.
+    Values are stored as codes, one per ``uint8``: the bit pattern, sign in bit ``exponent_bits +
+    mantissa_bits``. Casts round to nearest, ties to even, and saturate at ``±max`` (inf too); NaN gets
+    code +0 and leaves marking the block to the caller (see the module docstring)."""
+
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+
+    def __post_init__(self) -> None:
+        bits = (self.exponent_bits, self.mantissa_bits)
+        integers = all(isinstance(b, int) and not isinstance(b, bool) for b in bits)
+        if not integers or self.exponent_bits < 1 or self.mantissa_bits < 0:
+            raise LowprecValueError(f"{self.name}: exponent_bits >= 1 and mantissa_bits >= 0 must be integers, got {bits}")
+        if sum(bits) > 7:
+            raise LowprecValueError(f"{self.name}: a sign, {bits[0]} exponent and {bits[1]} mantissa bits exceed a uint8 code")
+
+    @functools.cached_property
+    def magnitudes(self) -> tuple[float, ...]:
+        """Every non-negative value, indexed by its code: the code of a positive value is its bit pattern."""
+        bias = 2 ** (self.exponent_bits - 1) - 1
+        steps = 2**self.mantissa_bits
+        return tuple(
+            math.ldexp(mantissa / steps if field == 0 else 1 + mantissa / steps, max(field, 1) - bias)
+            for field in range(2**self.exponent_bits)
+            for mantissa in range(steps)
+        )
+
+    @property
+    def max(self) -> float:
+        return self.magnitudes[-1]
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.exponent_bits + self.mantissa_bits)
+
+    has_nan = False
+
+    def cast(self, scaled: torch.Tensor) -> torch.Tensor:
+        """Codes of ``scaled`` (already multiplied by its scale), rounded to nearest even, saturating."""
+        x = scaled.float()
+        sign = self.sign_bit * (x.signbit() & ~x.isnan()).to(torch.uint8)
+        magnitude = x.abs().nan_to_num(nan=0.0)
+        # the code is the number of rounding boundaries below the magnitude
+        return torch.bucketize(magnitude.contiguous(), _rounding_boundaries(self.magnitudes, x.device)).to(torch.uint8) + sign
+
+    def count_nonzero(self, data: torch.Tensor) -> torch.Tensor:
+        """Zero is the code +0 or -0 (the sign bit alone): the bits below the sign."""
+        return torch.count_nonzero(data & (self.sign_bit - 1))
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """The float32 values of ``codes``, looked up in the table of every code's value (one gather)."""
+        return _values(self.magnitudes, codes.device)[codes.int()]
+
+
+E3M2 = MiniFloatFormat("FP6E3M2", 3, 2)
+"""OCP MX v1.0 FP6 E3M2: magnitudes up to 28, smallest subnormal 0.0625."""
+E2M3 = MiniFloatFormat("FP6E2M3", 2, 3)
+"""OCP MX v1.0 FP6 E2M3: magnitudes up to 7.5, smallest subnormal 0.125."""
 
 
 @dataclass(frozen=True)
-class FP4Format:
-    """The E2M1 grid (see the module docstring): its name in messages and its largest magnitude."""
+class FP4Format(MiniFloatFormat):
+    """The E2M1 grid (see the module docstring), the one mini-float cast that also rounds stochastically."""
 
     name: str = "FP4E2M1"
-    max: float = 6.0
+    exponent_bits: int = 2
+    mantissa_bits: int = 1
 
     def cast(self, scaled: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
         """E2M1 codes of ``scaled`` (already multiplied by its scale): round to nearest even, or
         stochastically with ``noise`` (uniform in [0, 1), ``scaled``'s shape)."""
+        if noise is None:
+            return super().cast(scaled)
         x = scaled.float()
-        sign = SIGN_BIT * (x.signbit() & ~x.isnan()).to(torch.uint8)
-        magnitude = x.abs().nan_to_num(nan=0.0)
-        if noise is None:  # the code is the number of rounding boundaries below the magnitude
-            return torch.bucketize(magnitude.contiguous(), _rounding_boundaries(x.device)).to(torch.uint8) + sign
-        magnitude = magnitude.clamp(max=self.max)
+        sign = self.sign_bit * (x.signbit() & ~x.isnan()).to(torch.uint8)
+        magnitude = x.abs().nan_to_num(nan=0.0).clamp(max=self.max)
         # binade 0 (below 2, subnormals included) has steps of 0.5, binade 1 ([2, 4)) of 1, binade 2 ([4, 6]) of 2
         binade = (magnitude >= 2).to(torch.uint8) + (magnitude >= 4).to(torch.uint8)
         units = magnitude / (torch.exp2(binade.float()) * 0.5)  # exact: a power-of-two division
@@ -131,32 +196,27 @@ class FP4Format:
         # a binade's first value has code 2 * binade (0, 2 or 4 steps into it: 0, 1.0 (2 half steps), ...)
         return units.to(torch.uint8) + 2 * binade + sign
 
-    has_nan = False
-
-    def count_nonzero(self, data: torch.Tensor) -> torch.Tensor:
-        """Zero is the code 0 or 8 (-0): the bits below the sign."""
-        return torch.count_nonzero(data & (SIGN_BIT - 1))
-
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """The float32 values of E2M1 ``codes``, looked up in the 16-entry table of ``VALUES`` (one gather)."""
-        return _values(codes.device)[codes.int()]
-
 
 @functools.cache
-def _rounding_boundaries(device: torch.device) -> torch.Tensor:
-    """The 7 magnitudes at which round-to-nearest-even moves to the next code (``bucketize`` puts a value
+def _rounding_boundaries(magnitudes: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """The magnitudes at which round-to-nearest-even moves to the next code (``bucketize`` puts a value
     equal to a boundary below it). Each is the midpoint between neighbours, where the tie goes to the
-    even code (mantissa bit 0): down from an even code, so the midpoint itself; up from an odd one, so
-    the float just below the midpoint (0.75 -> 1.0, 1.75 -> 2.0, 3.5 -> 4.0)."""
-    midpoints = torch.tensor([(a + b) / 2 for a, b in zip(MAGNITUDES, MAGNITUDES[1:], strict=False)])
+    even code (mantissa bit 0, so an even index): down from an even code, so the midpoint itself; up
+    from an odd one, so the float just below the midpoint (E2M1: 0.75 -> 1.0, 1.75 -> 2.0, 3.5 -> 4.0).
+    Every midpoint of these grids is exact in fp32."""
+    midpoints = torch.tensor([(a + b) / 2 for a, b in zip(magnitudes, magnitudes[1:], strict=False)])
     from_odd_code = torch.arange(len(midpoints)) % 2 == 1
     return torch.where(from_odd_code, torch.nextafter(midpoints, torch.zeros(())), midpoints).to(device)
 
 
 @functools.cache
-def _values(device: torch.device) -> torch.Tensor:
-    """The value of each of the 16 codes on ``device``: ``MAGNITUDES``, then their negatives (-0.0 first)."""
-    return torch.tensor(VALUES, dtype=torch.float32, device=device)
+def _values(magnitudes: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """The value of each code on ``device``: ``magnitudes``, then their negatives (-0.0 first)."""
+    return torch.tensor(magnitudes + tuple(-m for m in magnitudes), dtype=torch.float32, device=device)
 
 
 E2M1 = FP4Format()
+MAGNITUDES = E2M1.magnitudes  # 0, 0.5, 1, 1.5, 2, 3, 4, 6
+SIGN_BIT = E2M1.sign_bit
+MX_ELEMENTS: dict[str, FP8Format | MiniFloatFormat] = {"e4m3": E4M3, "e5m2": E5M2, "e3m2": E3M2, "e2m3": E2M3, "e2m1": E2M1}
+"""The OCP MX element formats by the names recipes and configs give them."""

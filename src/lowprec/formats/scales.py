@@ -7,13 +7,19 @@ cast, and, for NVFP4, the per-tensor decode scale. Block amaxes ignore NaN (the 
 does): a NaN element becomes the element format's NaN (NVFP4, whose elements have none, gets a NaN
 block scale instead) while the rest of its block is scaled as usual.
 
-- MXFP8 (OCP Microscaling v1.0 E8M0 scale): ``e = ceil(log2(amax * fp32(1 / fp8_max)))`` clamped to
-  [-127, 127], stored as the byte ``e + 127``; the block is multiplied by ``2**-e``. The OCP
-  specification suggests ``floor(log2(amax)) - emax_elem``, which can push the largest value of a
-  block up to 2**(emax_elem+1) and saturate it; Transformer Engine rounds up instead (``cvt.rp`` to
-  ue8m0), so no value saturates. Rounding up is implemented (what GPUs running TE produce). In fp32's
-  normal range it equals ``ceil(log2(amax / fp8_max))``, the rule of the earlier what-if statistics.
-  An amax of 0 gives byte 0 (scale 2**-127); an infinite one byte 254.
+- MX (OCP Microscaling v1.0: MXFP8, MXFP6, MXFP4; E8M0 scales), two rules by name:
+  ``"nvidia"`` (Transformer Engine's MXFP8, the default for FP8 elements):
+  ``e = ceil(log2(amax * fp32(1 / elem_max)))``; Transformer Engine rounds up (``cvt.rp`` to ue8m0),
+  so no value saturates. In fp32's normal range it equals ``ceil(log2(amax / elem_max))`` (torchao's
+  RCEIL). ``"ocp"`` (the specification's, the default for FP6 and FP4 elements):
+  ``e = floor(log2(amax)) - emax_elem`` with ``emax_elem = floor(log2(elem_max))`` (8 for E4M3, 15
+  for E5M2, 4 for E3M2, 2 for E2M3 and E2M1), which can push a block's largest value up to
+  ``2**(emax_elem+1)`` and saturate it (torchao's FLOOR). Either way ``e`` is clamped to [-127, 127],
+  stored as the byte ``e + 127``, and the block is multiplied by ``2**-e`` (exactly, also for
+  ``e = -127``: 2**127). An amax of 0 gives byte 0 (scale 2**-127); an infinite one byte 254 (the
+  clamped exponent of an infinite amax). A block holding a NaN gets the NaN scale byte 0xFF under the
+  OCP rule, and under the NVIDIA rule when its elements have no NaN (FP6, FP4); with FP8 elements the
+  NVIDIA rule keeps the scale of the other values and the NaN element, as Transformer Engine does.
 - FP8 block scaling: ``scale = fp8_max / amax`` in fp32 (fp32 max if that overflows, 1 for an amax of
   0 or inf), truncated to a power of two unless ``power_2=False``; stored as ``1 / scale``.
 - NVFP4 (two levels): ``S_enc = 448 * 6 / tensor_amax`` (fp32 max if that overflows, 1 for an amax
@@ -25,11 +31,13 @@ block scale instead) while the rest of its block is scaled as usual.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from lowprec.formats.elements import E2M1, E4M3, FP8Format
+from lowprec.errors import LowprecValueError
+from lowprec.formats.elements import E2M1, E4M3, ElementFormat, FP8Format
 
 FP32_MAX = torch.finfo(torch.float32).max
 MX_BLOCK, FLOAT8_BLOCK, NVFP4_BLOCK = 32, 128, 16
@@ -74,19 +82,44 @@ def floor_log2(x: torch.Tensor) -> torch.Tensor:
     return torch.frexp(x)[1] - 1
 
 
+NVIDIA, OCP = "nvidia", "ocp"
+MX_SCALE_RULES = (NVIDIA, OCP)
+"""The E8M0 scale rules by name: Transformer Engine's (rounded up) and the OCP MX v1.0 specification's (floor)."""
+E8M0_NAN = 0xFF
+
+
+def default_mx_scale_rule(element: ElementFormat) -> str:
+    """Transformer Engine's rule where it has the format (FP8 elements: MXFP8), else the specification's,
+    the only definition of MXFP6 and MXFP4 scales."""
+    return NVIDIA if isinstance(element, FP8Format) else OCP
+
+
 @dataclass(frozen=True)
 class MXScaleRule:
-    """MXFP8: one E8M0 power of two per block (see the module docstring)."""
+    """One E8M0 power of two per block (see the module docstring) under ``convention`` ``"nvidia"`` (rounded up,
+    the default: Transformer Engine's MXFP8) or ``"ocp"`` (the specification's floor)."""
 
-    element: FP8Format
+    element: ElementFormat
+    convention: str = NVIDIA
+
+    def __post_init__(self) -> None:
+        if self.convention not in MX_SCALE_RULES:
+            raise LowprecValueError(f"MX scale rule must be one of {list(MX_SCALE_RULES)}, got {self.convention!r}")
 
     def scales(self, amax: torch.Tensor, has_nan: torch.Tensor) -> BlockScales:
-        ratio = amax.float() * (1.0 / self.element.max)  # a Python float: multiplied as fp32(1 / fp8_max)
-        positive = ratio > 0
-        exponent = torch.where(positive & ratio.isfinite(), ceil_log2(torch.where(positive, ratio, 1.0)), E8M0_BIAS)
+        amax = amax.float()
+        if self.convention == NVIDIA:
+            amax = amax * (1.0 / self.element.max)  # a Python float: multiplied as fp32(1 / element max)
+        positive = amax > 0
+        log2 = ceil_log2 if self.convention == NVIDIA else floor_log2
+        exponent = torch.where(positive & amax.isfinite(), log2(torch.where(positive, amax, 1.0)), E8M0_BIAS)
+        if self.convention == OCP:
+            exponent = torch.where(amax.isfinite(), exponent - (math.frexp(self.element.max)[1] - 1), exponent)  # - emax_elem
         exponent = torch.where(positive, exponent, -E8M0_BIAS).clamp(-E8M0_BIAS, E8M0_BIAS)
-        stored = (exponent + E8M0_BIAS).to(torch.uint8).view(torch.float8_e8m0fnu)
-        return BlockScales(stored, power_of_two(-exponent))
+        stored = exponent + E8M0_BIAS
+        if self.convention == OCP or not self.element.has_nan:  # the block's NaN is its scale's (see the module docstring)
+            stored = torch.where(has_nan, E8M0_NAN, stored)
+        return BlockScales(stored.to(torch.uint8).view(torch.float8_e8m0fnu), power_of_two(-exponent))
 
 
 @dataclass(frozen=True)

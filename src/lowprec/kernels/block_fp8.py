@@ -22,7 +22,7 @@ import triton.language as tl
 
 from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E4M3, E5M2, ElementFormat, FP8Format
-from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, ScaleRule
+from lowprec.formats.scales import NVIDIA, Float8BlockScaleRule, MXScaleRule, ScaleRule
 from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, fp8_bytes, load_tile
 
 E8M0, FP32_POWER_OF_2, FP32 = 0, 1, 2  # the kernel's SCALE_KIND: how block amaxes become scales
@@ -113,9 +113,9 @@ def _block_fp8_tile(
 
 
 def scale_kind(rule: ScaleRule) -> int | None:
-    """The kernel's SCALE_KIND for ``rule``, None for a rule it does not implement (NVFP4's)."""
+    """The kernel's SCALE_KIND for ``rule``, None for a rule it does not implement (NVFP4's, MX's OCP floor)."""
     if isinstance(rule, MXScaleRule):
-        return E8M0
+        return E8M0 if rule.convention == NVIDIA else None
     if isinstance(rule, Float8BlockScaleRule):
         return FP32_POWER_OF_2 if rule.power_2 else FP32
     return None

@@ -9,10 +9,11 @@ columnwise (blocks along the tokens). Casts are emulated with torch operations o
 on CUDA GPUs, run as fused Triton kernels (``kernels.block_fp8``, ``kernels.nvfp4``); either way the stored
 values and scales are bit for bit those the format defines (``formats/scales.py``), the same on every device.
 
-What-if quantization for statistics (``mxfp8_quantize``, ``block_scaling_quantize``):
-- MXFP8: blocks of 32 consecutive elements of a row (of a column for the columnwise copy), each with
-  an E8M0 scale byte ``e`` (the block's values are ``data * 2**(e-127)``), ``e = 127 +
-  ceil(log2(amax * fp32(1/fp8_max)))`` (``MXFP8BlockScaling``'s rule, ``formats/scales.py``).
+What-if quantization for statistics (``mx_what_if_quantizer``, ``mxfp8_quantize``, ``block_scaling_quantize``):
+- MX (MXFP8, MXFP6, MXFP4): blocks of 32 consecutive elements of a row (of a column for the columnwise
+  copy), each with an E8M0 scale byte ``e`` (the block's values are ``data * 2**(e-127)``) under the
+  NVIDIA rule (``e = 127 + ceil(log2(amax * fp32(1/elem_max)))``, ``MXFP8BlockScaling``'s) or the OCP
+  one (``e = 127 + floor(log2(amax)) - emax_elem``), see ``formats/scales.py``.
 - FP8 block scaling: 128 x 128 tiles, each with an fp32 power-of-two scale
   ``2**floor(log2(fp8_max / amax))`` (``Float8BlockScaling``'s weight rule).
 
@@ -31,16 +32,18 @@ import torch.nn.functional as F
 from lowprec import kernels
 from lowprec.errors import LowprecValueError
 from lowprec.formats import hadamard
-from lowprec.formats.elements import E2M1, ElementFormat, FP4Format, FP8Format
+from lowprec.formats.elements import E2M1, E2M3, E3M2, E4M3, E5M2, ElementFormat, FP4Format, FP8Format
 from lowprec.formats.noise import RoundingStream
 from lowprec.formats.scales import (
     FLOAT8_BLOCK,
     MX_BLOCK,
+    MX_SCALE_RULES,
     NVFP4_BLOCK,
     Float8BlockScaleRule,
     MXScaleRule,
     NVFP4ScaleRule,
     ScaleRule,
+    default_mx_scale_rule,
 )
 from lowprec.quant.protocol import BlockLayout, BlockScaledData, BlockScaledTensor, CastState
 
@@ -198,9 +201,42 @@ def as_2d(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
 
 
+MX_FAMILY = {E4M3: MXFP8_LABEL, E5M2: MXFP8_LABEL, E3M2: "mxfp6_e3m2", E2M3: "mxfp6_e2m3", E2M1: "mxfp4"}
+"""The statistics name of each MX element's recipe under its default scale rule."""
+
+
+def mx_label(element: ElementFormat, rule: str) -> str:
+    """How statistics name an MX cast: ``mxfp8``, ``mxfp6_e3m2``, ``mxfp6_e2m3`` or ``mxfp4`` under the
+    element's default scale rule (``default_mx_scale_rule``), with ``_ocp`` or ``_nvidia`` appended under the other."""
+    base = MX_FAMILY[element]
+    return base if rule == default_mx_scale_rule(element) else f"{base}_{rule}"
+
+
+MX_WHAT_IF = {mx_label(el, rule): (el, rule) for el in (E4M3, E3M2, E2M3, E2M1) for rule in MX_SCALE_RULES}
+"""Every MX statistics name and the (element, scale rule) it casts with; the ``mxfp8`` ones take the
+layer's FP8 format instead of E4M3."""
+
+
+def mx_quantizer(
+    element: ElementFormat, rule: str | None = None, block: tuple[int, int] = (1, MX_BLOCK), fmt: FP8Format = E4M3
+) -> BlockQuantizer:
+    """An MX cast: ``element`` values with E8M0 scales under ``rule`` (None: the element's default) in
+    ``block``s. ``fmt``: the FP8 format of per-tensor features, the element itself for MXFP8."""
+    rule = default_mx_scale_rule(element) if rule is None else rule
+    fmt = element if isinstance(element, FP8Format) else fmt
+    return BlockQuantizer(MXScaleRule(element, rule), element, block, fmt, label=mx_label(element, rule))
+
+
+def mx_what_if_quantizer(label: str, fmt: FP8Format) -> BlockQuantizer:
+    """What-if MX of statistics name ``label`` (``MX_WHAT_IF``): blocks of 32 along the rows (``transpose``:
+    also down the columns); an ``mxfp8`` one in the layer's FP8 format ``fmt``."""
+    element, rule = MX_WHAT_IF[label]
+    return mx_quantizer(fmt if isinstance(element, FP8Format) else element, rule, fmt=fmt)
+
+
 def mxfp8_quantizer(fmt: FP8Format) -> BlockQuantizer:
-    """What-if MXFP8: blocks of 32 along the rows (``transpose``: also down the columns)."""
-    return BlockQuantizer(MXScaleRule(fmt), fmt, (1, MX_BLOCK), fmt, label=MXFP8_LABEL)
+    """What-if MXFP8 (Transformer Engine's rule): blocks of 32 along the rows (``transpose``: also down the columns)."""
+    return mx_quantizer(fmt)
 
 
 def block_scaling_quantizer(fmt: FP8Format) -> BlockQuantizer:

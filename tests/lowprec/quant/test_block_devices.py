@@ -18,6 +18,9 @@ RECIPES = [
     lowprec.Float8BlockScaling(),
     lowprec.Float8BlockScaling(use_f32_scales=True),
     lowprec.NVFP4BlockScaling(seed=3),
+    lowprec.MXBlockScaling("e4m3", scale_rule="ocp"),  # the OCP rule and the FP6 and FP4 elements: emulated on CUDA too
+    lowprec.MXBlockScaling("e3m2", gradient_element="e2m3", scale_rule="nvidia"),
+    lowprec.MXBlockScaling("e2m1"),
 ]
 
 

@@ -7,28 +7,32 @@ import torch
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import ModifiesSelectedTensors
 from lowprec.debug.features.per_tensor_scaling import validate_margin
-from lowprec.formats.elements import E2M1, E4M3, E5M2, FP8_FORMATS
-from lowprec.formats.scales import MX_BLOCK, NVFP4_BLOCK, MXScaleRule, NVFP4ScaleRule
-from lowprec.quant.block import BlockQuantizer
+from lowprec.formats.elements import E2M1, E2M3, E3M2, E4M3, E5M2, FP8_FORMATS
+from lowprec.formats.scales import MX_SCALE_RULES, NVFP4_BLOCK, NVFP4ScaleRule, default_mx_scale_rule
+from lowprec.quant.block import BlockQuantizer, mx_quantizer
 from lowprec.quant.per_tensor import CurrentScalingQuantizer
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry, api_method
 
 # Block formats quantize along the tensor's last dimension (its rows), as Transformer Engine's FakeQuant does
 # with MXFP8; NVFP4 without the random Hadamard transform or stochastic rounding, so the rounding is repeatable.
-BLOCK_FORMATS = {
-    "MXFP8E4M3": BlockQuantizer(MXScaleRule(E4M3), E4M3, (1, MX_BLOCK), E4M3),
-    "MXFP8E5M2": BlockQuantizer(MXScaleRule(E5M2), E5M2, (1, MX_BLOCK), E5M2),
-    "NVFP4": BlockQuantizer(NVFP4ScaleRule(), E2M1, (1, NVFP4_BLOCK), E4M3),
-}
+MX_FORMATS = {"MXFP8E4M3": E4M3, "MXFP8E5M2": E5M2, "MXFP6E3M2": E3M2, "MXFP6E2M3": E2M3, "MXFP4": E2M1}
+"""The MX formats by ``quant_format``, each under its element's default scale rule unless ``scale_rule`` says."""
+MX_QUANTIZERS = {(name, rule): mx_quantizer(element, rule) for name, element in MX_FORMATS.items() for rule in MX_SCALE_RULES}
+NVFP4 = BlockQuantizer(NVFP4ScaleRule(), E2M1, (1, NVFP4_BLOCK), E4M3)
+BLOCK_FORMATS = (*MX_FORMATS, "NVFP4")
 QUANT_FORMATS = (*FP8_FORMATS, *BLOCK_FORMATS)
 
 
-def fake_quantize(tensor: torch.Tensor, quant_format: str, margin: int = 0) -> torch.Tensor:
+def fake_quantize(tensor: torch.Tensor, quant_format: str, margin: int = 0, scale_rule: str | None = None) -> torch.Tensor:
     """``dequantize(quantize(tensor))`` in ``tensor``'s dtype and shape: per-tensor current scaling for the
-    FP8 formats, one scale per block of the last dimension for MXFP8 (32) and NVFP4 (16)."""
-    if quant_format in BLOCK_FORMATS:
-        return BLOCK_FORMATS[quant_format].quantize(tensor).dequantize(tensor.dtype).reshape(tensor.shape)
+    FP8 formats, one scale per block of the last dimension for the MX formats (32, E8M0 scales under
+    ``scale_rule``, None: the element's default) and NVFP4 (16)."""
+    if quant_format in MX_FORMATS:
+        rule = scale_rule or default_mx_scale_rule(MX_FORMATS[quant_format])
+        return MX_QUANTIZERS[(quant_format, rule)].quantize(tensor).dequantize(tensor.dtype).reshape(tensor.shape)
+    if quant_format == "NVFP4":
+        return NVFP4.quantize(tensor).dequantize(tensor.dtype).reshape(tensor.shape)
     return CurrentScalingQuantizer(FP8_FORMATS[quant_format], margin).quantize(tensor).dequantize(tensor.dtype)
 
 
@@ -36,13 +40,15 @@ def fake_quantize(tensor: torch.Tensor, quant_format: str, margin: int = 0) -> t
 class FakeQuant(ModifiesSelectedTensors):
     """Fake-quantizes the selected (GEMM, tensor) operands and runs the listed GEMMs in high precision (so the
     other operand of each is not quantized unless FakeQuant selects it too). FP8 formats use per-tensor
-    current scaling, ``scale = fp8_max / (amax * 2**margin)``; MXFP8 and NVFP4 scale blocks of the last dimension.
+    current scaling, ``scale = fp8_max / (amax * 2**margin)``; the MX formats and NVFP4 scale blocks of the last dimension.
 
     Keys: ``gemms``/``gemms_struct``, ``tensors``/``tensors_struct``, ``quant_format`` (FP8E4M3, FP8E5M2,
-    MXFP8E4M3, MXFP8E5M2 or NVFP4, required), ``margin`` (default 0; FP8 formats only).
+    MXFP8E4M3, MXFP8E5M2, MXFP6E3M2, MXFP6E2M3, MXFP4 or NVFP4, required), ``margin`` (default 0; FP8
+    formats only), ``scale_rule`` (MX formats only: ``nvidia``, rounded up, the default for MXFP8, or
+    ``ocp``, the specification's floor, the default for MXFP6 and MXFP4).
     """
 
-    option_keys = frozenset({"quant_format", "margin"})
+    option_keys = frozenset({"quant_format", "margin", "scale_rule"})
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
         collector = ErrorCollector()
@@ -54,6 +60,11 @@ class FakeQuant(ModifiesSelectedTensors):
         elif quant_format in BLOCK_FORMATS and "margin" in view:
             problem = f"block formats take no margin ({quant_format} scales each block)"
             collector.add(location.child("margin").error(problem, view["margin"]))
+        if "scale_rule" in view and quant_format in QUANT_FORMATS and quant_format not in MX_FORMATS:
+            problem = f"scale_rule chooses the E8M0 scales of the MX formats ({', '.join(MX_FORMATS)}); {quant_format} has none"
+            collector.add(location.child("scale_rule").error(problem, view["scale_rule"]))
+        elif "scale_rule" in view and view["scale_rule"] not in MX_SCALE_RULES:
+            collector.add(location.child("scale_rule").error("unknown scale rule", view["scale_rule"], list(MX_SCALE_RULES)))
         with collector.check():
             validate_margin(view, location)
         collector.raise_errors()
@@ -77,5 +88,5 @@ class FakeQuant(ModifiesSelectedTensors):
         debug_api.log_message(
             f"Feature=FakeQuant, API=process_tensor: {gemm}, {tensor_name}", layer_name, extra_cachable_args=(gemm, tensor_name)
         )
-        result = fake_quantize(tensor, config["quant_format"], config.get("margin", 0))
+        result = fake_quantize(tensor, config["quant_format"], config.get("margin", 0), config.get("scale_rule"))
         return result if dtype is None else result.to(dtype)

@@ -6,8 +6,12 @@ A stat is ``[recipe_]name[_columnwise]``: ``underflows%`` (non-zero values that 
 ``scale_inv_std`` and ``scale_exp_hist`` (``block_scale_stats``). Without a recipe
 prefix the stat describes the layer's own recipe (any of lowprec's, NVFP4 and the block recipes
 included: their own operands, blockwise scales and, with ``_columnwise``, the transposed copy); with ``fp8_current_scaling_``,
-``fp8_delayed_scaling_``, ``mxfp8_`` or ``fp8_block_scaling_`` it is computed as if that recipe were
+``fp8_delayed_scaling_``, an MX prefix or ``fp8_block_scaling_`` it is computed as if that recipe were
 in use ("what-if"), whatever the run uses and whatever the layer's plan (FP8 or high precision).
+The MX prefixes (``quant/block.py``'s ``MX_WHAT_IF``) name the element and, when it is not the element's
+default, the E8M0 scale rule: ``mxfp8_`` (the layer's FP8 format, NVIDIA's rule), ``mxfp8_ocp_``,
+``mxfp6_e3m2_``, ``mxfp6_e2m3_``, ``mxfp4_`` (OCP rule), ``mxfp6_e3m2_nvidia_``, ``mxfp6_e2m3_nvidia_``,
+``mxfp4_nvidia_``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, 
 from lowprec.debug.quantized_stats import Quantized, from_block, per_tensor, quantization_fields
 from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E4M3, E5M2, FP8Format
-from lowprec.quant.block import FLOAT8_BLOCK_LABEL, MXFP8_LABEL, block_scaling_quantizer, mxfp8_quantizer
+from lowprec.quant.block import FLOAT8_BLOCK_LABEL, MX_WHAT_IF, block_scaling_quantizer, mx_what_if_quantizer
 from lowprec.quant.per_tensor import CURRENT_LABEL, DELAYED_LABEL, CurrentScalingQuantizer, DelayedScalingQuantizer
 from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor, QuantizedTensor, Quantizer
 from lowprec.recipe import DelayedScaling
@@ -33,8 +37,8 @@ from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.catalog import stats_of
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
-DELAYED, CURRENT, MXFP8, BLOCK = DELAYED_LABEL, CURRENT_LABEL, MXFP8_LABEL, FLOAT8_BLOCK_LABEL
-RECIPES = (DELAYED, CURRENT, MXFP8, BLOCK)  # what-if recipes (what-if NVFP4 is LogNvfp4TensorStats)
+DELAYED, CURRENT, BLOCK = DELAYED_LABEL, CURRENT_LABEL, FLOAT8_BLOCK_LABEL
+RECIPES = (DELAYED, CURRENT, *MX_WHAT_IF, BLOCK)  # what-if recipes (what-if NVFP4 is LogNvfp4TensorStats)
 PER_TENSOR = (DELAYED, CURRENT)
 NAMES = (*stats_of("quantization"), *SCALE_STATS)
 
@@ -80,7 +84,8 @@ def parse_fp8_stat(written: Any, location: ConfigLocation) -> Fp8Stat:
     if not isinstance(written, str):
         raise location.error("must be a statistic name", written, allowed)
     stat = written.lower()
-    recipe = next((r for r in RECIPES if stat.startswith(r + "_")), None)
+    # the longest prefix first: ``mxfp8_ocp_mse`` is MXFP8 under the OCP rule, not an ``ocp_mse`` of ``mxfp8``
+    recipe = next((r for r in sorted(RECIPES, key=len, reverse=True) if stat.startswith(r + "_")), None)
     rest = stat[len(recipe) + 1 :] if recipe else stat
     columnwise = rest.endswith(COLUMNWISE)
     name = rest.removesuffix(COLUMNWISE)
@@ -122,11 +127,14 @@ class LogFp8TensorStats(ScheduledStats):
     ``stats``: ``[recipe_]name[_columnwise]`` with name ``underflows%``, ``overflows%`` (delayed scaling
     only), ``scale_inv_min``, ``scale_inv_max``, ``mse``, ``scale_inv_std`` or ``scale_exp_hist`` (block recipes
     only: a count per power of two, see ``block_scale_stats``), and recipe ``fp8_current_scaling``,
-    ``fp8_delayed_scaling``, ``mxfp8`` or ``fp8_block_scaling`` (none: the layer's own recipe, also
-    MXFP8BlockScaling, Float8BlockScaling and NVFP4BlockScaling, where ``_columnwise`` reads the transposed copy).
+    ``fp8_delayed_scaling``, an MX one (``mxfp8``, ``mxfp8_ocp``, ``mxfp6_e3m2``, ``mxfp6_e2m3``, ``mxfp4``, or
+    the last three with ``_nvidia``) or ``fp8_block_scaling`` (none: the layer's own recipe, also
+    MXFP8BlockScaling, MXBlockScaling, Float8BlockScaling and NVFP4BlockScaling, where ``_columnwise`` reads the
+    transposed copy).
     Other keys: ``tensors``/``tensors_struct``, ``freq``, ``start_step``, ``end_step``,
     ``start_end_list``. What-if casts use the layer's FP8 format, or E4M3 (E5M2 for gradients) when the
-    layer runs without one; what-if delayed scaling keeps its own amax history per layer and tensor.
+    layer runs without one (what-if MXFP6 and MXFP4 their own element); what-if delayed scaling keeps its own
+    amax history per layer and tensor.
     """
 
     allowed_tensors = ("activation", "gradient", "weight")
@@ -222,7 +230,7 @@ class LogFp8TensorStats(ScheduledStats):
         """The tensor as ``recipe`` quantizes it (block recipes, and own operands without a scale)."""
         if own is not None:
             return own_quantization(tensor, columnwise, own)
-        quantizer = mxfp8_quantizer(fmt) if recipe == MXFP8 else block_scaling_quantizer(fmt)
+        quantizer = mx_what_if_quantizer(recipe, fmt) if recipe in MX_WHAT_IF else block_scaling_quantizer(fmt)
         quantized = quantizer.quantize(tensor, transpose=columnwise)
         return from_block(quantized.columnwise if columnwise else quantized.rowwise, columnwise)
 
