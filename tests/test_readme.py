@@ -111,6 +111,12 @@ def check_quantize(directory: Path, stdout: str) -> None:
     assert "scales (16, 64) torch.uint8" in lines[0] and "scales (256, 32) torch.uint8" in lines[1]
 
 
+def check_mx_family(directory: Path, stdout: str) -> None:
+    errors = {line.split(":")[0]: float(line.split("relative error ")[1].rstrip("%")) for line in stdout.strip().splitlines()}
+    assert len(errors) == 5 and all(0 < error < 30 for error in errors.values())
+    assert errors["MXFP4 (OCP scales)"] > errors["MXFP6 E3M2"] > errors["MXFP8"]  # fewer bits, larger errors
+
+
 def check_compare(directory: Path, stdout: str) -> None:
     assert stdout.strip().endswith("compare.html") and (directory / "compare_logs" / "compare.html").exists()
     assert {run.name for run in (directory / "compare_logs").iterdir() if run.is_dir()} == {"bf16", "delayed", "mxfp8"}
@@ -128,6 +134,7 @@ CHECKS = {
     "Lightning": check_training_loop("pl_logs"),
     "accelerate": check_training_loop("acc_logs"),
     "Studying a format on your own tensors: `lowprec.quantize`": check_quantize,
+    "Block-scaled recipes: MXFP8, FP8 block scaling, NVFP4, the OCP MX family (MXFP6, MXFP4)": check_mx_family,
     "Debugging FP8 training (config namespace `transformer_engine`)": check_fp8_debugging,
 }
 APPENDED = {
