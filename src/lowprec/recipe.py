@@ -47,7 +47,7 @@ FP8_FORMATS = (Format.E4M3, Format.E5M2, Format.HYBRID)
 
 
 _AMAX_ALGOS = ("max", "most_recent")
-RHT_SIGNS = ("transformer_engine", "seeded")
+RHT_SIGNS = (hadamard.TE_SIGNS, "seeded")
 """``NVFP4BlockScaling.rht_signs``: Transformer Engine's fixed Hadamard signs, or signs drawn from the seed."""
 
 
@@ -190,7 +190,7 @@ class NVFP4BlockScaling(Recipe):
     fp4_format: Format = Format.E2M1
     fp8_format: Format = Format.E4M3
     seed: int = 0
-    rht_signs: str = RHT_SIGNS[0]
+    rht_signs: str = hadamard.TE_SIGNS
 
     def __post_init__(self) -> None:
         if self.rht_signs not in RHT_SIGNS:
@@ -209,7 +209,7 @@ class NVFP4BlockScaling(Recipe):
 
     def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
         fmt, rule, row = self.fp8_format.forward, NVFP4ScaleRule(), (1, NVFP4_BLOCK)
-        rht = None if self.disable_rht else (hadamard.TE_SIGNS if self.rht_signs == RHT_SIGNS[0] else self.seed)
+        rht = None if self.disable_rht else (hadamard.TE_SIGNS if self.rht_signs == hadamard.TE_SIGNS else self.seed)
         weight_block = row if self.disable_2d_quantization else (NVFP4_BLOCK, NVFP4_BLOCK)
         rounding = None if self.disable_stochastic_rounding else RoundingStream(self.seed, f"{layer_name}.gradient")
         return {
