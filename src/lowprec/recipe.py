@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from lowprec.errors import LowprecValueError
-from lowprec.formats import elements
+from lowprec.formats import elements, hadamard
 from lowprec.formats.elements import E2M1, MX_ELEMENTS, ElementFormat, FP4Format, FP8Format
 from lowprec.formats.noise import RoundingStream
 from lowprec.formats.scales import (
@@ -57,6 +57,8 @@ FP8_FORMATS = (Format.E4M3, Format.E5M2, Format.HYBRID)
 
 
 _AMAX_ALGOS = ("max", "most_recent")
+RHT_SIGNS = (hadamard.TE_SIGNS, "seeded")
+"""``NVFP4BlockScaling.rht_signs``: Transformer Engine's fixed Hadamard signs, or signs drawn from the seed."""
 
 
 class Recipe:
@@ -232,8 +234,10 @@ class NVFP4BlockScaling(Recipe):
     """NVFP4: E2M1 elements, one E4M3 scale per 16 consecutive values along the inner dimension, and one
     fp32 scale per tensor. As in Transformer Engine, by default weights use 16 x 16 blocks, gradients
     stochastic rounding, and the wgrad operands (activation and gradient, columnwise) the random
-    Hadamard transform; each ``disable_*`` turns one off. ``seed`` (lowprec's, not Transformer
-    Engine's) draws the Hadamard signs and the stochastic-rounding noise, so runs are reproducible."""
+    Hadamard transform; each ``disable_*`` turns one off. ``rht_signs``: the Hadamard transform's sign vector,
+    ``"transformer_engine"`` (TE's fixed vector, the default: bit for bit TE's casts) or ``"seeded"`` (drawn
+    from ``seed``). ``seed`` (lowprec's, not Transformer Engine's) draws the stochastic-rounding noise and the
+    seeded signs, so runs are reproducible."""
 
     disable_rht: bool = False
     disable_stochastic_rounding: bool = False
@@ -241,8 +245,11 @@ class NVFP4BlockScaling(Recipe):
     fp4_format: Format = Format.E2M1
     fp8_format: Format = Format.E4M3
     seed: int = 0
+    rht_signs: str = hadamard.TE_SIGNS
 
     def __post_init__(self) -> None:
+        if self.rht_signs not in RHT_SIGNS:
+            raise LowprecValueError(f"NVFP4BlockScaling.rht_signs must be one of {list(RHT_SIGNS)}, got {self.rht_signs!r}")
         for name in ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization"):
             _check_bool(f"NVFP4BlockScaling.{name}", getattr(self, name))
         if self.fp4_format is not Format.E2M1:
@@ -257,7 +264,7 @@ class NVFP4BlockScaling(Recipe):
 
     def quantizers(self, layer_name: str) -> dict[str, Quantizer]:
         fmt, rule, row = self.fp8_format.forward, NVFP4ScaleRule(), (1, NVFP4_BLOCK)
-        rht = None if self.disable_rht else self.seed
+        rht = None if self.disable_rht else (hadamard.TE_SIGNS if self.rht_signs == hadamard.TE_SIGNS else self.seed)
         weight_block = row if self.disable_2d_quantization else (NVFP4_BLOCK, NVFP4_BLOCK)
         rounding = None if self.disable_stochastic_rounding else RoundingStream(self.seed, f"{layer_name}.gradient")
         return {

@@ -9,7 +9,7 @@ over micro-batches and ranks.
   NVFP4: the E4M3 block scale times the per-tensor decode scale). Logged as the counts
   ``scale_exp_hist_m32`` ... ``_m1``, ``_0``, ``_p1`` ... ``_p15`` (bin ``m10`` counts scales in
   ``[2**-10, 2**-9)``), ``_under`` (below ``2**-32``: MXFP8's ``2**-127`` of all-zero blocks, the zero
-  scale of NVFP4's, and NaN scales) and ``_over`` (``2**16`` and above); the counts add up over ranks and
+  scale of NVFP4's, and any NaN scale) and ``_over`` (``2**16`` and above); the counts add up over ranks and
   micro-batches. Every FP8 block scaling block of zeros has scale 1: bin ``0``.
 """
 

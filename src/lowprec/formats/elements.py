@@ -21,7 +21,8 @@ are kept as 4-bit codes, one per ``uint8`` (bit 3 the sign, bits 0-2 the index o
 Casts saturate at ±6 and round to nearest, ties to even (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4), or,
 given uniform noise in [0, 1), stochastically: up with probability equal to the distance from the
 lower neighbour in units of the step, so the expected value is the input. NaN has no code; casts map
-it to +0 and leave marking the block to the caller (NVFP4 gives such a block a NaN scale).
+it to +0. Under NVFP4 the block's scale comes from its other elements (block amaxes ignore NaN, as in
+Transformer Engine); under the MX rules a block holding a NaN gets the NaN scale byte (``formats/scales.py``).
 
 FP6 E3M2 and E2M3 (OCP MX v1.0) work the same way (``MiniFloatFormat``, of which ``FP4Format`` is the
 E2M1 case): no inf or NaN, codes one per ``uint8`` with the sign in bit 5, round to nearest even,
@@ -43,7 +44,7 @@ from lowprec.errors import LowprecValueError
 
 class ElementFormat(Protocol):
     """What quantization and its statistics need of an element format (FP8, FP4 E2M1, ...). ``has_nan``: whether
-    the format encodes NaN (without, a NaN input gets a zero code and its block a NaN scale)."""
+    the format encodes NaN (without, a NaN input gets a zero code)."""
 
     name: str
     max: float

@@ -1,10 +1,15 @@
 """The random Hadamard transform (RHT) NVFP4 applies to both operands of the wgrad GEMM.
 
-``T = diag(signs) @ H16 / 4`` with ``H16`` the 16 x 16 Sylvester Hadamard matrix and ``signs`` a
-random ±1 vector drawn from a seed. ``T`` is orthogonal (``T @ T.T = I``), so transforming every
+``T = diag(signs) @ H16 / 4`` with ``H16`` the 16 x 16 Sylvester Hadamard matrix and ``signs`` a ±1
+vector named by its key: ``TE_SIGNS``, Transformer Engine's fixed vector (``get_wgrad_sign_vector`` in
+``pytorch/tensor/nvfp4_tensor.py``), or an int seed that draws one. ``T`` is orthogonal (``T @ T.T = I``), so transforming every
 16-element chunk of both operands along the GEMM's inner dimension leaves the product unchanged in
 exact arithmetic, ``(a T)(b T)^T = a b^T``, while spreading outliers over their chunk, which suits a
-4-bit format. Transformer Engine fixes one sign vector; here the recipe's ``seed`` draws it.
+4-bit format.
+
+Transformer Engine transforms bf16 tensors with a bf16 tensor-core product (fp32 accumulation, bf16
+result, ``hadamard_transform.cu``), so the values it takes the amax of and casts are rounded to bf16:
+``transform`` rounds its result to the input's dtype likewise (fp32 input stays fp32).
 
 ``x T`` is computed as the fast Walsh-Hadamard transform of ``x * signs`` (four rounds of pairwise
 sums and differences, in a fixed order) times 1/4: elementwise fp32 operations, which round alike on
@@ -17,15 +22,26 @@ import functools
 
 import torch
 
+from lowprec.errors import LowprecValueError
 from lowprec.formats.noise import derived_seed
 
 SIZE = 16
+TE_SIGNS = "transformer_engine"
+"""The key of Transformer Engine's fixed sign vector (``TE_SIGN_VECTOR``)."""
+TE_SIGN_VECTOR = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+HadamardSigns = int | str
+"""A sign vector's key: ``TE_SIGNS``, or an int seed that draws the signs."""
 
 
 @functools.cache
-def random_signs(seed: int, device: torch.device) -> torch.Tensor:
-    """The ±1 fp32 sign vector of ``seed`` on ``device``, drawn on the CPU so every device has the same."""
-    generator = torch.Generator().manual_seed(derived_seed(seed, "hadamard-signs"))
+def random_signs(key: HadamardSigns, device: torch.device) -> torch.Tensor:
+    """The ±1 fp32 sign vector of ``key`` on ``device``: Transformer Engine's for ``TE_SIGNS``, else drawn from the
+    seed ``key`` on the CPU, so every device has the same."""
+    if isinstance(key, str):
+        if key != TE_SIGNS:
+            raise LowprecValueError(f"unknown Hadamard sign vector {key!r}; known: an int seed or {TE_SIGNS!r}")
+        return torch.tensor(TE_SIGN_VECTOR, dtype=torch.float32, device=device)
+    generator = torch.Generator().manual_seed(derived_seed(key, "hadamard-signs"))
     return (torch.randint(0, 2, (SIZE,), generator=generator).float() * 2 - 1).to(device)
 
 
@@ -41,13 +57,16 @@ def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(shape)
 
 
-def transform(x: torch.Tensor, seed: int) -> torch.Tensor:
-    """``x`` (fp32, last dimension a multiple of 16) with every 16-element chunk of a row multiplied by ``T``."""
-    signs = random_signs(seed, x.device)
-    return walsh_hadamard((x.reshape(-1, SIZE) * signs).reshape(x.shape)) * (1 / SIZE**0.5)
+def transform(x: torch.Tensor, key: HadamardSigns, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``x`` (fp32, last dimension a multiple of 16) with every 16-element chunk of a row multiplied by ``T``,
+    rounded to ``dtype`` (the dtype of the tensor transformed: bf16 and fp16 round, see the module
+    docstring) and returned as fp32."""
+    signs = random_signs(key, x.device)
+    out = walsh_hadamard((x.reshape(-1, SIZE) * signs).reshape(x.shape)) * (1 / SIZE**0.5)
+    return out.to(dtype).float() if dtype in (torch.bfloat16, torch.float16) else out
 
 
-def inverse(x: torch.Tensor, seed: int) -> torch.Tensor:
-    """Undo :func:`transform`: ``T`` is orthogonal, so multiply by ``T.T = H16 diag(signs) / 4``."""
-    signs = random_signs(seed, x.device)
+def inverse(x: torch.Tensor, key: HadamardSigns) -> torch.Tensor:
+    """Undo :func:`transform` (up to its rounding): ``T`` is orthogonal, so multiply by ``T.T = H16 diag(signs) / 4``."""
+    signs = random_signs(key, x.device)
     return (walsh_hadamard(x).reshape(-1, SIZE) * signs).reshape(x.shape) * (1 / SIZE**0.5)

@@ -1,11 +1,11 @@
 """How each block-scaled format turns the amaxes of its blocks into scales, as Transformer Engine's kernels do.
 
-Every rule's ``scales(amax, has_nan)`` takes each block's amax and whether the block holds a NaN, and
+Every rule's ``scales(amax, input_dtype)`` takes each block's amax and the dtype of the tensor cast, and
 returns ``BlockScales``: the scales as stored (their dequantized value multiplies the
 stored elements), the multiplier that maps each block into the element format's range before the
 cast, and, for NVFP4, the per-tensor decode scale. Block amaxes ignore NaN (the kernels' ``fmaxf``
-does): a NaN element becomes the element format's NaN (NVFP4, whose elements have none, gets a NaN
-block scale instead) while the rest of its block is scaled as usual.
+does): a NaN element becomes the element format's NaN (NVFP4's E2M1 has none: code 0) while its
+block is scaled by the amax of its other elements.
 
 - MX (OCP Microscaling v1.0: MXFP8, MXFP6, MXFP4; E8M0 scales), two rules by name:
   ``"nvidia"`` (Transformer Engine's MXFP8, the default for FP8 elements):
@@ -20,13 +20,21 @@ block scale instead) while the rest of its block is scaled as usual.
   clamped exponent of an infinite amax). A block holding a NaN gets the NaN scale byte 0xFF under the
   OCP rule, and under the NVIDIA rule when its elements have no NaN (FP6, FP4); with FP8 elements the
   NVIDIA rule keeps the scale of the other values and the NaN element, as Transformer Engine does.
-- FP8 block scaling: ``scale = fp8_max / amax`` in fp32 (fp32 max if that overflows, 1 for an amax of
-  0 or inf), truncated to a power of two unless ``power_2=False``; stored as ``1 / scale``.
-- NVFP4 (two levels): ``S_enc = 448 * 6 / tensor_amax`` (fp32 max if that overflows, 1 for an amax
-  of 0 or inf) and ``S_dec = 1 / S_enc``; each block's E4M3 scale is
-  ``e4m3(block_amax * (S_enc * fp32(1/6)))`` (round to nearest even, saturating at 448) and its values
-  are multiplied by ``1 / (scale * S_dec)`` (fp32 max if that overflows). A value is
-  ``e2m1 * scale * S_dec``.
+- FP8 block scaling: ``scale = fp8_max / amax`` in fp32, correctly rounded; where that overflows, the
+  largest finite value of the INPUT's dtype (bf16's for bf16 input, as Transformer Engine's
+  ``compute_scale_from_types<IType>`` in ``recipe_common.cuh``); 1 for an amax of 0 or inf; truncated to a
+  power of two unless ``power_2=False``; stored as ``1 / scale``.
+- NVFP4 (two levels, ``cast/nvfp4/core_nvfp4.cuh`` and ``quantize_transpose_nvfp4.cuh``): ``S_enc = 448 * 6 /
+  tensor_amax`` (fp32 max if that overflows, 1 for an amax of 0 or inf); each block's E4M3 scale is
+  ``e4m3(block_amax * (S_enc * fp32(1/6)))`` (round to nearest even, saturating at 448) and its values are
+  multiplied by ``1 / (scale * (1 / S_enc))`` (fp32 max if that overflows). A value decodes as
+  ``e2m1 * scale * S_dec`` with the global decode scale ``S_dec = tensor_amax / (448 * 6)``, correctly
+  rounded (TE's NVFP4 documentation; ``1 / S_enc`` differs from it by an ulp for about a quarter of amaxes).
+  An all-zero tensor has ``S_enc = 1`` and ``S_dec = 0``, as TE's kernels have (its Python reference
+  quantizer gives ``S_enc`` = fp32 max instead).
+
+Every division here is correctly rounded: torch evaluates ``python_float / tensor`` as ``reciprocal(tensor) *
+python_float``, two roundings, so the numerator is always a tensor (``torch.div(tensor, tensor)``).
 """
 
 from __future__ import annotations
@@ -46,13 +54,25 @@ E8M0_BIAS = 127
 
 
 def scale_from_amax(amax: torch.Tensor, fmt: FP8Format, margin: int = 0, fallback: torch.Tensor | float = 1.0) -> torch.Tensor:
-    """``fp8_max / amax / 2**margin`` in fp32, fp32 max if that overflows; ``fallback`` where amax is
-    0 or not finite."""
+    """``(fp8_max * 2**-margin) / amax`` in fp32, correctly rounded, fp32 max if that overflows; ``fallback``
+    where amax is 0 or not finite: Transformer Engine's ``compute_scale_from_amax`` (``recipe_common.cuh``,
+    current scaling) and ``scaled_max / amax`` (``delayed_scaling.cu``)."""
     amax = amax.float()
     usable = torch.isfinite(amax) & (amax > 0)
-    scale = fmt.max / torch.where(usable, amax, 1.0) / (2.0**margin)
-    scale = torch.where(torch.isinf(scale), FP32_MAX, scale)
+    scale = divide(fmt.max * 2.0**-margin, torch.where(usable, amax, 1.0)).clamp_(max=FP32_MAX)
     return torch.where(usable, scale, fallback)
+
+
+def divide(numerator: float, denominator: torch.Tensor) -> torch.Tensor:
+    """``numerator / denominator`` in fp32, correctly rounded (IEEE division, as CUDA's ``__fdiv_rn``): a tensor
+    numerator, since torch turns ``python_float / tensor`` into ``reciprocal(tensor) * python_float``."""
+    return torch.div(torch.full_like(denominator, numerator, dtype=torch.float32), denominator.float())
+
+
+def overflow_scale(dtype: torch.dtype) -> float:
+    """The scale FP8 block scaling takes where ``fp8_max / amax`` overflows: the largest finite value of the
+    input's dtype (bf16 and fp16 have their own; every other dtype is cast from fp32)."""
+    return torch.finfo(dtype).max if dtype in (torch.bfloat16, torch.float16) else FP32_MAX
 
 
 @dataclass
@@ -106,7 +126,11 @@ class MXScaleRule:
         if self.convention not in MX_SCALE_RULES:
             raise LowprecValueError(f"MX scale rule must be one of {list(MX_SCALE_RULES)}, got {self.convention!r}")
 
-    def scales(self, amax: torch.Tensor, has_nan: torch.Tensor) -> BlockScales:
+    def scales(
+        self, amax: torch.Tensor, input_dtype: torch.dtype = torch.float32, has_nan: torch.Tensor | None = None
+    ) -> BlockScales:
+        """The scales of block ``amax`` (NaN ignored); ``has_nan`` marks the blocks that hold a NaN (None: none
+        does). ``input_dtype``: unused, the rules share one signature."""
         amax = amax.float()
         if self.convention == NVIDIA:
             amax = amax * (1.0 / self.element.max)  # a Python float: multiplied as fp32(1 / element max)
@@ -117,7 +141,7 @@ class MXScaleRule:
             exponent = torch.where(amax.isfinite(), exponent - (math.frexp(self.element.max)[1] - 1), exponent)  # - emax_elem
         exponent = torch.where(positive, exponent, -E8M0_BIAS).clamp(-E8M0_BIAS, E8M0_BIAS)
         stored = exponent + E8M0_BIAS
-        if self.convention == OCP or not self.element.has_nan:  # the block's NaN is its scale's (see the module docstring)
+        if has_nan is not None and (self.convention == OCP or not self.element.has_nan):  # the block's NaN is its scale's
             stored = torch.where(has_nan, E8M0_NAN, stored)
         return BlockScales(stored.to(torch.uint8).view(torch.float8_e8m0fnu), power_of_two(-exponent))
 
@@ -129,12 +153,15 @@ class Float8BlockScaleRule:
     element: FP8Format
     power_2: bool = True
 
-    def scales(self, amax: torch.Tensor, has_nan: torch.Tensor) -> BlockScales:
+    def scales(
+        self, amax: torch.Tensor, input_dtype: torch.dtype = torch.float32, has_nan: torch.Tensor | None = None
+    ) -> BlockScales:
+        """The scales of block ``amax`` (NaN ignored) of a tensor of ``input_dtype`` (which bounds an overflowing
+        scale); a block's NaN changes nothing of its scale, so ``has_nan`` is unused."""
         amax = amax.float()
         usable = (amax > 0) & amax.isfinite()
-        # a tensor numerator: torch computes ``float / tensor`` as ``float * (1 / tensor)``, rounding twice
-        scale = torch.full_like(amax, self.element.max) / torch.where(usable, amax, 1.0)
-        scale = torch.where(scale.isinf(), FP32_MAX, scale)
+        scale = divide(self.element.max, torch.where(usable, amax, 1.0))
+        scale = torch.where(scale.isinf(), overflow_scale(input_dtype), scale)
         if self.power_2:
             scale = power_of_two(floor_log2(scale))
         scale = torch.where(usable, scale, 1.0)
@@ -144,16 +171,27 @@ class Float8BlockScaleRule:
 class NVFP4ScaleRule:
     """NVFP4: an E4M3 scale per block under an fp32 per-tensor scale from the tensor's amax."""
 
-    def scales(self, amax: torch.Tensor, has_nan: torch.Tensor) -> BlockScales:
+    def scales(
+        self, amax: torch.Tensor, input_dtype: torch.dtype = torch.float32, has_nan: torch.Tensor | None = None
+    ) -> BlockScales:
+        """The scales of block ``amax`` (NaN ignored: a block keeps the scale of its other values, as in Transformer
+        Engine, so ``has_nan`` is unused; so is ``input_dtype``)."""
         amax = amax.float()
         tensor_amax = amax.amax() if amax.numel() else torch.zeros((), device=amax.device)
-        encode = (torch.full_like(tensor_amax, E4M3.max * E2M1.max) / tensor_amax).clamp(max=FP32_MAX)
-        encode = torch.where((tensor_amax == 0) | (encode == 0), 1.0, encode)
-        decode = encode.reciprocal()
-        per_block = amax * (encode * (1.0 / E2M1.max))
-        stored = E4M3.cast(torch.where(has_nan, float("nan"), per_block))  # saturates at 448; NaN: byte 0x7F
-        multiplier = (stored.float() * decode).reciprocal().clamp(max=FP32_MAX)
+        encode, decode = nvfp4_tensor_scales(tensor_amax)
+        per_block = amax * (encode * (1.0 / E2M1.max))  # a Python float: multiplied as fp32(1 / 6)
+        stored = E4M3.cast(per_block)  # saturates at 448
+        multiplier = (stored.float() * encode.reciprocal()).reciprocal().clamp(max=FP32_MAX)
         return BlockScales(stored, multiplier, decode)
+
+
+def nvfp4_tensor_scales(tensor_amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(S_enc, S_dec)`` of a 0-dim fp32 NaN-free tensor amax (see the module docstring): the encode scale of
+    ``compute_global_encode_scaling_factor_FP4`` and the decode scale ``amax / (448 * 6)``."""
+    encode = divide(E4M3.max * E2M1.max, tensor_amax).clamp(max=FP32_MAX)
+    encode = torch.where((tensor_amax == 0) | (encode == 0), 1.0, encode)
+    decode = torch.div(tensor_amax, torch.full_like(tensor_amax, E4M3.max * E2M1.max))
+    return encode, decode
 
 
 ScaleRule = MXScaleRule | Float8BlockScaleRule | NVFP4ScaleRule

@@ -8,10 +8,10 @@ Bytes and scales equal ``BlockQuantizer``'s bit for bit: each program holds one 
 rowwise and B columnwise 1 x B blocks at once (or one B x B block); elements beyond the tensor read as
 zeros (the emulation's padding, which B x B blocks store); block amaxes ignore NaN. Scales follow
 ``block_scales``: ``MXScaleRule``'s exponent ``ceil(log2(amax * fp32(1 / fp8_max)))`` read off the fp32
-bits, clamped to [-127, 127]; ``Float8BlockScaleRule``'s ``fp8_max / amax`` (IEEE division), fp32 max
-for an overflow, 1 for an amax of 0 or inf, truncated to a power of two by clearing its mantissa, stored
-as its IEEE reciprocal. The cast is ``fp8_cast.fp8_bytes`` of ``x * multiplier``. With
-``TRITON_INTERPRET=1`` the kernel runs on CPU tensors.
+bits, clamped to [-127, 127]; ``Float8BlockScaleRule``'s ``fp8_max / amax`` (IEEE division), the input
+dtype's largest finite value for an overflow (``scales.overflow_scale``), 1 for an amax of 0 or inf,
+truncated to a power of two by clearing its mantissa, stored as its IEEE reciprocal. The cast is
+``fp8_cast.fp8_bytes`` of ``x * multiplier``. With ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import triton.language as tl
 
 from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E4M3, E5M2, ElementFormat, FP8Format
-from lowprec.formats.scales import NVIDIA, Float8BlockScaleRule, MXScaleRule, ScaleRule
-from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, fp8_bytes, load_tile
+from lowprec.formats.scales import NVIDIA, Float8BlockScaleRule, MXScaleRule, ScaleRule, overflow_scale
+from lowprec.kernels.fp8_cast import OPTIONS, fp8_bytes, load_tile
 
 E8M0, FP32_POWER_OF_2, FP32 = 0, 1, 2  # the kernel's SCALE_KIND: how block amaxes become scales
 BLOCK_WIDTHS = (32, 64, 128)  # tiles the kernel handles (BLOCK x BLOCK, a power of two)
@@ -49,9 +49,10 @@ def _power_of_two(exponent):
 
 
 @triton.jit
-def _scales(amax, FP8_MAX: tl.constexpr, INV_FP8_MAX: tl.constexpr, SCALE_KIND: tl.constexpr):
+def _scales(amax, FP8_MAX: tl.constexpr, INV_FP8_MAX: tl.constexpr, SCALE_KIND: tl.constexpr, OVERFLOW_SCALE: tl.constexpr):
     """``(multiplier, stored)`` of NaN-free block amaxes: what the block is multiplied by before the cast,
-    and the scale as stored (E8M0 byte, or the fp32 inverse scale)."""
+    and the scale as stored (E8M0 byte, or the fp32 inverse scale); ``OVERFLOW_SCALE`` replaces an infinite
+    ``fp8_max / amax``."""
     if SCALE_KIND == 0:
         exponent = _e8m0_exponent(amax, INV_FP8_MAX)
         multiplier = _power_of_two(-exponent)
@@ -59,7 +60,7 @@ def _scales(amax, FP8_MAX: tl.constexpr, INV_FP8_MAX: tl.constexpr, SCALE_KIND: 
     else:
         usable = (amax > 0) & (amax < float("inf"))
         scale = tl.math.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), tl.where(usable, amax, 1.0))
-        scale = tl.where(scale == float("inf"), FP32_MAX_CONSTEXPR, scale)
+        scale = tl.where(scale == float("inf"), OVERFLOW_SCALE, scale)
         if SCALE_KIND == 1:  # every such scale is a normal number: clearing the mantissa floors it to a power of two
             scale = (scale.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
         multiplier = tl.where(usable, scale, 1.0)
@@ -84,6 +85,7 @@ def _block_fp8_tile(
     MANTISSA_BITS: tl.constexpr,
     IS_E4M3: tl.constexpr,
     SCALE_KIND: tl.constexpr,
+    OVERFLOW_SCALE: tl.constexpr,
     SQUARE: tl.constexpr,
     COLUMNWISE: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -93,7 +95,7 @@ def _block_fp8_tile(
     magnitude = tl.where(x == x, tl.abs(x), 0.0)  # block amaxes ignore NaN
 
     if SQUARE:  # one scale for the tile, whose padded rows are stored too
-        multiplier, stored = _scales(tl.max(tl.max(magnitude, axis=1), axis=0), FP8_MAX, INV_FP8_MAX, SCALE_KIND)
+        multiplier, stored = _scales(tl.max(tl.max(magnitude, axis=1), axis=0), FP8_MAX, INV_FP8_MAX, SCALE_KIND, OVERFLOW_SCALE)
         encoded = fp8_bytes(x * multiplier, FP8_MAX, MIN_NORMAL_EXP, MANTISSA_BITS, IS_E4M3)
         tl.store(out_ptr + row[:, None] * blocks_c * BLOCK + col[None, :], encoded)
         tl.store(scales_ptr + tl.program_id(0) * blocks_c + tl.program_id(1), stored)
@@ -101,12 +103,12 @@ def _block_fp8_tile(
             tl.store(out_t_ptr + col[:, None] * blocks_r * BLOCK + row[None, :], tl.trans(encoded))
             tl.store(scales_t_ptr + tl.program_id(1) * blocks_r + tl.program_id(0), stored)
     else:
-        multiplier, stored = _scales(tl.max(magnitude, axis=1), FP8_MAX, INV_FP8_MAX, SCALE_KIND)
+        multiplier, stored = _scales(tl.max(magnitude, axis=1), FP8_MAX, INV_FP8_MAX, SCALE_KIND, OVERFLOW_SCALE)
         encoded = fp8_bytes(x * multiplier[:, None], FP8_MAX, MIN_NORMAL_EXP, MANTISSA_BITS, IS_E4M3)
         tl.store(out_ptr + row[:, None] * blocks_c * BLOCK + col[None, :], encoded, mask=row[:, None] < rows)
         tl.store(scales_ptr + row * blocks_c + tl.program_id(1), stored, mask=row < rows)
         if COLUMNWISE:
-            multiplier_t, stored_t = _scales(tl.max(magnitude, axis=0), FP8_MAX, INV_FP8_MAX, SCALE_KIND)
+            multiplier_t, stored_t = _scales(tl.max(magnitude, axis=0), FP8_MAX, INV_FP8_MAX, SCALE_KIND, OVERFLOW_SCALE)
             encoded_t = fp8_bytes(x * multiplier_t[None, :], FP8_MAX, MIN_NORMAL_EXP, MANTISSA_BITS, IS_E4M3)
             tl.store(out_t_ptr + col[:, None] * blocks_r * BLOCK + row[None, :], tl.trans(encoded_t), mask=col[:, None] < cols)
             tl.store(scales_t_ptr + col * blocks_r + tl.program_id(0), stored_t, mask=col < cols)
@@ -137,7 +139,7 @@ def quantize_block_fp8(
     """``(data, scales, data_t, scales_t)`` of a 2-D tensor (any float dtype and strides) cast with
     ``rule`` in ``block``s (see :func:`supports`): the rowwise bytes (``rule.element.dtype``, padded as
     the emulation pads) and scales (E8M0 ``float8_e8m0fnu`` or fp32 inverse scales), and with
-    ``columnwise`` those of the transpose, else None."""
+    ``columnwise`` those of the transpose, else None. ``tensor``'s dtype bounds an overflowing FP8 block scale."""
     if not supports(rule, rule.element, block):
         raise LowprecValueError(
             f"the fused block kernel casts 1 x B or B x B blocks, B in {BLOCK_WIDTHS}, got {block} with {rule}"
@@ -171,6 +173,7 @@ def quantize_block_fp8(
             MANTISSA_BITS=fmt.mantissa_bits,
             IS_E4M3=fmt is E4M3,
             SCALE_KIND=kind,
+            OVERFLOW_SCALE=overflow_scale(tensor.dtype),
             SQUARE=square,
             COLUMNWISE=columnwise,
             BLOCK=width,

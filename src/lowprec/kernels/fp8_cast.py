@@ -85,15 +85,14 @@ def fp8_bytes(v, FP8_MAX: tl.constexpr, MIN_NORMAL_EXP: tl.constexpr, MANTISSA_B
 
 @triton.jit
 def _masked_amax(x, inside):
-    """``max |x|`` over the valid elements, NaN if any of them is NaN."""
-    return _nan_aware_max(tl.where(inside, tl.abs(x), 0.0))
+    """``max |x|`` over the valid elements, NaN ignored."""
+    return nan_ignoring_max(tl.where(inside, tl.abs(x), 0.0))
 
 
 @triton.jit
-def _nan_aware_max(values):
-    """The largest of ``values``, NaN if any is NaN (``tl.max`` alone may drop NaN)."""
-    has_nan = tl.sum((values != values).to(tl.int32)) > 0
-    return tl.where(has_nan, float("nan"), tl.max(tl.where(values == values, values, 0.0)))
+def nan_ignoring_max(values):
+    """The largest of non-negative ``values``, NaN ignored as TE's ``fmaxf`` ignores it (0 if all are NaN)."""
+    return tl.max(tl.where(values == values, values, 0.0))
 
 
 @triton.jit
@@ -107,14 +106,14 @@ def _amax_blocks(x_ptr, amax_ptr, n, BLOCK: tl.constexpr):
         offsets = block_start + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
         magnitude = tl.abs(x)
-        running = tl.where((magnitude > running) | (magnitude != magnitude), magnitude, running)
+        running = tl.where(magnitude > running, magnitude, running)  # False for NaN: ignored
         block_start += step
-    tl.store(amax_ptr + tl.program_id(0), _nan_aware_max(running))
+    tl.store(amax_ptr + tl.program_id(0), tl.max(running))
 
 
 def amax_partials(tensor: torch.Tensor) -> torch.Tensor:
     """Partial ``max |tensor|`` values (fp32, at most ``AMAX_PROGRAMS``) whose max is the amax, in one
-    read (NaN where a NaN was seen)."""
+    read, NaN ignored."""
     x = tensor.detach().reshape(-1)
     if not x.is_contiguous():
         x = x.contiguous()
@@ -127,7 +126,7 @@ def amax_partials(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def amax_of(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor.abs().amax()`` as a 0-dim fp32 tensor (NaN if any element is NaN), in one read."""
+    """``per_tensor.amax_of(tensor)`` (NaN ignored) as a 0-dim fp32 tensor, in one read."""
     return amax_partials(tensor).amax()
 
 

@@ -1,9 +1,9 @@
 """Scales of FP8 casts computed on the GPU by one tiny Triton kernel each, from the amax partials that
 ``kernels.fp8_cast`` writes: current scaling's scale, and delayed scaling's amax history and next scale.
 
-Every rounding follows ``formats.scales.scale_from_amax`` as torch performs it (``fp8_max / amax`` is
-``reciprocal(amax) * fp8_max`` there), with correctly rounded divisions, so the scales equal the CPU
-emulation's bit for bit.
+Every rounding follows ``formats.scales.scale_from_amax``: ``(fp8_max * 2**-margin) / amax``, one correctly
+rounded division (``tl.math.div_rn``, TE's ``__fdiv_rn``), so the scales equal the CPU emulation's and
+Transformer Engine's bit for bit. Amaxes ignore NaN, as TE's ``fmaxf`` does.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from lowprec.formats.elements import FP8Format
-from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, _nan_aware_max, amax_partials
+from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, amax_partials, nan_ignoring_max
 
 PARTIALS_BLOCK = 1024
 
@@ -25,27 +25,24 @@ def _max_of_partials(partials_ptr, n, BLOCK: tl.constexpr):
     while start < n:  # not ``for``: see ``kernels.fp8_cast``'s docstring
         offsets = start + tl.arange(0, BLOCK)
         value = tl.load(partials_ptr + offsets, mask=offsets < n, other=0.0)
-        running = tl.where((value > running) | (value != value), value, running)
+        running = tl.where(value > running, value, running)  # False for NaN: ignored
         start += BLOCK
-    return _nan_aware_max(running)
+    return tl.max(running)
 
 
 @triton.jit
-def _scale_from_amax(reference, fallback, FP8_MAX: tl.constexpr, MARGIN_FACTOR: tl.constexpr):
-    """``formats.scales.scale_from_amax`` step by step, each rounding as torch does it there:
-    ``fp8_max / amax`` is ``reciprocal(amax) * fp8_max`` in torch, then ``/ 2**margin``."""
+def _scale_from_amax(reference, fallback, SCALED_MAX: tl.constexpr):
+    """``formats.scales.scale_from_amax``: ``SCALED_MAX / amax`` (``SCALED_MAX = fp8_max * 2**-margin``)
+    correctly rounded, fp32 max for an overflow, ``fallback`` for an amax of 0, inf or NaN."""
     usable = (reference == reference) & (reference < float("inf")) & (reference > 0.0)
-    scale = tl.math.div_rn(1.0, tl.where(usable, reference, 1.0)) * FP8_MAX
-    scale = tl.math.div_rn(scale, MARGIN_FACTOR)
+    scale = tl.math.div_rn(tl.zeros_like(reference) + SCALED_MAX, tl.where(usable, reference, 1.0))
     scale = tl.where(scale == float("inf"), FP32_MAX_CONSTEXPR, scale)
     return tl.where(usable, scale, fallback)
 
 
 @triton.jit
-def _current_scale(
-    partials_ptr, n, scale_ptr, scale_inv_ptr, FP8_MAX: tl.constexpr, MARGIN_FACTOR: tl.constexpr, BLOCK: tl.constexpr
-):
-    scale = _scale_from_amax(_max_of_partials(partials_ptr, n, BLOCK), 1.0, FP8_MAX, MARGIN_FACTOR)
+def _current_scale(partials_ptr, n, scale_ptr, scale_inv_ptr, SCALED_MAX: tl.constexpr, BLOCK: tl.constexpr):
+    scale = _scale_from_amax(_max_of_partials(partials_ptr, n, BLOCK), 1.0, SCALED_MAX)
     tl.store(scale_ptr, scale)
     tl.store(scale_inv_ptr, tl.math.div_rn(1.0, scale))
 
@@ -62,8 +59,7 @@ def _delayed_update(
     HISTORY: tl.constexpr,
     HISTORY_BLOCK: tl.constexpr,
     USE_MAX: tl.constexpr,
-    FP8_MAX: tl.constexpr,
-    MARGIN_FACTOR: tl.constexpr,
+    SCALED_MAX: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     amax = _max_of_partials(partials_ptr, n, BLOCK)
@@ -71,10 +67,15 @@ def _delayed_update(
     older = tl.load(history_ptr + slot - 1, mask=(slot >= 1) & (slot < HISTORY), other=0.0)
     history = tl.where(slot == 0, amax, older)  # newest first, the oldest dropped
     tl.store(new_history_ptr + slot, history, mask=slot < HISTORY)
-    reference = _nan_aware_max(tl.where(slot < HISTORY, history, 0.0)) if USE_MAX else amax
-    scale = _scale_from_amax(reference, tl.load(scale_ptr), FP8_MAX, MARGIN_FACTOR)
+    reference = nan_ignoring_max(tl.where(slot < HISTORY, history, 0.0)) if USE_MAX else amax
+    scale = _scale_from_amax(reference, tl.load(scale_ptr), SCALED_MAX)
     tl.store(new_scale_ptr, scale)
     tl.store(new_scale_inv_ptr, tl.math.div_rn(1.0, scale))
+
+
+def scaled_max(fmt: FP8Format, margin: int) -> float:
+    """``fp8_max * 2**-margin`` as an fp32 value (what the scale kernels divide by the amax)."""
+    return torch.tensor(fmt.max * 2.0**-margin, dtype=torch.float32).item()
 
 
 def current_scaling(tensor: torch.Tensor, fmt: FP8Format, margin: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +84,7 @@ def current_scaling(tensor: torch.Tensor, fmt: FP8Format, margin: int) -> tuple[
     partials = amax_partials(tensor)
     scale, scale_inv = (torch.empty((), dtype=torch.float32, device=tensor.device) for _ in range(2))
     _current_scale[(1,)](
-        partials, partials.numel(), scale, scale_inv, FP8_MAX=fmt.max, MARGIN_FACTOR=2.0**margin, BLOCK=PARTIALS_BLOCK, **OPTIONS
+        partials, partials.numel(), scale, scale_inv, SCALED_MAX=scaled_max(fmt, margin), BLOCK=PARTIALS_BLOCK, **OPTIONS
     )
     return scale, scale_inv
 
@@ -108,8 +109,7 @@ def delayed_scaling_update(
         HISTORY=history.numel(),
         HISTORY_BLOCK=triton.next_power_of_2(history.numel()),
         USE_MAX=use_max,
-        FP8_MAX=fmt.max,
-        MARGIN_FACTOR=2.0**margin,
+        SCALED_MAX=scaled_max(fmt, margin),
         BLOCK=PARTIALS_BLOCK,
         **OPTIONS,
     )

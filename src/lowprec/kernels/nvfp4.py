@@ -7,14 +7,14 @@ transform: for that case the caller passes the transformed transpose and takes t
 
 Codes and scales equal ``BlockQuantizer``'s bit for bit. The amax pass writes one NaN-ignoring partial
 ``max |x|`` per tile; ``.amax()`` of the partials is the tensor amax (a device tensor, no host sync), and
-the encode and decode scales follow from it with ``NVFP4ScaleRule.scales``'s torch arithmetic. Each
+the encode and decode scales follow from it with ``scales.nvfp4_tensor_scales``. Each
 program of the cast holds one tile, whole 16-element blocks of both orientations; elements beyond the
 tensor read as zeros (the emulation's padding, which 16 x 16 blocks store). As in ``block_scales``: a
 block's scale is ``e4m3(amax * (S_enc * fp32(1/6)))`` (``fp8_cast.fp8_bytes``: round to nearest even,
-saturated at 448, a block holding NaN gets the byte 0x7F), its values are multiplied by the IEEE
-reciprocal of ``scale * S_dec`` (fp32 max if that overflows; NaN for a NaN scale, so the whole block
-becomes code 0). E2M1 codes (one per ``uint8``, bit 3 the sign) round to nearest even, or
-stochastically: ``floor(units + noise)`` is computed exactly in fp32 as ``whole + (frac >= 1 - noise)``
+saturated at 448; block amaxes ignore NaN, as TE's ``fmaxf``), its values are multiplied by the IEEE
+reciprocal of ``scale * (1 / S_enc)`` (fp32 max if that overflows); a NaN element becomes code 0. E2M1
+codes (one per ``uint8``, bit 3 the sign) round to nearest even, or stochastically:
+``floor(units + noise)`` is computed exactly in fp32 as ``whole + (frac >= 1 - noise)``
 (``units`` is below 4, so ``whole`` and ``frac`` are exact, and ``1 - noise`` is exact for noise a multiple
 of 2**-24), with ``noise.uniform``'s counter-based hash of the element's row-major index in that
 orientation's padded shape, in uint32 arithmetic (wrapping as the torch version's ``& MASK32`` does).
@@ -30,7 +30,7 @@ import triton.language as tl
 from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E2M1, E4M3
 from lowprec.formats.noise import HASH_MULTIPLIERS, MASK32, NOISE_BITS
-from lowprec.formats.scales import FP32_MAX, NVFP4_BLOCK
+from lowprec.formats.scales import NVFP4_BLOCK, nvfp4_tensor_scales
 from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, fp8_bytes, load_tile
 from nvdlfw_inspect.stats.kernels.triton import round_to_grid
 
@@ -94,14 +94,12 @@ def _cast_blocks(
     COLS: tl.constexpr = x.shape[1]
     blocks = tl.reshape(x, (ROWS // BH, BH, COLS // BW, BW))
     magnitude = tl.abs(blocks)
-    nan = magnitude != magnitude
-    has_nan = tl.max(tl.max(nan.to(tl.int32), axis=3), axis=1) > 0
-    amax = tl.max(tl.max(tl.where(nan, 0.0, magnitude), axis=3), axis=1)  # block amaxes ignore NaN
-    per_block = tl.where(has_nan, float("nan"), amax * encode_block)
+    amax = tl.max(tl.max(tl.where(magnitude == magnitude, magnitude, 0.0), axis=3), axis=1)  # NaN ignored
+    per_block = amax * encode_block
     stored = fp8_bytes(per_block, 448.0, -6, 3, True)
     scale = round_to_grid(tl.where(per_block > 448.0, 448.0, per_block), -6, 3)  # the stored scale's value
     multiplier = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale * decode)
-    multiplier = tl.where(multiplier > FP32_MAX_CONSTEXPR, FP32_MAX_CONSTEXPR, multiplier)  # NaN stays
+    multiplier = tl.where(multiplier > FP32_MAX_CONSTEXPR, FP32_MAX_CONSTEXPR, multiplier)
     scaled = tl.reshape(blocks * multiplier[:, None, :, None], (ROWS, COLS))
     if STOCHASTIC:
         noise = _uniform(noise_index, key_lo, key_hi)
@@ -140,7 +138,7 @@ def _nvfp4_tile(
     TILE: tl.constexpr,
 ):
     row, col, x = load_tile(x_ptr, rows, cols, stride_row, stride_col, TILE, TILE)
-    encode_block, decode = tl.load(factors_ptr), tl.load(factors_ptr + 1)  # S_enc * fp32(1/6), S_dec
+    encode_block, decode = tl.load(factors_ptr), tl.load(factors_ptr + 1)  # S_enc * fp32(1/6), 1 / S_enc
     padded_rows = tl.cdiv(rows, 16) * 16  # rows padded to whole 16-row blocks (columnwise blocks, 16 x 16 ones)
     padded_cols = tl.cdiv(cols, 16) * 16
     stored_rows = padded_rows if BLOCK_HEIGHT == 16 else rows  # the rowwise data's rows
@@ -221,13 +219,6 @@ def tensor_amax(tensor: torch.Tensor) -> torch.Tensor:
     return partials.amax()
 
 
-def tensor_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(S_enc, S_dec)`` of a 0-dim fp32 tensor amax, with ``NVFP4ScaleRule.scales``'s arithmetic."""
-    encode = (torch.full_like(amax, E4M3.max * E2M1.max) / amax).clamp(max=FP32_MAX)
-    encode = torch.where((amax == 0) | (encode == 0), 1.0, encode)
-    return encode, encode.reciprocal()
-
-
 def quantize_nvfp4(
     tensor: torch.Tensor, block_height: int, columnwise: bool, keys: tuple[int, int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
@@ -253,9 +244,9 @@ def quantize_nvfp4(
     if columnwise:
         data_t = torch.empty((padded_cols if square else cols, padded_rows), dtype=torch.uint8, device=device)
         scales_t = torch.empty((data_t.shape[0] // block_height, padded_rows // 16), dtype=torch.uint8, device=device)
-    encode, decode = tensor_scales(tensor_amax(tensor))
+    encode, decode = nvfp4_tensor_scales(tensor_amax(tensor))
     if tensor.numel():
-        factors = torch.stack([encode * (1.0 / E2M1.max), decode])  # multiplied as fp32(1/6), as the rule does
+        factors = torch.stack([encode * (1.0 / E2M1.max), encode.reciprocal()])  # fp32(1/6) and 1 / S_enc, as the rule
         key, key_t = keys if keys is not None else (0, 0)
         _nvfp4_tile[(triton.cdiv(rows, TILE), triton.cdiv(cols, TILE))](
             tensor,

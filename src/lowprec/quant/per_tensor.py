@@ -8,6 +8,7 @@ stays on the tensor's device: no value is read back to the host.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -53,14 +54,21 @@ def _cast(
 
 
 def amax_of(tensor: torch.Tensor) -> torch.Tensor:
-    """Largest magnitude as a 0-dim fp32 tensor (0 for an empty tensor; NaN if any element is NaN)."""
+    """Largest magnitude as a 0-dim fp32 tensor, NaN ignored (0 for an empty or all-NaN tensor): Transformer
+    Engine's amax kernels reduce with ``fmaxf`` / ``__hmax``, which drop NaN (``recipe/current_scaling.cu``), so
+    a NaN element leaves the scale of the others as it was."""
     if tensor.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=tensor.device)
     if kernels.runs_on(tensor):
         from lowprec.kernels import fp8_cast
 
         return fp8_cast.amax_of(tensor)
-    return tensor.detach().abs().amax().float()
+    return nan_ignoring_amax(tensor.detach().abs())
+
+
+def nan_ignoring_amax(magnitudes: torch.Tensor) -> torch.Tensor:
+    """The largest of non-negative ``magnitudes`` as a 0-dim fp32 tensor, NaN ignored (0 if none is a number)."""
+    return magnitudes.nan_to_num(nan=0.0, posinf=math.inf).amax().float()
 
 
 class CurrentScalingQuantizer:
@@ -161,7 +169,7 @@ class DelayedScalingQuantizer:
             return
         self.amax_history = torch.cat([amax.reshape(1).to(self.amax_history), self.amax_history[:-1]])
         if self.recipe.amax_compute_algo == "max":
-            reference = self.amax_history.amax()
+            reference = nan_ignoring_amax(self.amax_history)  # ``fmaxf`` over the history (``delayed_scaling.cu``)
         else:
             reference = self.amax_history[0]
         self.scale = scale_from_amax(reference, self.format, self.recipe.margin, fallback=self.scale)

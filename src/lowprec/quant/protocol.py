@@ -156,13 +156,13 @@ class Float8Tensor(QuantizedTensor):
 @dataclass(frozen=True)
 class BlockLayout:
     """What one orientation's tensors mean: element format, block ``(height, width)`` (width along the
-    last dimension), the unpadded ``shape``, and the seed of the Hadamard transform its blocks went
-    through (None: none)."""
+    last dimension), the unpadded ``shape``, and the key of the Hadamard transform's signs its blocks went
+    through (``hadamard.TE_SIGNS`` or an int seed; None: none)."""
 
     element: ElementFormat
     block: tuple[int, int]
     shape: tuple[int, int]
-    hadamard_seed: int | None = None
+    hadamard_seed: hadamard.HadamardSigns | None = None
 
 
 @dataclass

@@ -221,7 +221,7 @@ class StatsBuffers:
         ``stats`` are names, or ``(logged name, derivation)`` pairs such as
         ``("fp8_current_scaling_mse", "mse")``. ``quantization`` adds the statistics of casting the
         tensor with that scale on that grid. ``call_out`` (an empty partial) receives this call's own
-        partials, ``amax_out`` (a 0-dim float32 tensor) the tensor's max |x|. An empty tensor is
+        partials, ``amax_out`` (a 0-dim float32 tensor) the tensor's max |x| (NaN ignored). An empty tensor is
         logged as one (count 0, NaN extremes).
         """
         source = tensor if tensor is not None else partials

@@ -151,6 +151,19 @@ def test_what_if_delayed_scaling_keeps_its_own_history_under_current_scaling(log
         assert got[("lin_activation_fp8_delayed_scaling_scale_inv_max", it)] == pytest.approx(1 / scale, rel=1e-6)
 
 
+def test_what_if_delayed_scaling_records_the_amax_of_the_numbers_beside_a_nan(log_dir):
+    """The shadow history records the statistics kernel's amax, NaN ignored (TE's ``fmaxf``): the next scale is
+    448 / 300, correctly rounded, not the old scale kept because the amax was NaN."""
+    g = torch.Generator().manual_seed(3)
+    x0, x1, dy = torch.randn(128, 256, generator=g), torch.randn(128, 256, generator=g), torch.randn(128, 128, generator=g)
+    x0[0, 0], x0[1, 1] = float("nan"), -300.0
+    stats = ["fp8_delayed_scaling_scale_inv_max"]
+    got = run(fp8_config(stats, tensors=["activation"]), log_dir, [(x0, dy), (x1, dy)], recipe=CURRENT, fp8=False)
+    scale1 = torch.tensor(448.0 / 300.0, dtype=torch.float32)  # float64 quotient rounded once: TE's __fdiv_rn
+    assert got[("lin_activation_fp8_delayed_scaling_scale_inv_max", 0)] == 1.0
+    assert got[("lin_activation_fp8_delayed_scaling_scale_inv_max", 1)] == pytest.approx(1 / scale1.item(), rel=1e-7)
+
+
 @pytest.mark.parametrize(
     "plan", [{"DisableFP8GEMM": {"enabled": True, "gemms": ["wgrad"]}}, {"DisableFP8Layer": {"enabled": True}}]
 )

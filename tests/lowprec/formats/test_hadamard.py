@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hadamardref import random_hadamard, sylvester_hadamard
 
+from lowprec.errors import LowprecValueError
 from lowprec.formats import hadamard
 
 
@@ -23,3 +25,14 @@ def test_hadamard_transform_is_orthogonal_and_preserves_products():
 def test_walsh_hadamard_butterflies_equal_the_sylvester_matrix_exactly_on_integers():
     x = torch.randint(-1000, 1000, (7, 32), generator=torch.Generator().manual_seed(8)).float()  # sums of integers: exact
     assert torch.equal(hadamard.walsh_hadamard(x), (x.reshape(-1, 16) @ sylvester_hadamard()).reshape(7, 32))
+
+
+def test_te_signs_and_rounding_to_the_input_dtype():
+    te = hadamard.random_signs(hadamard.TE_SIGNS, torch.device("cpu"))
+    assert te.tolist() == [1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1]  # TE's get_wgrad_sign_vector
+    x = torch.zeros(1, 16)
+    x[0, :2] = torch.tensor([1.0, 2.0**-9])  # (1 +- 2**-9) / 4: bf16 keeps 8 bits, so both round to 1 / 4
+    assert hadamard.transform(x, hadamard.TE_SIGNS, torch.bfloat16).unique().tolist() == [0.25]
+    assert hadamard.transform(x, hadamard.TE_SIGNS).unique().tolist() == [(1 - 2.0**-9) / 4, (1 + 2.0**-9) / 4]
+    with pytest.raises(LowprecValueError, match=r"unknown Hadamard sign vector 'te'; known: an int seed or 'transformer_engine'"):
+        hadamard.random_signs("te", torch.device("cpu"))

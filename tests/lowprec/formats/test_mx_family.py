@@ -60,7 +60,7 @@ def test_fp6_ties_round_to_even_and_saturate():
 def rule_bytes(element: ElementFormat, rule: str, amaxes: list[float], nan: list[bool] | None = None) -> list[int]:
     amax = torch.tensor(amaxes)
     has_nan = torch.tensor(nan if nan is not None else [False] * len(amaxes))
-    return MXScaleRule(element, rule).scales(amax, has_nan).stored.view(torch.uint8).tolist()
+    return MXScaleRule(element, rule).scales(amax, has_nan=has_nan).stored.view(torch.uint8).tolist()
 
 
 def test_the_nvidia_rule_rounds_amax_over_the_element_max_up():

@@ -13,7 +13,7 @@ INF = float("inf")
 
 
 def mx(amax: list[float], fmt=E4M3):
-    scales = MXScaleRule(fmt).scales(torch.tensor(amax), torch.zeros(len(amax), dtype=torch.bool))
+    scales = MXScaleRule(fmt).scales(torch.tensor(amax))
     return scales.stored.view(torch.uint8).tolist(), scales.multiplier.tolist()
 
 
@@ -40,18 +40,17 @@ def test_mxfp8_rule_equals_ceil_log2_of_amax_over_fp8_max(fmt, binade):
     two, where amax is next to fp8_max * 2**k: there all 2**17 neighbouring amaxes agree."""
     boundary = torch.tensor(fmt.max * 2.0**binade).view(torch.int32)
     amax = (boundary + torch.arange(-(2**16), 2**16, dtype=torch.int32)).view(torch.float32)
-    stored = MXScaleRule(fmt).scales(amax, torch.zeros_like(amax, dtype=torch.bool)).stored.view(torch.uint8).long()
+    stored = MXScaleRule(fmt).scales(amax).stored.view(torch.uint8).long()
     assert torch.equal(stored, ceil_log2(amax / fmt.max) + 127)
 
 
 def test_float8_block_scales_power_of_two_and_fp32():
     amax = torch.tensor([3.0, 0.5, 0.0, INF, 1e-40])
-    no_nan = torch.zeros(5, dtype=torch.bool)
-    pow2 = Float8BlockScaleRule(E4M3).scales(amax, no_nan)
+    pow2 = Float8BlockScaleRule(E4M3).scales(amax)
     # 448/3 = 149.3 -> 128; 448/0.5 = 896 -> 512; zero and inf -> 1; 448/1e-40 overflows -> fp32 max -> 2**127
     assert pow2.multiplier.tolist() == [128.0, 512.0, 1.0, 1.0, 2.0**127]
     assert pow2.stored.tolist() == [1 / 128, 1 / 512, 1.0, 1.0, 2.0**-127]
-    fp32 = Float8BlockScaleRule(E4M3, power_2=False).scales(amax, no_nan)
+    fp32 = Float8BlockScaleRule(E4M3, power_2=False).scales(amax)
     expected = torch.tensor([448.0]) / torch.tensor([3.0])
     assert fp32.multiplier[0] == expected[0] and fp32.multiplier[1] == 896.0
     assert fp32.multiplier[4].item() == FP32_MAX and fp32.stored[0] == expected.reciprocal()[0]
@@ -60,20 +59,22 @@ def test_float8_block_scales_power_of_two_and_fp32():
 def test_nvfp4_two_level_scales():
     # tensor amax 5.25: S_enc = 448 * 6 / 5.25 = 512, S_dec = 1/512
     # block amax 5.25: 5.25 * 512 / 6 = 448 -> E4M3 448 (0x7E); 3.0 -> 256 (0x78); 0 -> 0
-    scales = NVFP4ScaleRule().scales(torch.tensor([5.25, 3.0, 0.0]), torch.tensor([False, False, False]))
+    scales = NVFP4ScaleRule().scales(torch.tensor([5.25, 3.0, 0.0]))
     assert scales.tensor_scale_inv.item() == 1 / 512
     assert scales.stored.view(torch.uint8).tolist() == [0x7E, 0x78, 0x00]
     # each block is multiplied by 1 / (scale * S_dec): 512/448, 2, and fp32 max for the zero block
     assert scales.multiplier.tolist() == [torch.tensor(512 / 448).item(), 2.0, FP32_MAX]
 
 
-def test_nvfp4_nan_block_gets_a_nan_scale_and_degenerate_tensors_scale_one():
-    scales = NVFP4ScaleRule().scales(torch.tensor([2.0, 1.0]), torch.tensor([False, True]))
-    assert scales.stored.view(torch.uint8).tolist()[1] == 0x7F
-    for amax in ([0.0, 0.0], [INF, 1.0]):  # all zero, or an infinite amax: S_enc = 1
-        scales = NVFP4ScaleRule().scales(torch.tensor(amax), torch.tensor([False, False]))
-        assert scales.tensor_scale_inv.item() == 1.0
-    assert scales.stored.float().tolist()[0] == 448.0  # the infinite block's scale saturates
+def test_nvfp4_degenerate_tensors_follow_transformer_engines_kernels():
+    """All zero: S_enc = 1 (the kernels' rule; TE's Python reference gives fp32 max) and S_dec = 0 / 2688 = 0.
+    An infinite amax: 2688 / inf = 0, so S_enc = 1, S_dec = inf / 2688 = inf; the block's scale saturates at 448."""
+    zero = NVFP4ScaleRule().scales(torch.tensor([0.0, 0.0]))
+    assert zero.tensor_scale_inv.item() == 0.0 and zero.stored.float().tolist() == [0.0, 0.0]
+    assert zero.multiplier.tolist() == [FP32_MAX, FP32_MAX]
+    infinite = NVFP4ScaleRule().scales(torch.tensor([INF, 1.0]))
+    assert infinite.tensor_scale_inv.item() == INF and infinite.stored.float().tolist()[0] == 448.0
+    assert infinite.multiplier[0].item() == torch.tensor(1 / 448).item()  # 1 / (448 * (1 / S_enc)) in fp32
 
 
 def test_scale_from_amax():

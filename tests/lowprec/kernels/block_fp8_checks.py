@@ -6,8 +6,9 @@ process where ``TRITON_INTERPRET=1`` (set before Triton loads) makes it run on C
    1 x 128 and 128 x 128 blocks): random data over fp32's range, every FP8 value and every tie between
    two of them (and their neighbours) at several block scales, an amax sweep over every fp32 binade and
    the boundaries of the scale rules, zero blocks, NaN of any sign and payload (alone in a block too),
-   infinities, fp32 subnormals, shapes not divisible by the block, strided views, fp32/bf16/fp16
-   inputs, E4M3 and E5M2.
+   infinities, fp32 subnormals, amaxes so small that ``fp8_max / amax`` overflows (bf16 and fp32 input: the
+   input dtype's largest value stands in, as in TE), shapes not divisible by the block, strided views,
+   fp32/bf16/fp16 inputs, E4M3 and E5M2; and that overflow by hand (bf16: scale 0x7f7f0000).
 2. ``BlockQuantizer`` uses the kernel where ``kernels.runs_on`` holds (and only there, never for
    NVFP4), and a Linear trained under MXFP8 and under FP8 block scaling gives bit-identical results with it.
 """
@@ -106,6 +107,9 @@ def cases():
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
                 yield f"{label} random {dtype}", rule, block, random.to(dtype)
                 yield f"{label} special {dtype}", rule, block, special_case(g, width).to(dtype)
+            tiny = torch.tensor([1e-37, 3e-38, 1e-39, 2e-41, 1e-36])[:, None] * torch.rand(5, width, generator=g)
+            for dtype in (torch.float32, torch.bfloat16):
+                yield f"{label} overflowing scales {dtype}", rule, block, tiny.to(dtype)
             yield f"{label} transposed view", rule, block, random.t()
             yield f"{label} strided view", rule, block, random[::3, 1::2]
             for shape in ((1, 1), (1, width + 1), (width + 1, 1), (width - 1, width - 1), (width, width), (0, 5)):
@@ -133,6 +137,25 @@ def check_cases(failures: list[str]) -> int:
                 where = (bits(got) != bits(expected)).nonzero()[:3].tolist() if got.shape == expected.shape else got.shape
                 failures.append(f"{name}: {part} differ at {where}")
     return count
+
+
+def check_te_overflow(failures: list[str]) -> None:
+    """bf16 input, block amax bf16(1e-37) = 9.9917e-38: 448 / amax overflows fp32, so the scale is bf16's max,
+    0x7f7f0000 (TE's ``compute_scale_from_types<bf16>``), stored as its reciprocal 0x00202020; a power of two:
+    2**127, stored 2**-127 (0x00400000). fp32 input: fp32's max, stored 0x00200000 (its reciprocal rounds to 2**-128)."""
+    x = torch.zeros(1, 128)
+    x[0, 0] = torch.tensor(1e-37).to(torch.bfloat16).float()
+    for dtype, power_2, want in (
+        (torch.bfloat16, False, 0x00202020),
+        (torch.bfloat16, True, 0x00400000),
+        (torch.float32, False, 0x00200000),
+    ):
+        rule = Float8BlockScaleRule(E4M3, power_2=power_2)
+        scales = block_fp8.quantize_block_fp8(x.to(dtype), rule, (1, 128), columnwise=False)[1]
+        if scales.view(torch.int32).item() != want:
+            failures.append(
+                f"overflowing scale, {dtype} power_2={power_2}: {hex(scales.view(torch.int32).item())} != {hex(want)}"
+            )
 
 
 def check_rowwise_only(failures: list[str]) -> None:
@@ -203,6 +226,7 @@ def main() -> None:
     index_as_triton_36()
     failures: list[str] = []
     count = check_cases(failures)
+    check_te_overflow(failures)
     check_rowwise_only(failures)
     check_wiring(failures)
     check_training(failures)

@@ -5,10 +5,11 @@
    them and its neighbours, NaN of both signs, infinities, zeros of both signs, fp32 subnormals,
    saturation, several scales, input dtypes and strides; the transposed bytes are the transpose.
    Every NaN (either sign, any payload, fp32, bf16 and fp16) is the byte 0x7F in both layouts.
-2. The amaxes equal ``x.abs().amax()`` (NaN when a NaN is present), over several loop rounds.
+2. The amaxes equal ``x.abs().amax()`` with NaN ignored (as TE's ``fmaxf``), over several loop rounds.
 3. The scales of current scaling and the history and scales of delayed scaling, each from one tiny
    kernel, equal ``scale_from_amax`` and ``DelayedScalingQuantizer.record_amax`` exactly: zero, NaN,
-   infinite and tiny amaxes (scale overflow), margins, both amax algorithms, several history lengths.
+   infinite and tiny amaxes (scale overflow), margins, both amax algorithms, several history lengths;
+   and TE's correctly rounded quotient by hand (448 / 903.6708984375 -> 0x3efdd3b1).
 4. A ``lowprec.Linear`` trained with the kernels standing in for CUDA's gives bit-identical outputs,
    gradients and amax histories to the torch path, and its operands carry the transposed layout.
 5. With ``torch._scaled_mm`` (it runs on the CPU too) standing in for the GPU's, all three GEMMs of a
@@ -46,6 +47,11 @@ def same_amax(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (math.isnan(a.item()) and math.isnan(b.item())) or a.item() == b.item()
 
 
+def reference_amax(x: torch.Tensor) -> torch.Tensor:
+    """``max |x|`` with NaN ignored, in plain torch."""
+    return per_tensor.nan_ignoring_amax(x.float().abs())
+
+
 def value_cases():
     g = torch.Generator().manual_seed(0)
     for fmt in (E4M3, E5M2):
@@ -80,8 +86,8 @@ def check_casts(failures: list[str]) -> int:
             failures.append(f"{name}: bytes differ at {wrong}")
         if not torch.equal(bits(data_t), want.t().contiguous()):
             failures.append(f"{name}: transposed bytes differ")
-        if not same_amax(amax, x.float().abs().amax()):
-            failures.append(f"{name}: amax {amax.item()} != {x.float().abs().amax().item()}")
+        if not same_amax(amax, reference_amax(x)):
+            failures.append(f"{name}: amax {amax.item()} != {reference_amax(x).item()}")
         alone, none_t, no_partials = fp8_cast.cast_fp8(x, scale, fmt, transpose=False)
         if not torch.equal(bits(alone), want) or none_t is not None or no_partials is not None:
             failures.append(f"{name}: cast without transpose and amax differs")
@@ -122,7 +128,7 @@ def check_amax(failures: list[str]) -> None:
         ("non-contiguous", torch.randn(300, 200, generator=g).t()),
         ("one element", torch.tensor([-3.5])),
     ] + [(f"NaN at {i}", torch.randn(n, generator=g).index_fill_(0, torch.tensor([i]), math.nan)) for i in (0, 4096, n - 1)]:
-        got, want = fp8_cast.amax_of(x), x.float().abs().amax()
+        got, want = fp8_cast.amax_of(x), reference_amax(x)
         if not same_amax(got, want):
             failures.append(f"amax {name}: {got.item()} != {want.item()}")
 
@@ -135,12 +141,14 @@ def check_scales(failures: list[str]) -> None:
         "tiny": torch.full((4, 4), 1e-44),
         "huge": torch.full((3, 3), 3e38),
         "NaN": torch.tensor([[1.0, math.nan]]),
+        "all NaN": torch.full((2, 3), math.nan),
+        "TE quotient": torch.tensor([[903.6708984375, -1.0]]),
         "inf": torch.tensor([[1.0, -math.inf]]),
     }
     for name, x in tensors.items():
         for fmt, margin in ((E4M3, 0), (E5M2, 3)):
             scale, scale_inv = fp8_scales.current_scaling(x, fmt, margin)
-            want = scale_from_amax(x.abs().amax(), fmt, margin)
+            want = scale_from_amax(reference_amax(x), fmt, margin)
             if not (torch.equal(scale, want) and torch.equal(scale_inv, want.reciprocal())):
                 failures.append(f"current scale {name} {fmt.name}: {scale.item()}, {scale_inv.item()} != {want.item()}")
     amaxes = [3.0, 0.0, 250.0, math.nan, 1e-3, math.inf, 7.5, 1e-44, 2.0]
@@ -151,13 +159,27 @@ def check_scales(failures: list[str]) -> None:
         for amax in amaxes:
             partials = torch.tensor([amax / 2, amax, 0.0])
             history, scale, scale_inv = fp8_scales.delayed_scaling_update(partials, history, scale, E4M3, margin, algo == "max")
-            reference.record_amax(torch.tensor(amax))
+            reference.record_amax(reference_amax(partials))  # the partials' max, NaN ignored
             same = torch.equal(history.nan_to_num(-1), reference.amax_history.nan_to_num(-1))
             if not (same and torch.equal(scale, reference.scale) and torch.equal(scale_inv, reference.scale_inv)):
                 failures.append(
                     f"delayed {length} {algo} margin {margin}, amax {amax}: {scale.item()} != {reference.scale.item()}"
                 )
                 break
+
+
+def check_te_quotient(failures: list[str]) -> None:
+    """Transformer Engine's ``__fdiv_rn(448, amax)``: 448 / 903.6708984375 = 0.49575570130 -> fp32 0x3efdd3b1
+    (reciprocal-then-multiply gives 0x3efdd3b2); with margin 1, 224 / amax -> 0x3e7dd3b1. A NaN is ignored."""
+    x = torch.tensor([[903.6708984375, math.nan, -2.0]])
+    scale, _ = fp8_scales.current_scaling(x, E4M3, 0)
+    if scale.view(torch.int32).item() != 0x3EFDD3B1:
+        failures.append(f"current scale of amax 903.6708984375: {hex(scale.view(torch.int32).item())}, not 0x3efdd3b1")
+    history, scale = torch.zeros(2), torch.ones(())
+    partials = fp8_cast.cast_fp8(x, scale, E4M3, transpose=False, record_amax=True)[2]
+    history, scale, _ = fp8_scales.delayed_scaling_update(partials, history, scale, E4M3, 1, True)
+    if history.tolist() != [903.6708984375, 0.0] or scale.view(torch.int32).item() != 0x3E7DD3B1:
+        failures.append(f"delayed update: history {history.tolist()}, scale {hex(scale.view(torch.int32).item())}")
 
 
 def train(fused: bool, recipe) -> dict[str, torch.Tensor]:
@@ -255,6 +277,7 @@ def main() -> None:
     check_nan_bytes(failures)
     check_amax(failures)
     check_scales(failures)
+    check_te_quotient(failures)
     check_training(failures)
     check_scaled_mm_layouts(failures)
     print("\n".join(failures) or f"ok: {count} cast cases (Triton {triton.__version__})")

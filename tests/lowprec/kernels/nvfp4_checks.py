@@ -13,6 +13,8 @@
    the emulation's 4-D noise is ``uniform`` over the padded 2-D shape in row-major order; the kernel's
    noise equals ``uniform``'s formula at element indices beyond 2**32 too.
 3. The rowwise-only cast equals the rowwise part of the rowwise + columnwise one; the amax pass ignores NaN.
+   Transformer Engine's rules by hand: a NaN leaves its block's scale to the other elements (scale 0x7E,
+   not NaN), and the decode scale is amax / 2688 correctly rounded (amax 5: 0x3af3cf3d).
 4. ``BlockQuantizer`` casts every NVFP4 tensor with the kernel where ``kernels.runs_on`` holds (the
    Hadamard-transformed columnwise copy from a second launch), bit-identical to the torch path, and a
    Linear trained under NVFP4BlockScaling gives bit-identical results with it.
@@ -68,8 +70,8 @@ def reference(x: torch.Tensor, block_height: int) -> tuple:
     if x.shape[1]:
         return quantizer.quantize(x, transpose=True).inner_tensors().values()
     rowwise, columnwise = (
-        quantizer._orientation(x.float(), None, None, "rowwise"),
-        quantizer._orientation(x.float().t(), None, None, "columnwise"),
+        quantizer._orientation(x.float(), None, None, "rowwise", x.dtype),
+        quantizer._orientation(x.float().t(), None, None, "columnwise", x.dtype),
     )
     return (
         rowwise.data,
@@ -286,6 +288,23 @@ def check_amax(failures: list[str]) -> None:
             failures.append(f"tensor_amax {got} != {want} for shape {tuple(x.shape)}")
 
 
+def check_te_rules(failures: list[str]) -> None:
+    """Block [NaN, 6, 3, 0...]: amax 6 (NaN ignored), S_enc = 448, scale e4m3(448.00003) = 0x7E, codes 0 (NaN),
+    7 (6) and 5 (3). A tensor of amax 5: S_dec = 5 / 2688 = 0.00186011904 -> 0x3af3cf3d (1 / fp32(2688 / 5)
+    would be 0x3af3cf3e), in both orientations."""
+    x = torch.zeros(2, 32)
+    x[0, :3] = torch.tensor([math.nan, 6.0, 3.0])
+    data, scales, *_ = nvfp4.quantize_nvfp4(x, 1, False)
+    if scales.view(torch.uint8)[0].tolist() != [0x7E, 0] or data[0, :3].tolist() != [0, 7, 5]:
+        failures.append(f"NaN block: scales {scales.view(torch.uint8).tolist()}, codes {data[0, :3].tolist()}")
+    x = torch.zeros(16, 16)
+    x[3, 5] = -5.0
+    *_, decode, _, _, decode_t = nvfp4.quantize_nvfp4(x, 1, True)
+    for name, got in (("rowwise", decode), ("columnwise", decode_t)):
+        if got.view(torch.int32).item() != 0x3AF3CF3D:
+            failures.append(f"{name} decode scale of amax 5: {hex(got.view(torch.int32).item())}, not 0x3af3cf3d")
+
+
 def check_rowwise_only(failures: list[str]) -> None:
     g = torch.Generator().manual_seed(4)
     stream = RoundingStream(5, "w")
@@ -359,6 +378,7 @@ def main() -> None:
     failures: list[str] = []
     count = check_cases(failures)
     count += check_stochastic(failures)
+    check_te_rules(failures)
     check_rowwise_only(failures)
     check_noise(failures)
     check_amax(failures)

@@ -28,7 +28,7 @@ SIGNATURE = {
     **dict.fromkeys(["out_ptr", "scales_ptr", "out_t_ptr", "scales_t_ptr"], "*u8"),
     **dict.fromkeys(["rows", "cols", "stride_row", "stride_col"], "i32"),
     **dict.fromkeys(["INV_FP8_MAX", "FP8_MAX", "MIN_NORMAL_EXP", "MANTISSA_BITS", "IS_E4M3"], "constexpr"),
-    **dict.fromkeys(["SCALE_KIND", "SQUARE", "COLUMNWISE", "BLOCK"], "constexpr"),
+    **dict.fromkeys(["SCALE_KIND", "OVERFLOW_SCALE", "SQUARE", "COLUMNWISE", "BLOCK"], "constexpr"),
 }
 
 
@@ -50,7 +50,8 @@ def test_kernel_compiles_for_hopper_with_exact_conversions(fmt, dtype, kind, squ
 
     constexprs = {"INV_FP8_MAX": 1.0 / fmt.max, "FP8_MAX": fmt.max, "MIN_NORMAL_EXP": fmt.min_normal_exp}
     constexprs |= {"MANTISSA_BITS": fmt.mantissa_bits, "IS_E4M3": fmt is E4M3}
-    constexprs |= {"SCALE_KIND": kind, "SQUARE": square, "COLUMNWISE": True, "BLOCK": block}
+    constexprs |= {"SCALE_KIND": kind, "OVERFLOW_SCALE": torch.finfo(torch.bfloat16).max, "SQUARE": square}
+    constexprs |= {"COLUMNWISE": True, "BLOCK": block}
     signature = SIGNATURE | {"x_ptr": dtype} | ({} if kind == 0 else dict.fromkeys(["scales_ptr", "scales_t_ptr"], "*fp32"))
     ptx = hopper_ptx(block_fp8._block_fp8_tile, signature, constexprs, block_fp8.OPTIONS)
     name = "e4m3x2" if fmt is E4M3 else "e5m2x2"

@@ -78,7 +78,7 @@ def test_scale_kernels_compile_for_hopper_with_exact_division():
 
     from lowprec.kernels import fp8_scales
 
-    common = {"FP8_MAX": 448.0, "MARGIN_FACTOR": 2.0, "BLOCK": fp8_scales.PARTIALS_BLOCK}
+    common = {"SCALED_MAX": 224.0, "BLOCK": fp8_scales.PARTIALS_BLOCK}
     current = {"partials_ptr": "*fp32", "n": "i32", "scale_ptr": "*fp32", "scale_inv_ptr": "*fp32"}
     current |= dict.fromkeys(common, "constexpr")
     delayed = {"partials_ptr": "*fp32", "n": "i32", "history_ptr": "*fp32", "new_history_ptr": "*fp32"}

@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 
+from lowprec.errors import LowprecValueError
+from lowprec.formats import hadamard
 from lowprec.formats.elements import E2M1, E4M3, E5M2
 from lowprec.formats.noise import RoundingStream
 from lowprec.formats.scales import Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule
@@ -113,24 +115,30 @@ def test_nvfp4_by_hand():
     x = torch.zeros(3, 20)  # blocks of 16: the second block of each row holds 4 values and 12 zeros of padding
     x[0, 0] = 5.25  # the tensor amax: S_enc = 448 * 6 / 5.25 = 512; this block's E4M3 scale 448
     x[1, :6] = torch.tensor([3.0, 1.25, -0.375, 0.1, 2.9, 2.5])  # block amax 3: scale 256, values times 2
-    x[1, 16:18] = torch.tensor([NAN, 1.0])  # a NaN: E2M1 has none, the block's scale becomes NaN
+    x[1, 16:18] = torch.tensor([NAN, 1.0])  # a NaN: left out of the amax (1: scale e4m3(85.3) = 88); E2M1 has none: +0
     q = nvfp4().quantize(x).rowwise
     assert q.tensor_scale_inv.item() == 1 / 512 and q.data.dtype == torch.uint8 and q.data.shape == (3, 32)
-    assert q.scales.view(torch.uint8).tolist() == [[0x7E, 0x00], [0x78, 0x7F], [0x00, 0x00]]
+    assert q.scales.view(torch.uint8).tolist() == [[0x7E, 0x00], [0x78, 0x6B], [0x00, 0x00]]
+    assert q.data[1, 16:18].tolist() == [0, 7]  # 1.0 * 512 / 88 = 5.8 -> 6
     # 6; 2.5 -> 2 and 5 -> 4 (ties to even); -0.75 -> -1 (tie, even); 0.2 -> 0; 5.8 -> 6
     assert E2M1.decode(q.data[1, :6]).tolist() == [6.0, 2.0, -1.0, 0.0, 6.0, 4.0]
     assert q.data[1, :6].tolist() == [7, 4, 10, 0, 7, 6] and q.data[0, 0].item() == 7
     out = q.dequantize()
     assert out.shape == (3, 20) and out[0, 0].item() == 5.25
     assert out[1, :6].tolist() == [3.0, 1.0, -0.5, 0.0, 3.0, 2.0]
-    assert out[1, 16:].isnan().all() and (out[2] == 0).all() and (out[0, 1:] == 0).all()
+    assert out[1, 16:18].tolist() == [0.0, 6 * 88 / 512] and (out[2] == 0).all() and (out[0, 1:] == 0).all()
 
 
 def test_nvfp4_recipe_quantizers_follow_transformer_engine():
     q = NVFP4BlockScaling(seed=3).quantizers("fc1")
-    assert q["activation"].hadamard_seed == 3 and q["activation"].rounding is None and q["activation"].block == (1, 16)
+    signs = hadamard.TE_SIGNS  # TE's fixed Hadamard signs by default
+    assert q["activation"].hadamard_seed == signs and q["activation"].rounding is None and q["activation"].block == (1, 16)
     assert q["weight"].hadamard_seed is None and q["weight"].rounding is None and q["weight"].block == (16, 16)
-    assert q["gradient"].hadamard_seed == 3 and q["gradient"].rounding.name == "fc1.gradient"
+    assert q["gradient"].hadamard_seed == signs and q["gradient"].rounding.name == "fc1.gradient"
+    seeded = NVFP4BlockScaling(seed=3, rht_signs="seeded").quantizers("fc1")
+    assert seeded["activation"].hadamard_seed == 3 and seeded["gradient"].hadamard_seed == 3
+    with pytest.raises(LowprecValueError, match=r"rht_signs must be one of \['transformer_engine', 'seeded'\], got 'random'"):
+        NVFP4BlockScaling(rht_signs="random")
     assert all(quantizer.format is E4M3 for quantizer in q.values())
     plain = NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True, disable_2d_quantization=True).quantizers("x")
     assert all(p.hadamard_seed is None and p.rounding is None and p.block == (1, 16) for p in plain.values())

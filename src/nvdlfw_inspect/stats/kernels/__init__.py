@@ -103,7 +103,7 @@ def tensor_stats(
     amax_out: torch.Tensor | None = None,
 ) -> None:
     """Merge the statistics of ``x`` into ``table[rows]`` (see the module docstring). ``call_out``
-    (a float64 row) receives this call's tensor fields, ``amax_out`` (float32, 0-dim) its max |x|."""
+    (a float64 row) receives this call's tensor fields, ``amax_out`` (float32, 0-dim) its max |x|, NaN ignored."""
     reason = unreadable_reason(x)
     if reason is not None:
         raise TypeError(f"tensor_stats cannot read this tensor: {reason}")

@@ -187,7 +187,7 @@ static void add_chunk_quantization(Running *total, int v, const Grid *grid, cons
    v casts with the float32 *scales[v] on a grid of max grid_max[v], min_normal_exp[v] and
    mantissa_bits[v]. The smallest non-zero |x| only if want_abs_min (else its identity, infinity).
    If call_out is not NULL it receives the call's own row (tensor fields only); if amax_out is not
-   NULL, the call's max |x| as float32. One thread: in a training step torch's own threads are still
+   NULL, the call's max |x| as float32, NaN ignored (0 when no element is a number). One thread: in a training step torch's own threads are still
    spinning after the previous operator, and a second thread of ours would compete with them. */
 void tensor_stats(const void *data, int64_t count, int dtype, int want_abs_min, int variants, const float *const *scales,
                   const float *grid_max, const int *min_normal_exp, const int *mantissa_bits, int slots, const int64_t *slot_rows,
@@ -217,9 +217,9 @@ void tensor_stats(const void *data, int64_t count, int dtype, int want_abs_min, 
     if (total.nan_seen)
         row[F_MEAN] = row[F_M2] = row[F_MIN] = row[F_MAX] = row[F_ABS_SUM] = row[F_ABS_MIN_NONZERO] = NAN;
     if (call_out != NULL) memcpy(call_out, row, sizeof row);
-    if (amax_out != NULL) {
-        double amax = fabs(row[F_MIN]) > fabs(row[F_MAX]) ? fabs(row[F_MIN]) : fabs(row[F_MAX]);
-        *amax_out = count == 0 ? 0.0f : (row[F_MIN] != row[F_MIN] ? NAN : (float)amax);
+    if (amax_out != NULL) { /* NaN ignored, as an FP8 recipe's amax: low and high skip it; nothing else: 0 */
+        double amax = fabs(total.low) > fabs(total.high) ? fabs(total.low) : fabs(total.high);
+        *amax_out = total.low > total.high ? 0.0f : (float)amax;
     }
     for (int s = 0; s < slots; s++) {
         int v = slot_variants[s];

@@ -92,9 +92,9 @@ def torch_tensor_stats(
         own = identity_partials(table.device).clone()
     if call_out is not None:
         call_out.copy_(own)
-    if amax_out is not None:
-        amax = torch.maximum(own[INDEX["min"]].abs(), own[INDEX["max"]].abs())
-        amax_out.copy_(torch.where(own[INDEX["count"]] > 0, amax, 0.0))
+    if amax_out is not None:  # NaN ignored, as an FP8 recipe's amax (0 when no element is a number)
+        magnitude = flat.abs()
+        amax_out.copy_(torch.where(magnitude.isnan(), 0.0, magnitude).amax() if flat.numel() else 0.0)
     variants = []
     for scale, grid in zip(scales, zip(grid_max, grid_min_exp, grid_mantissa, strict=True), strict=True):
         variant = own.clone()

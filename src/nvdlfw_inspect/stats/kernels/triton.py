@@ -316,8 +316,9 @@ def _tensor_stats(
         valid = offsets < n
         x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
         block_count = tl.minimum(n - start, BLOCK).to(tl.float64)
-        block_low = tl.min(tl.where(valid, x, float("inf")), axis=0)
-        block_high = tl.max(tl.where(valid, x, float("-inf")), axis=0)
+        number = valid & (x == x)  # min and max skip NaN (``poisoned`` below marks the fields NaN)
+        block_low = tl.min(tl.where(number, x, float("inf")), axis=0)
+        block_high = tl.max(tl.where(number, x, float("-inf")), axis=0)
         amax = tl.maximum(tl.abs(block_low), tl.abs(block_high))
         block_mean, block_m2, block_abs_sum = _moments(x, valid, block_count, amax)
         low = tl.minimum(low, block_low)
@@ -380,7 +381,10 @@ def _tensor_stats(
         t_high = tl.max(tl.load(rows + S_MAX, mask=mine, other=float("-inf"), cache_modifier=".cg"), axis=0)
         t_abs = tl.sum(tl.load(rows + S_ABS_SUM, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
         t_abs_min = tl.min(tl.load(rows + S_ABS_MIN_NONZERO, mask=mine, other=float("inf"), cache_modifier=".cg"), axis=0)
-        poisoned = t_abs != t_abs  # a NaN read anywhere (min and max may have skipped it)
+        poisoned = t_abs != t_abs  # a NaN read anywhere (min and max skipped it)
+        if AMAX_OUT:  # NaN ignored, as an FP8 recipe's amax; no number at all: 0
+            amax = tl.maximum(tl.abs(t_low), tl.abs(t_high))
+            tl.store(amax_out_ptr, tl.where(t_low <= t_high, amax, 0.0).to(tl.float32))
         t_mean = tl.where(poisoned, float("nan"), t_mean)
         t_m2 = tl.where(poisoned, float("nan"), t_m2)
         t_low = tl.where(poisoned, float("nan"), t_low)
@@ -406,9 +410,6 @@ def _tensor_stats(
             tl.store(call_out_ptr + F_MAX, t_high)
             tl.store(call_out_ptr + F_ABS_SUM, t_abs)
             tl.store(call_out_ptr + F_ABS_MIN_NONZERO, t_abs_min)
-        if AMAX_OUT:
-            amax = tl.maximum(tl.abs(t_low), tl.abs(t_high))
-            tl.store(amax_out_ptr, tl.where(total > 0, amax, 0.0).to(tl.float32))
         if ROWS > 0:
             _merge_into_row(
                 table_ptr,

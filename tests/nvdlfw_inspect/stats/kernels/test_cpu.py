@@ -11,6 +11,7 @@ import torch
 
 from nvdlfw_inspect.stats.fields import INDEX, empty_partials
 from nvdlfw_inspect.stats.kernels import compute_partials, cpu
+from nvdlfw_inspect.stats.kernels.fallback import torch_tensor_stats
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 
@@ -71,3 +72,19 @@ def test_a_compiler_error_is_reported(fresh_build, monkeypatch, caplog):
 def test_switched_off_by_the_environment(fresh_build, monkeypatch):
     monkeypatch.setenv("NVDLFW_INSPECT_NATIVE", "0")
     assert cpu.native_kernel() is None and not fresh_build.exists()
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_compiler), False], ids=["C", "torch"])
+def test_amax_out_ignores_nan_as_an_fp8_recipes_amax(native):
+    """What-if delayed scaling records ``amax_out``: NaN is left out, as Transformer Engine's ``fmaxf`` leaves it."""
+    kernel = cpu.native_kernel() if native else torch_tensor_stats
+    nan = float("nan")
+    for x, want in (
+        (torch.tensor([1.0, nan, -3.0, 2.0]), 3.0),
+        (torch.tensor([nan, nan], dtype=torch.bfloat16), 0.0),
+        (torch.tensor([-float("inf"), nan]), float("inf")),
+        (torch.zeros(0), 0.0),
+    ):
+        amax_out = torch.full((), -1.0)
+        kernel(x, empty_partials().view(1, -1), [0], [-1], [], [], [], [], False, None, amax_out)
+        assert amax_out.item() == want, (x, amax_out)

@@ -159,6 +159,19 @@ def check_quantization_fields(device: str, failures: list[str]) -> None:
             failures.append(f"{dtype}: call_out quantization fields written")
 
 
+def check_amax_out_ignores_nan(device: str, failures: list[str]) -> None:
+    """``amax_out`` leaves NaN out (an FP8 recipe's amax, as TE's ``fmaxf``), across programs and blocks; the
+    min and max fields stay NaN."""
+    nan = float("nan")
+    x = torch.randn(5 * BLOCK + 3, generator=torch.Generator().manual_seed(5))
+    x[7], x[3 * BLOCK + 1], x[4 * BLOCK] = nan, -40.0, nan
+    for name, data, want in (("NaN and -40", x, 40.0), ("only NaN", torch.full((BLOCK + 9,), nan), 0.0)):
+        table, amax_out = torch.stack([empty_partials()]).to(device), torch.full((), -1.0, device=device)
+        triton_tensor_stats(data.to(device), table, [0], [-1], [], [], amax_out=amax_out)
+        if amax_out.item() != want or not table[0, INDEX["max"]].isnan():
+            failures.append(f"amax_out {name}: {amax_out.item()} != {want} (max field {table[0, INDEX['max']].item()})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
@@ -169,6 +182,7 @@ def main() -> None:
     check_merging_into_rows(device, failures)
     check_merge_rules(device, failures)
     check_quantization_fields(device, failures)
+    check_amax_out_ignores_nan(device, failures)
     print("\n".join(failures) or f"ok: {len(cases(device))} cases, {len(FIELDS)} fields")
     sys.exit(1 if failures else 0)
 
