@@ -50,7 +50,7 @@ def _cast(
         data, data_t, partials = fp8_cast.cast_fp8(tensor, scale, fmt, transpose, record_amax)
         other = data_t.t() if data_t is not None else None
         return Float8Tensor(data, scale_inv, fmt, tensor.dtype, other, scale), partials
-    return Float8Tensor(fmt.cast(tensor.float() * scale), scale_inv, fmt, tensor.dtype, scale=scale), None
+    return Float8Tensor(fmt.cast(tensor.float() * scale, overwrite=True), scale_inv, fmt, tensor.dtype, scale=scale), None
 
 
 def amax_of(tensor: torch.Tensor) -> torch.Tensor:

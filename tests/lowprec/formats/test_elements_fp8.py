@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lowprec.formats.elements import E4M3, E5M2, fp8_format
+from lowprec.formats.elements import E2M1, E3M2, E4M3, E5M2, fp8_format
 
 
 def test_limits_and_lookup():
@@ -38,3 +38,12 @@ def test_round_to_nearest_even():
 def test_cast_accepts_low_precision_inputs():
     x = torch.tensor([500.0, 2.0], dtype=torch.bfloat16)
     assert E4M3.cast(x).float().tolist() == [448.0, 2.0]
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2, E2M1, E3M2], ids=lambda fmt: fmt.name)
+def test_a_cast_leaves_its_input_alone_unless_told_it_may_overwrite_it(fmt):
+    x = torch.tensor([1e9, -1e9, float("nan"), 0.3])
+    kept = x.clone()
+    codes = fmt.cast(x)
+    assert torch.equal(x.isnan(), kept.isnan()) and torch.equal(x.nan_to_num(), kept.nan_to_num())
+    assert torch.equal(fmt.cast(x.clone(), overwrite=True).view(torch.uint8), codes.view(torch.uint8))

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+import lowprec
 from lowprec.errors import LowprecValueError
 from lowprec.formats import hadamard
 from lowprec.formats.elements import E2M1, E4M3, E5M2
@@ -209,3 +210,15 @@ def test_empty_tensors_quantize_to_empty_blocks(recipe):
             q = quantizer.quantize(torch.zeros(shape), transpose=True)
             assert q.shape == shape and q.dequantize().shape == shape and q.t().dequantize().shape == shape[::-1]
             assert q.rowwise.data.numel() == q.columnwise.data.numel() == 0
+
+
+def test_a_block_of_zeros_of_either_sign_gets_the_positive_zero_scale():
+    """``amax`` of a block of -0.0 and +0.0 may come out as -0.0; its scale must be +0 all the same (a -0 NVFP4
+    scale made every value of the block NaN)."""
+    x = torch.zeros(2, 32)
+    x[0, ::2] = -0.0
+    x[1] = torch.linspace(-1, 1, 32)
+    for recipe in (lowprec.NVFP4BlockScaling(), lowprec.MXFP8BlockScaling()):
+        quantized = recipe.quantizers("fc")["activation"].quantize(x)
+        assert torch.equal(quantized.dequantize()[0], torch.zeros(32)), recipe
+        assert not quantized.dequantize().isnan().any(), recipe
