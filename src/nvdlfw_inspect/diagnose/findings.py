@@ -23,6 +23,8 @@ def _persistence(summary: Summary, unit: str) -> str:
     """How long and how badly: the iterations over the threshold, the worst value, and the end of the run."""
 
     def shown(value: float) -> str:
+        if math.isnan(value):  # a run that ends in NaN
+            return "NaN"
         return f"x{value:.3g}" if unit == "x" else f"{value:.3g}{unit}"
 
     warmup = " (warm-up)" if summary.worst_in_warmup else ""
@@ -120,7 +122,7 @@ class Detector:
         for name, stat in (("dynamic_range", "dynamic_range"), ("current_scaling_underflows", "fp8_current_scaling_underflows%")):
             points = self.series.get((layer, tensor, stat))
             summary = self.summary(points, math.inf) if points else None
-            if summary is not None:
+            if summary is not None and math.isfinite(summary.persistent):  # a run ending in NaN: unknown
                 context[name] = summary.persistent
         return context
 
@@ -132,11 +134,12 @@ def _step_factors(points: Points, warmup_end: int) -> Points:
 
 
 def _severity(finding: Finding) -> tuple[int, float, float, str, str]:
-    """Kind first, then how many times its threshold the persistent value is, then for how long it was over."""
+    """Kind first, then how many times its threshold the persistent value is (a run ending in NaN first), then
+    for how long it was over."""
     summary = finding.summary
     if summary is None:
         return KINDS.index(finding.kind), 0.0, 0.0, finding.layer, finding.tensor
-    ratio = summary.persistent / summary.threshold if summary.threshold > 0 else math.inf
+    ratio = summary.persistent / summary.threshold if summary.threshold > 0 and not math.isnan(summary.persistent) else math.inf
     return KINDS.index(finding.kind), -ratio, -summary.above, finding.layer, finding.tensor
 
 

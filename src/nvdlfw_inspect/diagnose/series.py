@@ -9,7 +9,6 @@ and tells where a divergence began.
 from __future__ import annotations
 
 import math
-import statistics as pystats
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -84,9 +83,9 @@ def collect(statistics: Iterable[Statistic]) -> Run:
 class Summary:
     """A series against a threshold, the warm-up set aside.
 
-    ``persistent``: the median of the last ``tail`` of the iterations after warm-up; ``above``: the
-    fraction of those iterations over the threshold, and ``first_above`` the first of them; ``worst``
-    and ``worst_iteration``: the largest value of the whole series (warm-up included);
+    ``persistent``: the median of the last ``tail`` of the iterations after warm-up (NaN when the run ends
+    in NaN); ``above``: the fraction of the finite ones over the threshold, and ``first_above`` the first of
+    them; ``worst`` and ``worst_iteration``: the largest finite value of the whole series (warm-up included);
     ``warmup_only``: nothing was logged after warm-up, so those values stand in for it.
     """
 
@@ -109,7 +108,7 @@ class Summary:
 
     def as_dict(self) -> dict[str, float | int | bool | None]:
         return {
-            "persistent": self.persistent,
+            "persistent": self.persistent if math.isfinite(self.persistent) else str(self.persistent),  # strict JSON
             "above": self.above,
             "first_above": self.first_above,
             "worst": self.worst,
@@ -120,19 +119,29 @@ class Summary:
         }
 
 
+def _median_nan_last(values: list[float]) -> float:
+    """The median with NaN ordered above every number: a tail that ends in NaN has a NaN median (the run
+    ended broken), while a single NaN among finite values moves it no more than any largest value would."""
+    ordered = sorted(values, key=lambda v: (math.isnan(v), 0.0 if math.isnan(v) else v))
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def summarize(points: Points, threshold: float, warmup_end: int, tail: float) -> Summary | None:
-    """The finite values of ``points`` against ``threshold``; iterations before ``warmup_end`` are warm-up.
-    None when no value is finite."""
-    finite = sorted((iteration, value) for iteration, value in points.items() if math.isfinite(value))
+    """``points`` against ``threshold``; iterations before ``warmup_end`` are warm-up. The end of the run
+    (``persistent``) is taken over every logged value, NaN and inf included, so a run that ends broken does
+    not show its last finite values; the rest over the finite values. None when no value is finite."""
+    logged = sorted(points.items())
+    finite = [(iteration, value) for iteration, value in logged if math.isfinite(value)]
     if not finite:
         return None
     warmup_only = finite[-1][0] < warmup_end
     steady = finite if warmup_only else [(i, v) for i, v in finite if i >= warmup_end]
-    last = steady[-max(1, math.ceil(tail * len(steady))) :]
+    ending = [v for i, v in logged if i >= warmup_end] or [v for _, v in logged]
     over = [i for i, v in steady if v > threshold]
     worst_iteration, worst = max(finite, key=lambda point: (point[1], point[0] >= warmup_end, -point[0]))  # ties: after warm-up
     return Summary(
-        persistent=pystats.median(v for _, v in last),
+        persistent=_median_nan_last(ending[-max(1, math.ceil(tail * len(ending))) :]),
         above=len(over) / len(steady),
         first_above=over[0] if over else None,
         worst=worst,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import re
 from collections.abc import Iterable
 from importlib import resources
@@ -24,22 +23,12 @@ from nvdlfw_inspect.diagnose.series import collect
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.files import write_text_atomic
 from nvdlfw_inspect.reading import Statistic, iter_statistics, run_directory
-from nvdlfw_inspect.report.ranking import risk_rows
+from nvdlfw_inspect.report.ranking import json_value, risk_rows
 
 FORWARD = ("activation", "weight", "output")
 BACKWARD = ("gradient", "dgrad", "wgrad")
 HEATMAP_STATS = ("underflows%", "overflows%", "dynamic_range")
 _SLOT = re.compile(r"\{\{(STYLE|SCRIPT|TITLE|DATA)\}\}")
-
-
-def _json_value(value: float) -> float | str | None:
-    """Six significant digits (the page shows five; this halves its size). JSON has no NaN or
-    infinity: NaN becomes null, infinities the strings "inf" and "-inf"."""
-    if math.isnan(value):
-        return None
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return float(f"{value:.6g}")
 
 
 def heatmap_kind(stat: str) -> str | None:
@@ -77,7 +66,7 @@ def report_data(statistics: Iterable[Statistic], title: str, thresholds: Thresho
                 "direction": direction,
                 "heatmap": heatmap_kind(stat),
                 "it": iteration_lists.setdefault(iterations, len(iteration_lists)),
-                "v": [_json_value(values[i]) for i in iterations],
+                "v": [json_value(values[i]) for i in iterations],
             }
         )
     diagnosis = diagnose_run(run, thresholds, title)

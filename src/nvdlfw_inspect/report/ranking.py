@@ -9,6 +9,7 @@ iteration 0, where delayed scaling's scale is still 1, is marked as a warm-up tr
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nvdlfw_inspect.diagnose.series import Run, Summary, summarize
@@ -29,16 +30,22 @@ def threshold_of(stat: str, tensor: str, thresholds: Thresholds) -> float | None
     return thresholds.range_limit(tensor) if stat == RANGE else None
 
 
-def _number(value: float) -> float:
+def json_value(value: float) -> float | str | None:
+    """Six significant digits (the page shows five; this halves its size). JSON has no NaN or
+    infinity: NaN becomes null, infinities the strings "inf" and "-inf"."""
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
     return float(f"{value:.6g}")
 
 
 def _cell(summary: Summary) -> dict[str, Any]:
     return {
-        "persistent": _number(summary.persistent),
-        "threshold": _number(summary.threshold),
-        "above": _number(summary.above),
-        "worst": _number(summary.worst),
+        "persistent": json_value(summary.persistent),
+        "threshold": json_value(summary.threshold),
+        "above": json_value(summary.above),
+        "worst": json_value(summary.worst),
         "worst_iteration": summary.worst_iteration,
         "worst_in_warmup": summary.worst_in_warmup,
     }

@@ -98,8 +98,9 @@
 
   function statCell(cell) {
     if (!cell) return element("td", { class: "unlogged", title: "not logged" }, "-");
-    const td = element("td", cell.above > 0 ? {} : { class: "quiet" });
-    td.appendChild(element("div", {}, format(cell.persistent)));
+    const end = number(cell.persistent);  // NaN or inf when the run ends broken
+    const td = element("td", !Number.isFinite(end) ? { class: "bad" } : cell.above > 0 ? {} : { class: "quiet" });
+    td.appendChild(element("div", {}, format(end)));
     const warmup = cell.worst_in_warmup ? " (warm-up)" : "";
     td.appendChild(element("div", { class: "sub" },
       `over ${format(cell.threshold)} in ${percent(cell.above)}; worst ${format(cell.worst)} at ${cell.worst_iteration}${warmup}`));

@@ -59,6 +59,19 @@ def test_what_persists_is_a_finding_and_a_passing_spike_is_not():
     assert kinds(stats, underflow_pct=10) == []
 
 
+def test_the_end_of_a_run_that_ends_in_nan_is_nan_not_its_last_finite_values():
+    """The issue's run: NaN from iteration 20 on; its end of run was the median of the finite values before it."""
+    broken = {i: 9.0 if i < 20 else math.nan for i in range(40)}
+    summary = summarize(broken, 10.0, warmup_end=1, tail=0.25)
+    assert math.isnan(summary.persistent) and summary.as_dict()["persistent"] == "nan"  # strict JSON
+    assert (summary.worst, summary.above) == (9.0, 0.0)  # what was finite, as before
+    once = {i: math.nan if i == 37 else float(i) for i in range(40)}  # one NaN among the last ten: a largest value
+    assert summarize(once, 10.0, warmup_end=1, tail=0.25).persistent == 34.5  # 30 to 39, 37 moved to the top
+    stats = series("gpt.lm_head", "gradient", "underflows%", [0.0] + [5.0] * 19 + [math.nan] * 20)
+    underflow = [f for f in diagnose_statistics(stats).findings if f.kind == "underflow"]
+    assert [f.summary.above for f in underflow] == [1.0] and "NaN at the end" in underflow[0].message
+
+
 def test_nan_origin_is_the_first_in_execution_order_not_in_name_order():
     """Records of an iteration come in the order the tensors were inspected: z runs before a."""
     stats = []

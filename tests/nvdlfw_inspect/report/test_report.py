@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from browser import CHROMIUM, dom, screenshot
+from planted_runs import nan_run
 
 import lowprec
 import nvdlfw_inspect
@@ -97,6 +98,15 @@ def test_report_data_groups_series_and_ranks_risks():
         heatmap_kind("dynamic_range") == "dynamic_range"
         and heatmap_kind("max_blockwise_dynamic_range_block_size_32_dims_1") is None
     )
+
+
+def test_the_end_of_run_of_a_tensor_that_ends_in_nan_is_nan(tmp_path):
+    nan_run(tmp_path / "run", nan_step=6)
+    rows = {(r["layer"], r["tensor"]): r for r in report_data(iter_statistics(tmp_path / "run"), "t")["risks"]}
+    broken = rows[("model.fc2", "activation")]
+    assert broken["nonfinite"] == 6 and broken["stats"]["dynamic_range"]["persistent"] is None  # NaN, as the page reads it
+    assert broken["stats"]["dynamic_range"]["worst"] > 0  # its finite values, as before
+    assert rows[("model.fc1", "activation")]["stats"]["dynamic_range"]["persistent"] > 0  # fc1 stays finite
 
 
 def test_render_is_self_contained_and_escapes():
