@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nvdlfw_inspect.diagnose import config as remedy_config
-from nvdlfw_inspect.diagnose.findings import detect
+from nvdlfw_inspect.diagnose.findings import detect, not_measured
 from nvdlfw_inspect.diagnose.model import Diagnosis, Finding, Remedy
 from nvdlfw_inspect.diagnose.remedies import choose
 from nvdlfw_inspect.diagnose.series import Run, collect
@@ -33,7 +33,7 @@ def diagnose_run(run: Run, thresholds: Thresholds | None = None, source: str = "
     text = remedy_config.to_yaml(config, reasons, source) if config else None
     iterations = [i for points in run.points.values() for i in (min(points), max(points)) if points]
     span = (min(iterations), max(iterations)) if iterations else None
-    return Diagnosis(findings, config, text, thresholds, span)
+    return Diagnosis(findings, config, text, thresholds, span, not_measured(run))
 
 
 def diagnose_statistics(

@@ -67,6 +67,8 @@ def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None) -> str:
     count = len(diagnosis.findings)
     found = f"{count or 'No'} finding{'s' if count != 1 else ''}"
     lines = [f"{found} in {log_dir} (iterations {first} to {last}; {_thresholds(diagnosis)})"]
+    if diagnosis.unmeasured:
+        lines.append(f"not measured: {diagnosis.unmeasured}")
     for number, f in enumerate(diagnosis.findings, 1):
         lines += ["", f"{number}. {f.layer}  {f.tensor}  {f.kind} ({f.stat}, from iteration {f.first_iteration})"]
         lines.append(f"   {f.message}")

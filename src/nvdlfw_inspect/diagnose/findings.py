@@ -17,6 +17,12 @@ from nvdlfw_inspect.diagnose.thresholds import Thresholds
 KINDS = ("nonfinite", "overflow", "underflow", "scale_change", "dynamic_range")
 #: where a scale can be read, best first: the layer's own scale, else the tensor's amax
 SCALE_SOURCES = ("scale_inv_max", "cur_amax")
+#: per problem, the statistic that measures it, what stands in for it where that is not logged (and how it is
+#: read), and a note
+MEASURES = (
+    ("underflow", "underflows%", ("dynamic_range",), "{}", ""),
+    ("overflow", "overflows%", SCALE_SOURCES, "the jumps of {}", " (overflows% exists under delayed scaling only)"),
+)
 
 
 def _persistence(summary: Summary, unit: str) -> str:
@@ -125,6 +131,23 @@ class Detector:
             if summary is not None and math.isfinite(summary.persistent):  # a run ending in NaN: unknown
                 context[name] = summary.persistent
         return context
+
+
+def not_measured(run: Run) -> str | None:
+    """Which of the checks had no statistic to read in the whole run, and what stood in for it: else "no
+    finding" would read as "no underflow" in a run that never logged underflows%. None when all were logged."""
+    logged = {stat for _, _, stat in run.merged}
+    missing = [entry for entry in MEASURES if entry[1] not in logged]
+    if not missing:
+        return None
+    names = " and ".join(stat for _, stat, _, _, _ in missing)
+    verb, pronoun = ("were", "them") if len(missing) > 1 else ("was", "it")
+    checks = []
+    for problem, _, stand_ins, reading, _ in missing:
+        found = [s for s in stand_ins if s in logged]
+        checks.append(f"{problem} judged from {reading.format(' and '.join(found))} alone" if found else f"{problem} not checked")
+    notes = "".join(note for *_, note in missing)
+    return f"{names} {verb} not logged: add LogFp8TensorStats to measure {pronoun}{notes}; {', '.join(checks)}"
 
 
 def _step_factors(points: Points, warmup_end: int) -> Points:

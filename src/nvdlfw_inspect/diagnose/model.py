@@ -67,13 +67,15 @@ class Finding:
 @dataclass(frozen=True)
 class Diagnosis:
     """The findings, the most severe first, each with its remedies; the config that applies them all
-    (empty when there is nothing to change) and the same as commented YAML (None then)."""
+    (empty when there is nothing to change) and the same as commented YAML (None then); ``unmeasured``:
+    which checks had nothing logged to read (None when none), so that no finding is not read as no problem."""
 
     findings: list[Finding]
     config: dict[str, Any]
     config_yaml: str | None
     thresholds: Thresholds
     iterations: tuple[int, int] | None = None
+    unmeasured: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -82,4 +84,5 @@ class Diagnosis:
             "config_yaml": self.config_yaml,
             "thresholds": self.thresholds.as_dict(),
             "iterations": None if self.iterations is None else list(self.iterations),
+            "unmeasured": self.unmeasured,
         }

@@ -79,6 +79,7 @@ def report_data(statistics: Iterable[Statistic], title: str, thresholds: Thresho
         "risks": risk_rows(run, thresholds),
         "findings": [finding.as_dict() for finding in diagnosis.findings],
         "config_yaml": diagnosis.config_yaml,
+        "unmeasured": diagnosis.unmeasured,
         "thresholds": thresholds.as_dict(),
     }
 

@@ -64,9 +64,11 @@
     const rule = `underflows% over ${t.underflow_pct}, overflows% over ${t.overflow_pct}, a scale jumping by more than ` +
       `x${t.scale_change}, a dynamic range beyond the ${t.fp8_format} format's; a problem when over its threshold in ` +
       `${percent(t.persistence)} of the iterations after the first ${t.warmup} (warm-up), or in the median of the last ${percent(t.tail)}`;
-    document.getElementById("diagnosis-summary").textContent = data.findings.length
+    const unmeasured = data.unmeasured ? ` Not measured: ${data.unmeasured}.` : "";
+    document.getElementById("diagnosis-summary").textContent = (data.findings.length
       ? `${data.findings.length} finding${data.findings.length > 1 ? "s" : ""}, the most severe first (${rule}).`
-      : `No NaN or inf, and nothing persists over its threshold (${rule}).`;
+      : `No NaN or inf, and nothing persists over its threshold ${data.unmeasured ? "among what was logged " : ""}(${rule}).`) +
+      unmeasured;
     const more = document.getElementById("more-findings");
     more.replaceChildren();
     const shown = data.findings.filter((f) => visible(f.layer));

@@ -11,6 +11,7 @@ import yaml
 from lowprec.debug import names
 from lowprec.formats.elements import E4M3, E5M2
 from nvdlfw_inspect.diagnose import Thresholds, diagnose, diagnose_statistics
+from nvdlfw_inspect.diagnose.command import text
 from nvdlfw_inspect.diagnose.config import layer_features, to_yaml
 from nvdlfw_inspect.diagnose.model import Remedy
 from nvdlfw_inspect.diagnose.remedies import TENSOR_GEMMS
@@ -70,6 +71,24 @@ def test_the_end_of_a_run_that_ends_in_nan_is_nan_not_its_last_finite_values():
     stats = series("gpt.lm_head", "gradient", "underflows%", [0.0] + [5.0] * 19 + [math.nan] * 20)
     underflow = [f for f in diagnose_statistics(stats).findings if f.kind == "underflow"]
     assert [f.summary.above for f in underflow] == [1.0] and "NaN at the end" in underflow[0].message
+
+
+def test_checks_without_statistics_are_named_not_passed():
+    """A run of LogTensorStats alone: no finding must not read as no underflow or overflow."""
+    plain = series("fc", "activation", "max", [1.0] * 8) + series("fc", "activation", "cur_amax", [1.0] * 8)
+    assert diagnose_statistics(plain).unmeasured == (
+        "underflows% and overflows% were not logged: add LogFp8TensorStats to measure them (overflows% exists under "
+        "delayed scaling only); underflow not checked, overflow judged from the jumps of cur_amax alone"
+    )
+    ranged = plain + series("fc", "activation", "dynamic_range", [3.0] * 8) + series("fc", "activation", "overflows%", [0.0] * 8)
+    assert diagnose_statistics(ranged).as_dict()["unmeasured"] == (
+        "underflows% was not logged: add LogFp8TensorStats to measure it; underflow judged from dynamic_range alone"
+    )
+    assert text(diagnose_statistics(ranged), "run", None).splitlines()[1] == (
+        "not measured: underflows% was not logged: add LogFp8TensorStats to measure it; underflow judged from dynamic_range alone"
+    )
+    measured = diagnose_statistics(ranged + series("fc", "activation", "underflows%", [0.0] * 8))
+    assert measured.unmeasured is None and "not measured" not in text(measured, "run", None)
 
 
 def test_nan_origin_is_the_first_in_execution_order_not_in_name_order():

@@ -23,11 +23,12 @@ from nvdlfw_inspect.report import heatmap_kind, natural_order, render, report_da
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
 
 
-def train(log_dir: Path, steps: int = 12) -> None:
-    """A two-layer FP8 model logging tensor and FP8 statistics; fc2's input blows up at step 7."""
+def train(log_dir: Path, steps: int = 12, fp8_stats: bool = True) -> None:
+    """A two-layer FP8 model logging tensor and (unless ``fp8_stats`` is False) FP8 statistics; fc2's input
+    blows up at step 7."""
     features = {
         "LogTensorStats": {"enabled": True, "tensors": ["activation", "gradient"], "stats": ["max", "dynamic_range"]},
-        "LogFp8TensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["underflows%"]},
+        "LogFp8TensorStats": {"enabled": fp8_stats, "tensors": ["activation"], "stats": ["underflows%"]},
     }
     config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
     debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
@@ -185,3 +186,16 @@ def test_screenshot_shows_the_report(log_dir, tmp_path):
     assert colors is not None and len(colors) > 50  # text, lines and heatmap cells, not a blank page
     heat = [c for _, c in colors if c[0] > 200 and c[1] < 120 and c[2] < 80]  # the heatmaps' reds
     assert heat
+
+
+@needs_browser
+def test_a_run_without_fp8_statistics_says_what_was_not_measured(log_dir, tmp_path):
+    train(log_dir, steps=4, fp8_stats=False)
+    html, errors = dom(write_report(log_dir, tmp_path / "report.html"))
+    assert errors == []
+    summary = re.search(r'<p id="diagnosis-summary">(.*?)</p>', html).group(1)
+    assert summary.startswith("No NaN or inf, and nothing persists over its threshold among what was logged (")
+    assert summary.endswith(
+        "Not measured: underflows% and overflows% were not logged: add LogFp8TensorStats to measure them (overflows% exists "
+        "under delayed scaling only); underflow judged from dynamic_range alone, overflow not checked."
+    )
