@@ -4,7 +4,8 @@ wrong, and when.
 The page embeds the data as JSON and draws it with its own script (no network, no libraries): the
 diagnosis at the top (what is wrong, what to change, and the config that does it), a table of the
 tensors most at risk ranked on what persists, heatmaps of layer x iteration for underflows%,
-overflows% and dynamic range with their colour scale, and per layer each logged statistic over the
+overflows% and dynamic range across the page, coloured against the thresholds of the diagnosis (a
+statistic without one on its map's own range), and per layer each logged statistic over the
 iterations, forward tensors beside backward ones.
 """
 
@@ -23,7 +24,7 @@ from nvdlfw_inspect.diagnose.series import collect
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.files import write_text_atomic
 from nvdlfw_inspect.reading import Statistic, iter_statistics, run_directory
-from nvdlfw_inspect.report.ranking import json_value, risk_rows
+from nvdlfw_inspect.report.ranking import json_value, risk_rows, threshold_of
 
 FORWARD = ("activation", "weight", "output")
 BACKWARD = ("gradient", "dgrad", "wgrad")
@@ -65,6 +66,7 @@ def report_data(statistics: Iterable[Statistic], title: str, thresholds: Thresho
                 "rank": rank,
                 "direction": direction,
                 "heatmap": heatmap_kind(stat),
+                "threshold": threshold_of(stat, tensor, thresholds),  # the diagnosis's: the heatmap's colours
                 "it": iteration_lists.setdefault(iterations, len(iteration_lists)),
                 "v": [json_value(values[i]) for i in iterations],
             }

@@ -5,7 +5,11 @@
   const SVG = "http://www.w3.org/2000/svg";
   const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"];
   const WIDTH = 300, HEIGHT = 130, PAD = { left: 52, right: 8, top: 8, bottom: 18 };
-  const HEAT_STOPS = [[255, 255, 204], [254, 178, 76], [240, 59, 32], [128, 0, 38]];
+  // Heatmap colours: under the diagnosis's threshold calm (white to green), over it warning to alarm (orange to
+  // dark red); a statistic without a threshold on its map's own range, in blues that alarm no one.
+  const CALM_STOPS = [[247, 252, 245], [161, 217, 155]];
+  const ALARM_STOPS = [[254, 178, 76], [240, 59, 32], [128, 0, 38]];
+  const NEUTRAL_STOPS = [[247, 251, 255], [107, 174, 214], [8, 48, 107]];
   const MAX_HEAT_COLUMNS = 1000, MIN_LABELED_ROW = 9, EAGER_LAYERS = 3, FINDINGS_SHOWN = 12;
   const NOT_LOGGED = [238, 240, 243];
   const KIND_NAMES = {
@@ -135,10 +139,20 @@
     });
   }
 
-  function heatColor(t) {
-    const scaled = Math.min(Math.max(t, 0), 1) * (HEAT_STOPS.length - 1);
-    const i = Math.min(Math.floor(scaled), HEAT_STOPS.length - 2), f = scaled - i;
-    return HEAT_STOPS[i].map((c, k) => Math.round(c + f * (HEAT_STOPS[i + 1][k] - c)));
+  function ramp(stops, t) {
+    const scaled = Math.min(Math.max(t, 0), 1) * (stops.length - 1);
+    const i = Math.min(Math.floor(scaled), stops.length - 2), f = scaled - i;
+    return stops[i].map((c, k) => Math.round(c + f * (stops[i + 1][k] - c)));
+  }
+
+  // The colour of a value: against the threshold the diagnosis judges the statistic by (calm up to it, from
+  // warning at it to alarm at the map's largest value), else on the map's own range.
+  function heatScale(low, high, threshold) {
+    if (threshold === null) return (v) => ramp(NEUTRAL_STOPS, high > low ? (v - low) / (high - low) : 1);
+    const floor = Math.min(low, 0);
+    return (v) => (v <= threshold
+      ? ramp(CALM_STOPS, threshold > floor ? (v - floor) / (threshold - floor) : 1)
+      : ramp(ALARM_STOPS, (v - threshold) / (high - threshold)));
   }
 
   function rowLabels(layers, rowScale) {
@@ -160,17 +174,29 @@
     return box;
   }
 
-  function legend(low, high, broken, missing) {
+  function colorBar(stops) {
+    const bar = element("canvas", { width: 64, height: 1 });
+    const context = bar.getContext("2d");
+    const image = context.createImageData(64, 1);
+    for (let i = 0; i < 64; i++) image.data.set([...ramp(stops, i / 63), 255], i * 4);
+    context.putImageData(image, 0, 0);
+    return bar;
+  }
+
+  function legend(low, high, threshold, broken, missing) {
     const box = element("div", { class: "legend" });
-    if (low <= high) {  // the colour scale, where any value is finite
-      const bar = element("canvas", { width: 64, height: 1 });
-      const context = bar.getContext("2d");
-      const image = context.createImageData(64, 1);
-      for (let i = 0; i < 64; i++) image.data.set([...heatColor(i / 63), 255], i * 4);
-      context.putImageData(image, 0, 0);
+    if (low <= high && threshold === null) {  // the colour scale, where any value is finite
       box.appendChild(element("span", {}, format(low)));
-      box.appendChild(bar);
-      box.appendChild(element("span", {}, format(high)));
+      box.appendChild(colorBar(NEUTRAL_STOPS));
+      box.appendChild(element("span", {}, `${format(high)} (no threshold: this map's own range)`));
+    } else if (low <= high) {
+      box.appendChild(element("span", {}, format(Math.min(low, 0))));
+      box.appendChild(colorBar(CALM_STOPS));
+      box.appendChild(element("span", {}, `threshold ${format(threshold)}`));
+      if (high > threshold) {
+        box.appendChild(colorBar(ALARM_STOPS));
+        box.appendChild(element("span", {}, format(high)));
+      }
     }
     if (broken) box.appendChild(swatch([0, 0, 0], "NaN or inf"));
     if (missing) box.appendChild(swatch(NOT_LOGGED, "not logged"));
@@ -197,21 +223,23 @@
       });
     });
     if (!anyBroken && low > high) return null;  // nothing to draw
+    const threshold = group[0].threshold;  // one tensor and stat: one threshold
+    const against = threshold === null ? "" : `, ${low > threshold ? "over" : "within"} its threshold ${format(threshold)}`;
     if (!anyBroken && low === high) {  // one value everywhere: said in words, not drawn as a blank map
       return element("p", { class: "flat" },
-        `${title}: ${format(low)} in every logged cell (${layers.length} layer${layers.length > 1 ? "s" : ""}, ` +
+        `${title}: ${format(low)} in every logged cell${against} (${layers.length} layer${layers.length > 1 ? "s" : ""}, ` +
         `iterations ${iterations[0]} to ${iterations[iterations.length - 1]})`);
     }
-    const canvas = element("canvas", { width: columns, height: layers.length });
-    const scale = Math.max(1, Math.min(8, Math.floor(600 / columns))), rowScale = Math.max(1, Math.min(14, Math.floor(480 / layers.length)));
-    canvas.style.width = columns * scale + "px";
+    const color = heatScale(low, high, threshold);
+    const canvas = element("canvas", { width: columns, height: layers.length });  // as wide as the page (CSS)
+    const rowScale = Math.max(1, Math.min(14, Math.floor(480 / layers.length)));
     canvas.style.height = layers.length * rowScale + "px";
     const context = canvas.getContext("2d");
     const image = context.createImageData(columns, layers.length);
     let missing = false;
     for (let i = 0; i < cells.length; i++) {
       missing = missing || (!broken[i] && Number.isNaN(cells[i]));
-      const rgb = broken[i] ? [0, 0, 0] : Number.isNaN(cells[i]) ? NOT_LOGGED : heatColor(high > low ? (cells[i] - low) / (high - low) : 1);
+      const rgb = broken[i] ? [0, 0, 0] : Number.isNaN(cells[i]) ? NOT_LOGGED : color(cells[i]);
       image.data.set([...rgb, 255], i * 4);
     }
     context.putImageData(image, 0, 0);
@@ -235,10 +263,10 @@
     });
     const box = element("div", { class: "heatmap" });
     box.appendChild(element("div", { class: "caption" }, title));
-    box.appendChild(legend(low, high, anyBroken, missing));
+    box.appendChild(legend(low, high, threshold, anyBroken, missing));
     const body = element("div", { class: "heatmap-body" });
     if (rowScale >= MIN_LABELED_ROW) body.appendChild(rowLabels(layers, rowScale));
-    const plot = element("div");
+    const plot = element("div", { class: "plot" });
     plot.appendChild(canvas);
     const axis = element("div", { class: "axis" });
     axis.appendChild(element("span", {}, `iteration ${iterations[0]}`));

@@ -17,6 +17,7 @@ import lowprec
 import nvdlfw_inspect
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect import reading
+from nvdlfw_inspect.diagnose import Thresholds
 from nvdlfw_inspect.reading import Statistic, iter_statistics, split_name
 from nvdlfw_inspect.report import heatmap_kind, natural_order, render, report_data, write_report
 
@@ -184,8 +185,7 @@ def test_screenshot_shows_the_report(log_dir, tmp_path):
     assert image.size == (1300, 1800)
     colors = image.getcolors(maxcolors=1 << 20)
     assert colors is not None and len(colors) > 50  # text, lines and heatmap cells, not a blank page
-    heat = [c for _, c in colors if c[0] > 200 and c[1] < 120 and c[2] < 80]  # the heatmaps' reds
-    assert heat
+    assert any(calm_green(color) for _, color in colors)  # the heatmaps: every value within its threshold
 
 
 @needs_browser
@@ -199,3 +199,58 @@ def test_a_run_without_fp8_statistics_says_what_was_not_measured(log_dir, tmp_pa
         "Not measured: underflows% and overflows% were not logged: add LogFp8TensorStats to measure them (overflows% exists "
         "under delayed scaling only); underflow judged from dynamic_range alone, overflow not checked."
     )
+
+
+ALARM = (128, 0, 38)  # the heatmaps' alarm colour: the largest value over the threshold
+
+
+def calm_green(rgb: tuple[int, int, int]) -> bool:
+    """A colour of the heatmaps' calm scale, (247, 252, 245) to (161, 217, 155), away from its white end."""
+    r, g, b = rgb
+    s = (247 - r) / 86
+    return 0.2 < s <= 1 and abs(g - (252 - 35 * s)) <= 2 and abs(b - (245 - 90 * s)) <= 2
+
+
+def heatmap_page(tmp_path: Path, name: str, tensor: str, largest: float) -> Path:
+    """A page with one overflows% heatmap: four layers over 40 iterations, every value in [0, ``largest``]."""
+    stats = [
+        Statistic(0, f"l{layer}", tensor, "overflows%", i, largest * ((i + layer) % 7) / 6)
+        for layer in range(4)
+        for i in range(40)
+    ]
+    page = tmp_path / f"{name}.html"
+    page.write_text(render(report_data(stats, name)))
+    return page
+
+
+def test_heatmap_series_carry_the_thresholds_of_the_diagnosis():
+    stats = [Statistic(0, "l", t, s, 0, 1.0) for t, s in [("gradient", "overflows%"), ("output", "dynamic_range")]]
+    stats += [
+        Statistic(0, "l", "activation", s, 0, 1.0) for s in ("underflows%", "dynamic_range", "fp8_current_scaling_underflows%")
+    ]
+    thresholds = Thresholds(underflow_pct=2.5, overflow_pct=0.5, fp8_format="E5M2")
+    series = {(s["tensor"], s["stat"]): s["threshold"] for s in report_data(stats, "t", thresholds)["series"]}
+    assert series == {
+        ("gradient", "overflows%"): 0.5,
+        ("activation", "underflows%"): 2.5,
+        ("activation", "dynamic_range"): thresholds.range_limit("activation"),  # E5M2's range
+        ("output", "dynamic_range"): None,  # GEMM outputs stay in high precision: no threshold
+        ("activation", "fp8_current_scaling_underflows%"): None,  # a what-if recipe: not judged
+    }
+
+
+@needs_browser
+def test_heatmaps_are_coloured_against_the_thresholds_across_the_page(tmp_path):
+    from PIL import Image
+
+    colours = {}
+    for name, tensor, largest in [("calm", "activation", 0.0099), ("over", "gradient", 5.0)]:  # overflows% threshold: 0.1
+        shot = tmp_path / f"{name}.png"
+        assert screenshot(heatmap_page(tmp_path, name, tensor, largest), shot) == []
+        colours[name] = Image.open(shot).convert("RGB")
+    calm = colours["calm"].getcolors(maxcolors=1 << 20)
+    assert ALARM not in {c for _, c in calm}  # 10x under its threshold: not the alarm colour (it was the map's maximum)
+    assert any(calm_green(color) for _, color in calm)
+    over = colours["over"]
+    alarm = [x for x in range(over.width) for y in range(0, over.height, 4) if over.getpixel((x, y)) == ALARM]
+    assert alarm and max(alarm) - min(alarm) > over.width / 2  # drawn, and across the page's width

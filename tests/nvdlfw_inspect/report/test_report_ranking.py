@@ -81,9 +81,11 @@ def test_page_draws_legends_states_flat_maps_and_zero_charts(tmp_path):
     page.write_text(render(report_data(stats, "t")), encoding="utf-8")
     text, errors = dom(page, height=4000)
     assert errors == []
-    assert '<p class="flat">gradient overflows%: 0 in every logged cell (1 layer, iterations 0 to 60)</p>' in text
+    flat = "gradient overflows%: 0 in every logged cell, within its threshold 0.1 (1 layer, iterations 0 to 60)"
+    assert f'<p class="flat">{flat}</p>' in text
     (legend,) = re.findall(r'<div class="legend">(.*?)</div>', text)  # the one drawn heatmap: gradient underflows%
-    assert re.match(r"<span>0</span><canvas [^>]*></canvas><span>92\.66</span>", legend)
+    bar = "<canvas [^>]*></canvas>"  # calm up to the threshold, then warning to alarm
+    assert re.match(rf"<span>0</span>{bar}<span>threshold 1</span>{bar}<span>92\.66</span>", legend)
     charts = dict(re.findall(r'<div class="caption">([^<]+)</div><svg[^>]*>(.*?)</svg>', text))
     zero_axis = re.findall(r"<text [^>]*>([^<]*)</text>", charts["gradient overflows%"])
     assert zero_axis[:2] == ["1", "0"]  # 0..1, not -1..1
