@@ -111,6 +111,13 @@ def test_the_end_of_run_of_a_tensor_that_ends_in_nan_is_nan(tmp_path):
     assert rows[("model.fc1", "activation")]["stats"]["dynamic_range"]["persistent"] > 0  # fc1 stays finite
 
 
+@needs_browser
+def test_the_page_shows_nan_at_the_end_of_run_of_a_tensor_that_ends_in_nan(tmp_path):
+    nan_run(tmp_path / "run", nan_step=6)
+    html, errors = dom(write_report(tmp_path / "run", tmp_path / "report.html"))
+    assert errors == [] and '<td class="bad"><div>NaN</div>' in html  # its JSON null read back as NaN, marked
+
+
 def test_render_is_self_contained_and_escapes():
     data = report_data([Statistic(0, "</script><b>", "activation", "max", 0, 1.0)], "a <title>")
     page = render(data)
