@@ -23,6 +23,7 @@ FLAGS = {
     "warmup": (int, "iterations at the start whose values are warm-up transients"),
     "scale_change": (float, "factor a scale (or amax) may change by between logged iterations"),
     "range_margin_bits": (float, "bits a dynamic_range may exceed its FP8 format's range"),
+    "peer_ratio": (float, "factor a tensor's magnitude may differ from its peers' (same tensor, layers alike but for indices)"),
 }
 
 

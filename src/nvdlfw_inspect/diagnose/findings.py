@@ -7,6 +7,9 @@ Each detector looks at one kind of statistic and reports only what persists afte
 from __future__ import annotations
 
 import math
+import re
+import statistics
+from collections import defaultdict
 from typing import Any
 
 from nvdlfw_inspect.diagnose.model import Finding
@@ -14,9 +17,15 @@ from nvdlfw_inspect.diagnose.series import Points, Run, Summary, summarize
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 
 #: the order findings are listed in: a divergence first, then what damages values most
-KINDS = ("nonfinite", "overflow", "underflow", "scale_change", "dynamic_range")
+KINDS = ("nonfinite", "overflow", "underflow", "scale_change", "dynamic_range", "peer_outlier")
 #: where a scale can be read, best first: the layer's own scale, else the tensor's amax
 SCALE_SOURCES = ("scale_inv_max", "cur_amax")
+#: how large a tensor is, best first: its amax, else its spread or norms (which peers of one shape share)
+MAGNITUDE_STATS = ("cur_amax", "max", "std", "l2_norm", "l1_norm")
+#: the path parts that tell peers apart: a block's index (``layers.3``) and an expert's (``gemm_5``)
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|(?<=gemm_)\d+$")
+#: peers needed beside a layer to tell an outlier from a difference of opinion
+MIN_PEERS = 2
 #: per problem, the statistic that measures it, what stands in for it where that is not logged (and how it is
 #: read), and a note
 MEASURES = (
@@ -58,7 +67,7 @@ class Detector:
         return summary if summary is not None and summary.is_problem(self.thresholds.persistence) else None
 
     def findings(self) -> list[Finding]:
-        found = [*self.nonfinite(), *self.quantization(), *self.scale_changes()]
+        found = [*self.nonfinite(), *self.quantization(), *self.scale_changes(), *self.peer_outliers()]
         return sorted(found, key=_severity)
 
     def nonfinite(self) -> list[Finding]:
@@ -117,6 +126,31 @@ class Detector:
                 found.append(self._finding("scale_change", layer, tensor, stat, summary, message))
         return found
 
+    def peer_outliers(self) -> list[Finding]:
+        """A tensor far larger or smaller than the same tensor in its peers (layers named alike but for their
+        indices): a weight scaled x1e4 by a bad load or update, which per-tensor scaling absorbs and no other
+        check sees. At each iteration, the factor between its magnitude and its peers' median, as a series."""
+        groups: dict[tuple[str, str, str], dict[str, Points]] = defaultdict(dict)
+        for layer, tensor in sorted({(layer, tensor) for layer, tensor, _ in self.series}):
+            stat = next((s for s in MAGNITUDE_STATS if (layer, tensor, s) in self.series), None)
+            if stat is not None:
+                groups[(_INDEX.sub("*", layer), tensor, stat)][layer] = self.series[(layer, tensor, stat)]
+        found = []
+        for (kind, tensor, stat), members in groups.items():
+            if len(members) <= MIN_PEERS:
+                continue
+            for layer, points in members.items():
+                factors = _peer_factors(points, [p for name, p in members.items() if name != layer])
+                summary = self.problem(factors, self.thresholds.peer_ratio) if factors else None
+                if summary is not None:
+                    message = (
+                        f"its {stat} differs from the same tensor's in its {len(members) - 1} peers ({kind}) by a factor "
+                        f"{_persistence(summary, 'x')}; per-tensor scaling may absorb it, but a layer unlike its peers "
+                        f"usually means a bad initialisation, load or update"
+                    )
+                    found.append(self._finding("peer_outlier", layer, tensor, stat, summary, message))
+        return found
+
     def _finding(self, kind: str, layer: str, tensor: str, stat: str, summary: Summary, message: str) -> Finding:
         assert summary.first_above is not None  # a problem is over its threshold somewhere after warm-up
         return Finding(kind, layer, tensor, stat, summary.first_above, message, summary, self._context(layer, tensor))
@@ -148,6 +182,19 @@ def not_measured(run: Run) -> str | None:
         checks.append(f"{problem} judged from {reading.format(' and '.join(found))} alone" if found else f"{problem} not checked")
     notes = "".join(note for *_, note in missing)
     return f"{names} {verb} not logged: add LogFp8TensorStats to measure {pronoun}{notes}; {', '.join(checks)}"
+
+
+def _peer_factors(points: Points, peers: list[Points]) -> Points:
+    """``{iteration: max(v / m, m / v)}`` where ``m`` is the median of the peers' magnitudes at that iteration
+    (of at least ``MIN_PEERS`` of them), for positive finite values."""
+    factors = {}
+    for iteration, value in points.items():
+        others = [abs(p[iteration]) for p in peers if iteration in p and math.isfinite(p[iteration]) and p[iteration] != 0]
+        value = abs(value)
+        if len(others) >= MIN_PEERS and math.isfinite(value) and value > 0:
+            median = statistics.median(others)
+            factors[iteration] = max(value / median, median / value)
+    return factors
 
 
 def _step_factors(points: Points, warmup_end: int) -> Points:

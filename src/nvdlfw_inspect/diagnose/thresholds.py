@@ -32,6 +32,9 @@ class Thresholds:
     scaling's first cast uses scale 1). ``scale_change``: a scale (``scale_inv_max``, else the amax
     ``cur_amax``) that changes by more than this factor between logged iterations, default 4.
     ``range_margin_bits``: bits a ``dynamic_range`` may exceed its format's range, default 0.
+    ``peer_ratio``: the factor by which a tensor's magnitude may differ from the median of the same tensor
+    in its peers (the layers whose names differ only in their indices: ``layers.3.mlp.fc1`` and
+    ``layers.7.mlp.fc1``, or experts ``gemm_0``, ``gemm_5``) before it is an outlier, default 100.
     ``fp8_format``: the recipe's formats, ``HYBRID`` (E4M3 forward, E5M2 gradients; default), ``E4M3``
     or ``E5M2``.
     """
@@ -43,6 +46,7 @@ class Thresholds:
     warmup: int = 1
     scale_change: float = 4.0
     range_margin_bits: float = 0.0
+    peer_ratio: float = 100.0
     fp8_format: str = "HYBRID"
 
     def __post_init__(self) -> None:
@@ -63,6 +67,8 @@ class Thresholds:
             raise ValueError(f"threshold warmup is a number of iterations (an integer >= 0), got {self.warmup!r}")
         if number("scale_change") <= 1:
             raise ValueError(f"threshold scale_change is a factor greater than 1, got {self.scale_change}")
+        if number("peer_ratio") <= 1:
+            raise ValueError(f"threshold peer_ratio is a factor greater than 1, got {self.peer_ratio}")
         if number("range_margin_bits") < 0:
             raise ValueError(f"threshold range_margin_bits must be >= 0, got {self.range_margin_bits}")
         if self.fp8_format not in RECIPE_FORMATS:

@@ -14,7 +14,7 @@
   const NOT_LOGGED = [238, 240, 243];
   const KIND_NAMES = {
     nonfinite: "NaN or inf", overflow: "overflow", underflow: "underflow",
-    scale_change: "scale jumps", dynamic_range: "dynamic range beyond the format",
+    scale_change: "scale jumps", dynamic_range: "dynamic range beyond the format", peer_outlier: "unlike its peers",
   };
 
   const number = (v) => (v === null ? NaN : v === "inf" ? Infinity : v === "-inf" ? -Infinity : v);
@@ -66,7 +66,8 @@
     const t = data.thresholds, list = document.getElementById("findings");
     list.replaceChildren();
     const rule = `underflows% over ${t.underflow_pct}, overflows% over ${t.overflow_pct}, a scale jumping by more than ` +
-      `x${t.scale_change}, a dynamic range beyond the ${t.fp8_format} format's; a problem when over its threshold in ` +
+      `x${t.scale_change}, a dynamic range beyond the ${t.fp8_format} format's, a magnitude x${t.peer_ratio} away from ` +
+      `its peers'; a problem when over its threshold in ` +
       `${percent(t.persistence)} of the iterations after the first ${t.warmup} (warm-up), or in the median of the last ${percent(t.tail)}`;
     const unmeasured = data.unmeasured ? ` Not measured: ${data.unmeasured}.` : "";
     document.getElementById("diagnosis-summary").textContent = (data.findings.length

@@ -168,3 +168,35 @@ def test_a_full_disk_keeps_the_previous_config(planted, tmp_path, monkeypatch, c
     assert main(["diagnose", str(planted), "-o", str(path)]) == 1
     assert capsys.readouterr().err == f"nvdlfw-inspect diagnose: cannot write the config to '{path}': {NO_SPACE}\n"
     assert path.read_text() == "previous: config\n" and [p.name for p in tmp_path.iterdir()] == ["fix.yaml"]
+
+
+def test_a_weight_scaled_unlike_its_peers_is_found_in_a_real_run(tmp_path):
+    """Four blocks alike, one weight scaled x1e4 (a bad load): FP8 training goes on (per-tensor scaling
+    absorbs it); diagnose names that layer's weight, and only it."""
+    config = {
+        "weights": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": ".*"},
+            "transformer_engine": {
+                "LogTensorStats": {"enabled": True, "tensors": ["weight", "activation"], "stats": ["max", "std"]}
+            },
+        }
+    }
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(tmp_path))
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(32, 32)) for _ in range(4))
+    model = lowprec.convert(torch.nn.ModuleDict({"layers": blocks}))
+    with torch.no_grad():
+        model.layers[2][0].weight.mul_(1e4)
+    try:
+        for _ in range(6):
+            x = torch.randn(16, 32)
+            with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+                for block in model.layers:
+                    x = torch.tanh(block(x))
+            x.sum().backward()
+            debug_api.step()
+    finally:
+        debug_api.end_debug()
+    found = [(f.layer, f.tensor, f.kind) for f in diagnose(tmp_path).findings if f.kind == "peer_outlier"]
+    assert found == [("model.layers.2.0", "weight", "peer_outlier")]

@@ -222,3 +222,47 @@ def test_bad_thresholds_are_clear_errors(tmp_path, overrides, message):
 def test_thresholds_or_overrides_not_both(tmp_path):
     with pytest.raises(ValueError, match="give thresholds or keyword overrides of the defaults, not both"):
         diagnose(tmp_path, Thresholds(), tail=0.5)
+
+
+def peers(values: dict[str, float], tensor: str = "weight", stat: str = "cur_amax", steps: int = 8) -> list[Statistic]:
+    return [
+        s for layer, value in values.items() for s in series(layer, tensor, stat, [value * (1 + 0.01 * i) for i in range(steps)])
+    ]
+
+
+def test_a_tensor_unlike_its_peers_is_an_outlier():
+    """The issue's case: one layer's weight scaled x1e4 (amax 851 where its peers' are about 0.08)."""
+    layers = {f"model.layers.{i}.mlp.down_proj": 0.08 + 0.01 * i for i in range(4)}
+    layers["model.layers.2.mlp.down_proj"] = 851.0
+    diagnosis = diagnose_statistics(peers(layers) + peers({"model.layers.0.self_attn.q_proj": 0.5}))
+    [finding] = diagnosis.findings
+    assert (finding.layer, finding.tensor, finding.kind, finding.stat) == (
+        "model.layers.2.mlp.down_proj",
+        "weight",
+        "peer_outlier",
+        "cur_amax",
+    )
+    assert "3 peers (model.layers.*.mlp.down_proj)" in finding.message and finding.summary.worst > 5e3
+    assert finding.remedies == () and not diagnosis.config  # no precision setting repairs it: said, not configured
+    assert kinds(peers(layers), peer_ratio=1e5) == []
+
+
+def test_too_few_peers_and_experts_alike():
+    pair = {"model.layers.0.fc": 0.1, "model.layers.1.fc": 100.0}  # one peer: which of the two is odd?
+    assert kinds(peers(pair)) == []
+    experts = {f"model.moe.experts.gate_up_proj.gemm_{i}": 1.0 for i in range(4)} | {
+        "model.moe.experts.gate_up_proj.gemm_3": 1e-3
+    }
+    assert kinds(peers(experts, tensor="activation", stat="max")) == [
+        ("model.moe.experts.gate_up_proj.gemm_3", "activation", "peer_outlier", 1)
+    ]
+
+
+def test_a_passing_difference_from_the_peers_is_not_an_outlier():
+    layers = {f"blocks.{i}.fc": 1.0 for i in range(4)}
+    stats = peers(layers)
+    stats = [
+        Statistic(s.rank, s.layer, s.tensor, s.stat, s.iteration, 500.0) if (s.layer, s.iteration) == ("blocks.1.fc", 3) else s
+        for s in stats
+    ]
+    assert kinds(stats) == []  # one iteration of eight: a spike, not what persists

@@ -261,3 +261,18 @@ def test_heatmaps_are_coloured_against_the_thresholds_across_the_page(tmp_path):
     over = colours["over"]
     alarm = [x for x in range(over.width) for y in range(0, over.height, 4) if over.getpixel((x, y)) == ALARM]
     assert alarm and max(alarm) - min(alarm) > over.width / 2  # drawn, and across the page's width
+
+
+@needs_browser
+def test_the_page_lists_a_tensor_unlike_its_peers(tmp_path):
+    stats = [
+        Statistic(0, f"model.layers.{layer}.fc", "weight", "cur_amax", i, (851.0 if layer == 2 else 0.08) * (1 + 0.01 * i))
+        for layer in range(4)
+        for i in range(8)
+    ]
+    page = tmp_path / "peers.html"
+    page.write_text(render(report_data(stats, "peers")))
+    html, errors = dom(page)
+    findings = re.search(r'<ol id="findings">(.*?)</ol>', html).group(1)
+    assert errors == [] and "model.layers.2.fc</a> weight: <b>unlike its peers</b>" in findings
+    assert "3 peers (model.layers.*.fc)" in findings and "model.layers.0.fc" not in findings
