@@ -185,14 +185,15 @@ def not_measured(run: Run) -> str | None:
 
 
 def _peer_factors(points: Points, peers: list[Points]) -> Points:
-    """``{iteration: max(v / m, m / v)}`` where ``m`` is the median of the peers' magnitudes at that iteration
-    (of at least ``MIN_PEERS`` of them), for positive finite values."""
+    """``{iteration: max(v / m, m / v)}`` where ``m`` is the median magnitude of the tensor and its peers at that
+    iteration (of at least ``MIN_PEERS`` peers; itself included, one odd layer cannot drag the median of three
+    toward it), for positive finite values."""
     factors = {}
     for iteration, value in points.items():
-        others = [abs(p[iteration]) for p in peers if iteration in p and math.isfinite(p[iteration]) and p[iteration] != 0]
         value = abs(value)
+        others = [abs(p[iteration]) for p in peers if iteration in p and math.isfinite(p[iteration]) and p[iteration] != 0]
         if len(others) >= MIN_PEERS and math.isfinite(value) and value > 0:
-            median = statistics.median(others)
+            median = statistics.median([value, *others])
             factors[iteration] = max(value / median, median / value)
     return factors
 

@@ -78,7 +78,7 @@ def report_data(statistics: Iterable[Statistic], title: str, thresholds: Thresho
         "ranks": sorted({rank for _, _, _, rank in run.points}),
         "iterations": [list(iterations) for iterations in iteration_lists],
         "series": series,
-        "risks": risk_rows(run, thresholds),
+        "risks": risk_rows(run, thresholds, diagnosis.findings),
         "findings": [finding.as_dict() for finding in diagnosis.findings],
         "config_yaml": diagnosis.config_yaml,
         "unmeasured": diagnosis.unmeasured,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from nvdlfw_inspect.diagnose.model import Finding
 from nvdlfw_inspect.diagnose.series import Run, Summary, summarize
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 
@@ -51,20 +52,21 @@ def _cell(summary: Summary) -> dict[str, Any]:
     }
 
 
-def _labels(cells: dict[str, Summary], persistence: float) -> tuple[bool, list[str]]:
-    """Whether ``diagnose`` finds a problem here (a dynamic range only where underflows% was not logged to
-    measure the loss), and per statistic what it is: a problem, beyond range (a dynamic range over its
-    format's while underflows% measures the loss), a warm-up transient or a transient."""
-    measured = "underflows%" in cells
-    problem, labels = False, []
+def _labels(cells: dict[str, Summary], found: list[Finding], persistence: float) -> tuple[bool, list[str]]:
+    """Per statistic what it is, from the diagnosis's own findings: a problem where ``diagnose`` found one, a
+    caution for a dynamic range beyond its format's while underflows% (logged, under its threshold) measures the
+    loss, else a warm-up transient or a transient. Whether any was a caution."""
+    problems = {finding.stat for finding in found}
+    caution, labels = False, [f"{stat}: problem" for stat in dict.fromkeys(finding.stat for finding in found)]
     for stat, summary in cells.items():
-        if summary.is_problem(persistence):
-            beyond = stat == RANGE and measured
-            problem = problem or not beyond
-            labels.append(f"{stat}: {'beyond range' if beyond else 'problem'}")
+        if stat in problems:
+            continue
+        if summary.is_problem(persistence):  # only a measured range: diagnose judges it by underflows%
+            caution = True
+            labels.append(f"{stat}: caution, beyond the format's range (underflows% measures the loss)")
         elif summary.is_transient(persistence):
             labels.append(f"{stat}: {'warm-up transient' if summary.worst_in_warmup else 'transient'}")
-    return problem, labels
+    return caution, labels
 
 
 def _score(cells: dict[str, Summary]) -> tuple[float, float]:
@@ -75,9 +77,10 @@ def _score(cells: dict[str, Summary]) -> tuple[float, float]:
     return ratio, max(s.above for s in ranked)
 
 
-def risk_rows(run: Run, thresholds: Thresholds) -> list[dict[str, Any]]:
-    """The rows of the table, the most at risk first: NaN or inf (earliest first), then problems, then
-    the rest, each by how far over its threshold its losses end and then for how long they were over."""
+def risk_rows(run: Run, thresholds: Thresholds, findings: list[Finding]) -> list[dict[str, Any]]:
+    """The rows of the table, ranked by the diagnosis's rules: NaN or inf (earliest first), then the tensors
+    with findings in the diagnosis's order, then cautions, then the rest, each by how far over its threshold its
+    losses end and then for how long they were over."""
     warmup_end = run.first_iteration + thresholds.warmup
     cells: dict[tuple[str, str], dict[str, Summary]] = {}
     for (layer, tensor, stat), points in run.merged.items():
@@ -85,19 +88,30 @@ def risk_rows(run: Run, thresholds: Thresholds) -> list[dict[str, Any]]:
         summary = None if threshold is None else summarize(points, threshold, warmup_end, thresholds.tail)
         if summary is not None:
             cells.setdefault((layer, tensor), {})[stat] = summary
+    found: dict[tuple[str, str], list[Finding]] = {}
+    for finding in findings:
+        if finding.kind != "nonfinite":
+            found.setdefault((finding.layer, finding.tensor), []).append(finding)
+    order = {key: index for index, key in enumerate(found)}
     ranked = []
-    for layer, tensor in set(cells) | set(run.nonfinite):
+    for layer, tensor in set(cells) | set(run.nonfinite) | set(found):
         tensor_cells = cells.get((layer, tensor), {})
         first = run.nonfinite.get((layer, tensor))
         ratio, above = _score(tensor_cells) if tensor_cells else (0.0, 0.0)
-        problem, labels = _labels(tensor_cells, thresholds.persistence)
-        rank = (0, first.iteration, first.position) if first else (1 if problem else 2, -ratio, -above)
+        caution, labels = _labels(tensor_cells, found.get((layer, tensor), []), thresholds.persistence)
+        if first:
+            rank: tuple = (0, first.iteration, first.position)
+        elif (layer, tensor) in order:
+            rank = (1, order[(layer, tensor)], 0.0)
+        else:
+            rank = (2 if caution else 3, -ratio, -above)
         row = {
             "layer": layer,
             "tensor": tensor,
             "stats": {stat: _cell(summary) for stat, summary in tensor_cells.items()},
             "nonfinite": None if first is None else first.iteration,
-            "problem": problem,
+            "problem": first is not None or (layer, tensor) in order,
+            "caution": caution,
             "status": labels,
         }
         ranked.append(((*rank, layer, tensor), row))

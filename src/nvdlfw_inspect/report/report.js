@@ -121,8 +121,9 @@
       ? `Per tensor, each value at the end of the run (the median of the last ${percent(data.thresholds.tail)} of the ` +
         `iterations after warm-up), then the share of those iterations over its threshold and the worst value with its ` +
         `iteration. Ranked on the losses at the end against their thresholds; a maximum reached only in warm-up or in a ` +
-        `passing spike is a transient. A dynamic range beyond its format's is a problem only where underflows% was not ` +
-        `logged; where it was, underflows% tells how much is lost.`
+        `passing spike is a transient. Problems are the diagnosis's findings, in its order; a dynamic range beyond its ` +
+        `format's is a problem only where underflows% was not logged, and where it was, a caution: underflows% tells ` +
+        `how much is lost.`
       : "No underflows%, overflows% or dynamic_range was logged.";
     data.risks.filter((r) => visible(r.layer)).forEach((r) => {
       const row = element("tr");
@@ -133,7 +134,7 @@
       ["underflows%", "overflows%", "dynamic_range"].forEach((stat) => row.appendChild(statCell(r.stats[stat])));
       const broken = r.nonfinite !== null;
       row.appendChild(element("td", broken ? { class: "bad" } : {}, broken ? String(r.nonfinite) : ""));
-      const status = element("td", r.problem ? { class: "bad" } : { class: "transient" });
+      const status = element("td", { class: r.problem ? "bad" : r.caution ? "caution" : "transient" });
       r.status.forEach((label) => status.appendChild(element("div", {}, label)));
       row.appendChild(status);
       body.appendChild(row);

@@ -54,12 +54,33 @@ def test_risks_rank_on_what_persists_and_mark_warm_up_transients():
     assert yaml.safe_load(data["config_yaml"]) == diagnose_statistics(issue_run()).config
 
 
-def test_a_wide_range_whose_loss_is_measured_is_beyond_range_not_a_problem():
+def test_a_wide_range_whose_loss_is_measured_is_a_caution_not_a_problem():
     stats = series("l", "gradient", "dynamic_range", [40.0] * 8) + series("l", "gradient", "underflows%", [0.1] * 8)
-    (row,) = report_data(stats, "t")["risks"]
-    assert (row["problem"], row["status"]) == (False, ["dynamic_range: beyond range"])
+    data = report_data(stats, "t")
+    (row,) = data["risks"]
+    caution = "dynamic_range: caution, beyond the format's range (underflows% measures the loss)"
+    assert (row["problem"], row["caution"], row["status"]) == (False, True, [caution]) and data["findings"] == []
     (row,) = report_data(stats[:8], "t")["risks"]
-    assert (row["problem"], row["status"]) == (True, ["dynamic_range: problem"])
+    assert (row["problem"], row["caution"], row["status"]) == (True, False, ["dynamic_range: problem"])
+
+
+def test_the_table_agrees_with_the_diagnosis_row_for_row():
+    """The issue's demo page: "nothing persists" above 25 tensors at risk. Problems are exactly the findings, in
+    their order, above the cautions; a row's status names the finding's statistic."""
+    stats = series("wide", "gradient", "dynamic_range", [40.0] * 8) + series("wide", "gradient", "underflows%", [0.1] * 8)
+    stats += series("lossy", "gradient", "underflows%", [0.0] + [3.0] * 7) + series(
+        "worse", "activation", "underflows%", [9.0] * 8
+    )
+    stats += [
+        Statistic(0, f"b.{i}.fc", "weight", "cur_amax", j * 5, 900.0 if i == 1 else 0.1) for i in range(3) for j in range(8)
+    ]
+    data = report_data(stats, "t")
+    findings = [(f["layer"], f["tensor"]) for f in data["findings"]]
+    problems = [(r["layer"], r["tensor"]) for r in data["risks"] if r["problem"]]
+    assert problems == findings == [("worse", "activation"), ("lossy", "gradient"), ("b.1.fc", "weight")]
+    assert [r["layer"] for r in data["risks"]] == ["worse", "lossy", "b.1.fc", "wide"]
+    assert [r["caution"] for r in data["risks"]] == [False, False, False, True]
+    assert data["risks"][2]["status"] == ["cur_amax: problem"] and data["risks"][2]["stats"] == {}
 
 
 def test_only_logged_statistics_make_rows():
