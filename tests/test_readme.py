@@ -164,6 +164,25 @@ def test_snippet_runs_as_written(heading, tmp_path, request):
         CHECKS[heading](tmp_path, result.stdout)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib")
+def test_every_shell_command_runs_as_written_after_the_two_scripts():
+    """The scripts leave the user's shell alone: a documented command is a script or one the scripts install
+    into .venv/bin, never a bare `nvdlfw-inspect`, which no PATH finds after them (issue 26)."""
+    import tomllib
+
+    root = README.parent
+    assert 'VENV="$ROOT/.venv"' in (root / "scripts" / "env.sh").read_text()
+    installed = {"python", *tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]}
+    lines = [line.split("#")[0].split() for language, _, _, text in BLOCKS if language == "bash" for line in text.splitlines()]
+    commands = [[word for word in words if "=" not in word] for words in lines if words]
+    assert len(commands) >= 6
+    for words in commands:
+        if words[0] == "bash":
+            assert (root / words[1]).is_file(), words
+        else:
+            assert words[0].startswith(".venv/bin/") and words[0].removeprefix(".venv/bin/") in installed, words
+
+
 def test_every_transformer_engine_config_in_the_readme_initializes(tmp_path):
     """The feature examples are configs users copy: each must pass validation as written."""
     import lowprec

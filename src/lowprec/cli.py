@@ -36,6 +36,9 @@ def demo_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--config", help="a YAML config instead of the demo's")
     sub.add_argument("--log-dir", default="./demo_logs", help="where logs and the report go (default ./demo_logs)")
     sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    sub.add_argument(
+        "--threads", type=positive_int, default=None, help="torch's CPU threads (default: OMP_NUM_THREADS, else the free cores)"
+    )
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -50,7 +53,9 @@ def demo(args: argparse.Namespace) -> int:
     from lowprec.demo import run_demo
 
     try:
-        run_demo(steps=args.steps, size=args.size, config=args.config, log_dir=args.log_dir, device=args.device)
+        run_demo(
+            steps=args.steps, size=args.size, config=args.config, log_dir=args.log_dir, device=args.device, threads=args.threads
+        )
     except LowprecValueError as error:  # e.g. a config that logged nothing: said in one line, exit code 1
         raise cli.UserError(str(error)) from None
     return 0
@@ -83,6 +88,9 @@ def compare_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--out", default="./compare_logs", help="where the runs and compare.html go (default ./compare_logs)")
     sub.add_argument("--seed", type=non_negative_int, default=0, help="weights and batch order, the same for every recipe")
     sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    sub.add_argument(
+        "--threads", type=positive_int, default=None, help="torch's CPU threads (default: OMP_NUM_THREADS, else the free cores)"
+    )
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -90,7 +98,7 @@ def compare(args: argparse.Namespace) -> int:
     from lowprec.compare import compare_formats
 
     try:
-        page = compare_formats(args.recipes, args.steps, args.size, args.out, args.seed, args.device)
+        page = compare_formats(args.recipes, args.steps, args.size, args.out, args.seed, args.device, args.threads)
     except ValueError as error:
         raise cli.UserError(str(error)) from None
     print(f"page: {page}")

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -101,6 +104,67 @@ def nothing_logged(config: str | Path, log_dir: Path, steps: int) -> str:
     )
 
 
+def check_device(device: str | None) -> str:
+    """The device to train on: ``device``, or CUDA when torch sees a GPU. Checked before anything starts: a CUDA
+    device without one is otherwise torch's bare ``AssertionError`` from deep inside the model's ``.to``."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    allowed = "'cpu', 'cuda' or 'cuda:N'"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise LowprecValueError(f"device must be {allowed}, got {device!r}") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise LowprecValueError(f"device must be {allowed}, got {device!r}")
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            built = "built with CUDA" if torch.backends.cuda.is_built() else "a CPU-only build"
+            raise LowprecValueError(f"device {device!r}: torch sees no CUDA GPU (torch {torch.__version__}, {built}); use 'cpu'")
+        if parsed.index is not None and parsed.index >= count:
+            raise LowprecValueError(f"device {device!r}: torch sees {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    return device
+
+
+def choose_threads(threads: int | None = None) -> tuple[int, str]:
+    """How many CPU threads torch should train with, and why. torch's default, one per core, oversubscribes a
+    busy machine: 30 demo steps on 2 cores at a load of 8 took 306 s with 2 threads, 30 s with 1. So:
+    ``threads`` when given, else ``OMP_NUM_THREADS`` when set, else the cores this process may run on less those
+    already busy (the 1-minute load average, rounded), at least 1."""
+    if threads is not None:
+        if not is_int(threads) or threads < 1:
+            raise LowprecValueError(f"threads must be a positive integer, got {threads!r}")
+        return threads, "as given"
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads(), f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this system (Windows): count every core free
+        return cores, f"{cores} cores, load unknown"
+    return max(1, min(cores, cores - round(load))), f"{cores} cores, load {load:.1f}"
+
+
+def threads_line(threads: int, why: str) -> str:
+    """The line the demo and compare print about their threads, with how to choose another count."""
+    return f"threads: {threads} ({why}; --threads N or OMP_NUM_THREADS=N to choose)"
+
+
+def command() -> str:
+    """How to run ``nvdlfw-inspect`` from this shell: the bare name when the PATH finds this environment's, else
+    its path (``.venv/bin/nvdlfw-inspect`` after the scripts), else through this interpreter."""
+    script = Path(sys.executable).parent / "nvdlfw-inspect"
+    found = shutil.which("nvdlfw-inspect")
+    if found and Path(found).resolve() == script.resolve():
+        return "nvdlfw-inspect"
+    if not script.is_file():
+        return f"{shlex.quote(sys.executable)} -m lowprec.cli"
+    try:
+        return shlex.quote(str(script.relative_to(Path.cwd())))
+    except ValueError:
+        return shlex.quote(str(script))
+
+
 class TimeLeft:
     """The time left: steps left times the mean of the last ``window`` step times, each capped at three
     times their median. Steps that log statistics (slower, every few steps) count in full; one very slow
@@ -145,12 +209,15 @@ def run_demo(
     recipe: Recipe | None = DEMO_RECIPE,
     seed: int = 0,
     autocast: torch.dtype | None = None,
+    threads: int | None = None,
 ) -> dict:
     """Train, log, write the report; returns the first and last losses, every step's loss and the paths written.
 
     ``recipe`` None trains in high precision (no FP8 autocast). ``seed`` fixes the initial weights (``seed``)
     and the order of the batches (``seed + 1``), so runs with different recipes see the same data.
     ``autocast``: run the forward under ``torch.autocast`` to this dtype (``torch.bfloat16``: mixed precision).
+    ``threads``: torch's CPU threads while training (``choose_threads``: by default from the free cores, so that a
+    busy machine is not oversubscribed); the caller's setting is restored afterwards.
     """
     if not is_int(seed) or seed < 0:
         raise LowprecValueError(f"seed must be a non-negative integer, got {seed!r}")
@@ -160,10 +227,14 @@ def run_demo(
         raise LowprecValueError(f"autocast must be None, torch.bfloat16 or torch.float16, got {autocast!r}")
     if not is_int(steps) or steps < 1:
         raise LowprecValueError(f"steps must be a positive integer, got {steps!r}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = check_device(device)
+    threads, why = choose_threads(threads)
+    print(threads_line(threads, why), flush=True)
     shape = SIZES[size]
     log_dir = Path(log_dir)
     debug_api.initialize(config_file=str(config or DEMO_CONFIG), feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         torch.manual_seed(seed)
         text = corpus().to(device)
@@ -196,6 +267,7 @@ def run_demo(
         sys.stderr.write("\n")
     finally:
         debug_api.end_debug()
+        torch.set_num_threads(previous_threads)
     from nvdlfw_inspect.report import write_report
 
     (log_dir / LOSS_FILE).write_text(json.dumps({"loss": losses}))
@@ -212,5 +284,6 @@ def run_demo(
     print(f"statistics: {result['statistics']}  (text .log per rank)")
     print(f"records:    {result['records']}  (structured .jsonl per rank)")
     print(f"debug log:  {result['debug_log']}")
-    print(f"report:     {report}")
+    print(f"report:     {report}  (open it in a browser)")
+    print(f"next:       {command()} diagnose {shlex.quote(str(log_dir))}  (findings, and a config that fixes them)")
     return result

@@ -125,21 +125,22 @@ def _syntax_error(message: str, err: yaml.YAMLError) -> ConfigError:
 
 
 def config_line(path: str | os.PathLike, key_path: tuple[str, ...]) -> int | None:
-    """The 1-based line in the YAML file ``path`` where the value at ``key_path`` (or its deepest existing
-    parent) starts; None if the file cannot be parsed."""
+    """The 1-based line in the YAML file ``path`` of the key (or list item) at ``key_path``, or of its deepest
+    existing parent; None if the file cannot be parsed. The key's line, not its value's: a block value starts
+    on the next line, and an unknown key is on the key's."""
     try:
         node = yaml.compose(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return None
     line = None
     for key in key_path:
-        if node is None:
-            break
-        line = node.start_mark.line + 1
         if isinstance(node, yaml.MappingNode):
-            node = next((value for k, value in node.value if str(k.value) == key), None)
+            found = next(((k.start_mark, value) for k, value in node.value if str(k.value) == key), None)
         elif isinstance(node, yaml.SequenceNode) and key.isdigit() and int(key) < len(node.value):
-            node = node.value[int(key)]
+            found = (node.value[int(key)].start_mark, node.value[int(key)])
         else:
-            node = None
-    return node.start_mark.line + 1 if node is not None else line
+            found = None
+        if found is None:
+            break
+        line, node = found[0].line + 1, found[1]
+    return line

@@ -4,15 +4,18 @@ the report; the command line runs it too."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import nvdlfw_inspect
 from lowprec.cli import main
-from lowprec.demo import DEMO_CONFIG, TimeLeft, corpus, read_losses, run_demo
+from lowprec.demo import DEMO_CONFIG, TimeLeft, choose_threads, command, corpus, read_losses, run_demo
 
 
 def test_corpus_is_real_text():
@@ -36,6 +39,39 @@ def test_demo_learns_logs_and_reports(tmp_path, capsys):
     assert f"report:     {result['report']}" in out
     assert f"records:    {tmp_path / 'nvdlfw_inspect_statistics_jsonl'}" in out
     assert {p.suffix for p in result["statistics"].iterdir()} == {".log"}
+
+
+def test_demo_says_its_threads_restores_them_and_prints_a_next_step_that_runs(tmp_path, capsys, monkeypatch):
+    """The last line is the command to run next, as this shell can run it (here the PATH finds no command)."""
+    monkeypatch.setenv("PATH", "")
+    before = torch.get_num_threads()
+    run_demo(steps=2, size="tiny", log_dir=tmp_path / "logs", threads=1)
+    assert torch.get_num_threads() == before
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "threads: 1 (as given; --threads N or OMP_NUM_THREADS=N to choose)"
+    assert lines[-1].startswith("next:       ") and lines[-1].endswith("  (findings, and a config that fixes them)")
+    step = lines[-1].removeprefix("next:       ").split("  (")[0]
+    assert step == f"{command()} diagnose {tmp_path / 'logs'}" and not step.startswith("nvdlfw-inspect ")
+    env = {**os.environ, "PATH": os.defpath}
+    result = subprocess.run(step, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and f"findings in {tmp_path / 'logs'}" in result.stdout, result.stderr
+    assert (tmp_path / "logs" / "diagnose_config.yaml").is_file()
+
+
+def test_threads_an_explicit_count_wins_then_omp_num_threads_then_the_free_cores(monkeypatch):
+    """torch's default (a thread per core) beside busy processes oversubscribes the cores: count only the free ones."""
+    assert choose_threads(3) == (3, "as given")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert choose_threads() == (torch.get_num_threads(), "OMP_NUM_THREADS=1")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    for load, threads in [(0.2, 2), (1.0, 1), (2.1, 1), (40.0, 1)]:
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        assert choose_threads() == (threads, f"2 cores, load {load:.1f}")
+    monkeypatch.delattr(os, "getloadavg")
+    assert choose_threads() == (2, "2 cores, load unknown")
+    with pytest.raises(ValueError, match="threads must be a positive integer, got 0"):
+        choose_threads(0)
 
 
 def test_demo_from_the_command_line(tmp_path, capsys):
@@ -67,12 +103,25 @@ def test_a_config_that_logs_nothing_says_why_in_one_line(tmp_path, capsys):
         ({"steps": 0}, "steps must be a positive integer, got 0"),
         ({"steps": True}, "steps must be a positive integer, got True"),
         ({"seed": -1}, "seed must be a non-negative integer, got -1"),
+        ({"threads": 0}, "threads must be a positive integer, got 0"),
+        ({"device": "tpu"}, "device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+        ({"device": "cuda:99"}, "device 'cuda:99': torch sees (no CUDA GPU|[0-9]+ CUDA GPU)"),
     ],
 )
 def test_bad_demo_arguments_are_clear_errors(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         run_demo(log_dir=tmp_path, **kwargs)
     assert not (tmp_path / "nvdlfw_inspect_logs").exists()  # refused before anything started
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
+def test_demo_on_cuda_without_a_gpu_is_a_one_line_error(tmp_path, capsys):
+    assert main(["demo", "--device", "cuda", "--log-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("nvdlfw-inspect demo: device 'cuda': torch sees no CUDA GPU (torch ") and err.endswith("; use 'cpu'\n")
+    assert main(["compare", "--device", "cuda", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith("nvdlfw-inspect compare: device 'cuda': torch sees no CUDA GPU")
+    assert not any(tmp_path.iterdir())  # refused before anything started
 
 
 def test_time_left_shrugs_off_one_slow_step_and_follows_a_lasting_change():

@@ -69,6 +69,32 @@ def test_validate_reports_every_independent_error_in_one_run(tmp_path, capsys):
         assert line.startswith(f"{config}:{number}: ") and f"key '{key_path}'" in line and what in line, line
 
 
+def test_an_unknown_key_with_a_block_value_is_reported_on_the_keys_line(tmp_path, capsys):
+    """A block value starts on the line after its key: the error names the key's line (issue 26: line 7 for 6)."""
+    config = write(
+        tmp_path / "bad.yaml",
+        """\
+        first:
+          enabled: True
+          layers:
+            layer_types: [fc1]
+          LogTensorStats:
+            per_tensor:
+              - activation
+            enabled: True
+            tensors: [activation]
+            stats: [max]
+          LogTensorStat:
+            enabled: True
+        """,
+    )
+    assert main(["validate", str(config)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"{config}:6: ") and "key 'first.LogTensorStats.per_tensor': unknown key" in err[0], err
+    assert err[1].startswith(f"{config}:11: ") and "key 'first.LogTensorStat'" in err[1], err
+    assert err[2:] == [f"{config}: 2 errors"]
+
+
 def test_yaml_syntax_errors_name_the_parsers_line_and_column(tmp_path, capsys):
     config = write(tmp_path / "broken.yaml", "a:\n  enabled: True\n  layers: {layer_types: [fc1]\n  LogTensorStats: {}\n")
     assert main(["validate", str(config)]) == 1

@@ -17,7 +17,7 @@ import yaml
 from lowprec.compare.outliers import TOP, outliers
 from lowprec.compare.page import render
 from lowprec.compare.recipes import DEFAULT_RECIPES, RECIPES, Entry, parse_recipes
-from lowprec.demo import SIZES, read_losses, run_demo
+from lowprec.demo import SIZES, check_device, choose_threads, read_losses, run_demo, threads_line
 from lowprec.errors import LowprecValueError
 from nvdlfw_inspect.errors import is_int
 from nvdlfw_inspect.files import write_text_atomic
@@ -52,7 +52,7 @@ def _check(steps: int, size: str, seed: int, out: Path, names: list[str]) -> Non
         raise LowprecValueError(f"{out} already holds runs of {', '.join(taken)}: give another out directory or remove them")
 
 
-def _run(name: str, steps: int, size: str, seed: int, out: Path, device: str | None, freq: int) -> dict:
+def _run(name: str, steps: int, size: str, seed: int, out: Path, device: str, freq: int, threads: int) -> dict:
     """Train one recipe quietly; the run's losses as it logged them, and its outliers."""
     entry = RECIPES[name]
     log_dir = out / name
@@ -61,7 +61,9 @@ def _run(name: str, steps: int, size: str, seed: int, out: Path, device: str | N
     config.write_text(yaml.safe_dump(statistics_config(entry, freq), sort_keys=False))
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        result = run_demo(steps, size, config, log_dir, device, recipe=entry.make(seed), seed=seed, autocast=entry.autocast)
+        result = run_demo(
+            steps, size, config, log_dir, device, recipe=entry.make(seed), seed=seed, autocast=entry.autocast, threads=threads
+        )
     losses = read_losses(log_dir)
     return {
         "name": name,
@@ -82,19 +84,24 @@ def compare_formats(
     out: str | Path = "./compare_logs",
     seed: int = 0,
     device: str | None = None,
+    threads: int | None = None,
 ) -> Path:
     """Train the demo GPT once per recipe (names of ``RECIPES``, a list or ``"bf16,delayed"``) from ``seed``
     and write the comparison page; returns its path. Statistics are logged about 25 times per run. A recipe
-    that fails is printed and named on the page with its error; the others still run."""
+    that fails is printed and named on the page with its error; the others still run. ``threads``: torch's CPU
+    threads, chosen once for every run (``lowprec.demo.choose_threads``)."""
     names = parse_recipes(recipes)
     out = Path(out)
     _check(steps, size, seed, out, names)
+    device = check_device(device)
+    threads, why = choose_threads(threads)
+    print(threads_line(threads, why), flush=True)
     freq = max(1, steps // 25)
     every = f"{freq} steps" if freq > 1 else "step"
     runs, failed = [], []
     for name in names:
         try:
-            runs.append(_run(name, steps, size, seed, out, device, freq))
+            runs.append(_run(name, steps, size, seed, out, device, freq, threads))
         except Exception as error:  # one recipe's failure (a full disk, a format the device lacks) costs only it
             failed.append({"name": name, "label": RECIPES[name].label, "error": f"{type(error).__name__}: {error}"})
             print(f"{name}: failed: {failed[-1]['error']}")

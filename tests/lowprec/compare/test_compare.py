@@ -101,9 +101,13 @@ def test_bad_recipe_names_are_clear_errors(tmp_path, names, message):
 
 
 def test_the_command_line(tmp_path, capsys):
-    assert main(["compare", "--recipes", "current", "--steps", "2", "--out", str(tmp_path), "--device", "cpu"]) == 0
-    assert f"page: {tmp_path / 'compare.html'}" in capsys.readouterr().out
-    assert main(["compare", "--recipes", "current", "--steps", "2", "--out", str(tmp_path)]) == 1  # runs already there
+    before = torch.get_num_threads()
+    args = ["--recipes", "current", "--steps", "2", "--out", str(tmp_path)]
+    assert main(["compare", *args, "--device", "cpu", "--threads", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()  # the threads chosen once for every run, then each run, then the page
+    assert out[0].startswith("threads: 1 (as given;") and out[-1] == f"page: {tmp_path / 'compare.html'}"
+    assert torch.get_num_threads() == before
+    assert main(["compare", *args]) == 1  # runs already there
     assert "already holds runs of current" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["compare", "--recipes", "bf16,fp9"])
