@@ -53,7 +53,8 @@ def test_demo_says_its_threads_restores_them_and_prints_a_next_step_that_runs(tm
     step = lines[-1].removeprefix("next:       ").split("  (")[0]
     assert step == f"{command()} diagnose {tmp_path / 'logs'}" and not step.startswith("nvdlfw-inspect ")
     env = {**os.environ, "PATH": os.defpath}
-    result = subprocess.run(step, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    # run where the demo ran (the printed path may be relative to it, as ``.venv/bin/nvdlfw-inspect`` is)
+    result = subprocess.run(step, shell=True, cwd=os.getcwd(), env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and f"findings in {tmp_path / 'logs'}" in result.stdout, result.stderr
     assert (tmp_path / "logs" / "diagnose_config.yaml").is_file()
 
