@@ -115,7 +115,7 @@ def test_bad_demo_arguments_are_clear_errors(tmp_path, kwargs, message):
     assert not (tmp_path / "nvdlfw_inspect_logs").exists()  # refused before anything started
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a CPU-only machine gives")
 def test_demo_on_cuda_without_a_gpu_is_a_one_line_error(tmp_path, capsys):
     assert main(["demo", "--device", "cuda", "--log-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
