@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import time
 from pathlib import Path
 
 import yaml
@@ -59,7 +58,6 @@ def _run(name: str, steps: int, size: str, seed: int, out: Path, device: str, fr
     log_dir.mkdir(parents=True, exist_ok=True)
     config = log_dir / CONFIG
     config.write_text(yaml.safe_dump(statistics_config(entry, freq), sort_keys=False))
-    started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_demo(
             steps, size, config, log_dir, device, recipe=entry.make(seed), seed=seed, autocast=entry.autocast, threads=threads
@@ -71,7 +69,8 @@ def _run(name: str, steps: int, size: str, seed: int, out: Path, device: str, fr
         "stats": list(entry.stats),
         "loss": losses,
         "last_loss": result["last_loss"],
-        "seconds": time.perf_counter() - started,
+        "step_ms": result["step_ms"],
+        "step_clock": result["step_clock"],
         "report": f"{name}/{result['report'].name}",
         "outliers": outliers(iter_statistics(log_dir), entry.prefix),
     }
@@ -106,7 +105,9 @@ def compare_formats(
             failed.append({"name": name, "label": RECIPES[name].label, "error": f"{type(error).__name__}: {error}"})
             print(f"{name}: failed: {failed[-1]['error']}")
             continue
-        print(f"{name}: loss {runs[-1]['loss'][0]:.3f} -> {runs[-1]['last_loss']:.3f} in {runs[-1]['seconds']:.0f}s")
+        run = runs[-1]
+        cost = f"{run['step_ms']:.0f} ms of {run['step_clock']} per step"
+        print(f"{name}: loss {run['loss'][0]:.3f} -> {run['last_loss']:.3f} ({cost})")
     data = {
         "title": f"Formats compared: {', '.join(names)}",
         "setup": f"demo GPT, size {size}, {steps} steps, seed {seed}, statistics every {every}; logs in {out.resolve()}",

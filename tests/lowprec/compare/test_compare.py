@@ -140,3 +140,18 @@ def test_a_recipe_that_fails_costs_only_itself(tmp_path, monkeypatch, capsys):
     assert data["failed"] == [{"name": "bf16", "label": RECIPES["bf16"].label, "error": error}]
     assert [run["name"] for run in data["runs"]] == ["current"] and len(data["runs"][0]["loss"]) == 2
     assert "<h2>Failed recipes</h2>" in page.read_text() and not report.exists()
+
+
+def test_the_cost_of_a_step_is_the_process_cpu_time_not_the_wall_time(compared, monkeypatch):
+    """Wall time under load ranked the recipes wrongly (NVFP4 looked fastest on a busy machine): on the CPU each
+    run's cost is its process's CPU time per step, which other processes do not inflate, and the page says so."""
+    page, data = compared
+    assert all(run["step_clock"] == "process CPU time" and run["step_ms"] > 0 for run in data["runs"])
+    text = page.read_text()
+    assert "<th>ms per step</th>" in text and "process CPU time per training step" in text
+    import lowprec.demo as demo
+
+    ticks = iter(range(0, 10**6, 7))  # a CPU clock that advances 7 s a call: the step cost must come from it
+    monkeypatch.setattr(demo.time, "process_time", lambda: next(ticks))
+    result = demo.run_demo(steps=2, size="tiny", log_dir=page.parent / "clocked", seed=SEED, threads=1)
+    assert result["step_ms"] == 3500.0 and result["step_clock"] == "process CPU time"
