@@ -12,6 +12,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 
+from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.reading import Statistic
 
 TOP = 5
@@ -68,3 +69,18 @@ def outliers(stats: Iterable[Statistic], prefix: str = "") -> dict[str, list[dic
     ranked = {"underflows%": series.get("underflows%", {}), "overflows%": series.get("overflows%", {})}
     ranked["relative mse"] = relative_mse(series)
     return {name: top_tensors(ranked[name]) for name in RANKED if ranked[name]}
+
+
+def over_thresholds(stats: Iterable[Statistic], prefix: str = "") -> dict[str, dict]:
+    """Per loss statistic the run logged (underflows%, overflows%), against ``diagnose``'s default threshold: how many
+    tensors settled over it, of how many, and the worst settled value, for the verdict table."""
+    series = collect(stats, prefix)
+    defaults = Thresholds()
+    verdict = {}
+    for stat, threshold in (("underflows%", defaults.underflow_pct), ("overflows%", defaults.overflow_pct)):
+        values = [settled(points) for points in series.get(stat, {}).values()]
+        if values:
+            over = [value for value in values if not value <= threshold]  # NaN counts as over
+            worst = max(values, key=lambda value: (not math.isfinite(value), _finite(value)))
+            verdict[stat] = {"over": len(over), "of": len(values), "worst": worst, "threshold": threshold}
+    return verdict

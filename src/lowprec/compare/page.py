@@ -18,6 +18,8 @@ table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .note { color: #666; }
+td.over { background: #fde0dc; color: #b42318; font-weight: 600; }
+td.ok { background: #e6f4ea; }
 svg text { font: 12px system-ui, sans-serif; }
 """
 
@@ -39,16 +41,33 @@ def script_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _ticks(low: float, high: float, count: int = 5) -> list[float]:
-    return [low + (high - low) * i / (count - 1) for i in range(count)]
+def nice_ticks(low: float, high: float, count: int = 5) -> tuple[list[float], float, float]:
+    """Round ticks over ``[low, high]``: a step of 1, 2 or 5 times a power of ten giving about ``count`` ticks, the
+    axis widened to whole steps (so 0 is a tick whenever the axis crosses it); the ticks and the axis' ends."""
+    span = high - low if high > low else abs(high) or 1.0
+    raw = span / max(1, count - 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first, last = math.floor(low / step), math.ceil(high / step)
+    if first == last:
+        last += 1
+    return [i * step for i in range(first, last + 1)], first * step, last * step
 
 
-def chart(series: list[tuple[str, list[float]]], label: str) -> str:
-    """Each named series per step as one line, on shared axes; non-finite values break the line."""
+def tick_label(value: float, step: float) -> str:
+    """``value`` to the step's precision; zero as ``0`` (not ``-0`` or ``1e-17``)."""
+    if abs(value) < step / 2:
+        return "0"
+    digits = max(0, -math.floor(math.log10(step)))
+    return f"{value:.{digits}f}" if step >= 1e-4 and abs(value) < 1e6 else f"{value:.3g}"
+
+
+def chart(series: list[tuple[str, list[float]]], label: str, first_colour: int = 0) -> str:
+    """Each named series per step as one line, on shared axes; non-finite values break the line. ``first_colour``:
+    the index in ``COLOURS`` of the first series (a run keeps its colour across charts)."""
     finite = [loss for _, values in series for loss in values if math.isfinite(loss)]
     steps = max(len(values) for _, values in series)
-    low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
-    high = high if high > low else low + 1.0
+    ticks, low, high = nice_ticks(*((min(finite), max(finite)) if finite else (0.0, 1.0)))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def x(step: float) -> float:
@@ -59,10 +78,12 @@ def chart(series: list[tuple[str, list[float]]], label: str) -> str:
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" role="img">']
     parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>')
-    for value in _ticks(low, high):
-        parts.append(f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{value:.3g}</text>')
-        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#eee"/>')
-    for step in sorted({round(value) for value in _ticks(0, steps - 1)}):
+    for value in ticks:
+        text = tick_label(value, ticks[1] - ticks[0])
+        parts.append(f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{text}</text>')
+        grid = "#888" if text == "0" else "#eee"  # zero: where a difference changes sign
+        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="{grid}"/>')
+    for step in sorted({round(value) for value in nice_ticks(0, max(1, steps - 1))[0] if value <= steps - 1}):
         parts.append(f'<text x="{x(step):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{step}</text>')
     parts.append(f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 6}" text-anchor="middle">step</text>')
     middle = TOP + plot_h / 2
@@ -70,7 +91,7 @@ def chart(series: list[tuple[str, list[float]]], label: str) -> str:
         f'<text x="14" y="{middle}" transform="rotate(-90 14 {middle})" text-anchor="middle">{html.escape(label)}</text>'
     )
     for i, (name, values) in enumerate(series):
-        colour = COLOURS[i % len(COLOURS)]
+        colour = COLOURS[(first_colour + i) % len(COLOURS)]
         for segment in _segments(values):
             points = " ".join(f"{x(step):.1f},{y(loss):.1f}" for step, loss in segment)
             parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
@@ -89,8 +110,22 @@ def loss_charts(runs: list[dict]) -> str:
     if len(runs) < 2:
         return drawn
     reference = runs[0]["loss"]
-    differences = [(run["name"], [a - b for a, b in zip(run["loss"], reference, strict=True)]) for run in runs]
-    return drawn + "\n" + chart(differences, f"loss - {runs[0]['name']} loss")
+    window = max(1, len(reference) // 20)
+    differences = [
+        (run["name"], smoothed([a - b for a, b in zip(run["loss"], reference, strict=True)], window)) for run in runs[1:]
+    ]
+    label = f"loss - {runs[0]['name']} loss" + (f" (mean of {window} steps)" if window > 1 else "")
+    return drawn + "\n" + chart(differences, label, first_colour=1)
+
+
+def smoothed(values: list[float], window: int) -> list[float]:
+    """The mean of the finite values among the last ``window`` at each step; a non-finite value stays as it is
+    (it breaks the line where the run broke)."""
+    out = []
+    for i, value in enumerate(values):
+        recent = [v for v in values[max(0, i - window + 1) : i + 1] if math.isfinite(v)]
+        out.append(sum(recent) / len(recent) if math.isfinite(value) else value)
+    return out
 
 
 def _segments(losses: list[float]) -> list[list[tuple[int, float]]]:
@@ -128,6 +163,32 @@ def _loss_table(runs: list[dict]) -> str:
     return f"<table>{head}{rows}</table>{note}"
 
 
+def _verdict_cell(entry: dict | None) -> str:
+    if entry is None:
+        return "<td>not logged</td>"
+    over, threshold = entry["over"], entry["threshold"]
+    text = f"{over} of {entry['of']} tensors over {threshold:g}%, worst {_number(entry['worst'])}%"
+    return f'<td class="{"over" if over else "ok"}">{text}</td>'
+
+
+def verdict_table(runs: list[dict]) -> str:
+    """Each format against the first run at a glance: its final loss gap, and per loss statistic how many tensors
+    settled over ``diagnose``'s threshold (red when any did)."""
+    reference = runs[0]
+    rows = []
+    for run in runs:
+        gap = run["last_loss"] - reference["last_loss"]
+        relative = gap / reference["last_loss"] if reference["last_loss"] else math.nan
+        gap_text = "reference" if run is reference else f"{gap:+.4f} ({relative:+.1%})"
+        cells = "".join(_verdict_cell(run.get("over_thresholds", {}).get(stat)) for stat in ("underflows%", "overflows%"))
+        rows.append(f"<tr><td>{html.escape(run['name'])}</td><td class=num>{gap_text}</td>{cells}</tr>")
+    head = (
+        f"<tr><th>recipe</th><th>final loss - {html.escape(reference['name'])}'s</th>"
+        "<th>underflows% (settled, last quarter)</th><th>overflows% (settled, last quarter)</th></tr>"
+    )
+    return f"<h2>Verdict</h2><table>{head}{''.join(rows)}</table>"
+
+
 def _outlier_tables(run: dict) -> str:
     if not run["outliers"]:
         return f"<p class=note>No FP8 statistics for {html.escape(run['name'])} (no statistic of its format exists yet).</p>"
@@ -160,6 +221,7 @@ def render(data: dict) -> str:
     with its losses and outliers."""
     runs = data["runs"]
     losses = f"{loss_charts(runs)}{_loss_table(runs)}" if runs else "<p class=note>No recipe finished.</p>"
+    verdict = verdict_table(runs) if runs else ""
     sections = "".join(
         f"<h3>{html.escape(run['name'])}: {html.escape(run['label'])}</h3>"
         f"<p class=note>statistics: {html.escape(', '.join(run['stats']) or 'LogTensorStats only')}</p>{_outlier_tables(run)}"
@@ -169,7 +231,7 @@ def render(data: dict) -> str:
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{STYLE}</style></head>\n'
         f"<body><h1>{title}</h1><p class=note>{html.escape(data['setup'])}</p>\n{_failures(data.get('failed', []))}"
-        f"<h2>Loss</h2>{losses}\n"
+        f"{verdict}<h2>Loss</h2>{losses}\n"
         f"<h2>Tensors that stand out, per format</h2><p class=note>{html.escape(data['ranking'])}</p>{sections}\n"
         f'<script type="application/json" id="compare-data">{script_json(data)}</script>\n</body></html>\n'
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from lowprec.compare.outliers import TOP, outliers
+from lowprec.compare.outliers import TOP, outliers, over_thresholds
 from lowprec.compare.page import render
 from lowprec.compare.recipes import DEFAULT_RECIPES, RECIPES, Entry, parse_recipes
 from lowprec.demo import SIZES, check_device, choose_threads, read_losses, run_demo, threads_line
@@ -63,6 +63,7 @@ def _run(name: str, steps: int, size: str, seed: int, out: Path, device: str, fr
             steps, size, config, log_dir, device, recipe=entry.make(seed), seed=seed, autocast=entry.autocast, threads=threads
         )
     losses = read_losses(log_dir)
+    statistics = list(iter_statistics(log_dir))
     return {
         "name": name,
         "label": entry.label,
@@ -72,7 +73,8 @@ def _run(name: str, steps: int, size: str, seed: int, out: Path, device: str, fr
         "step_ms": result["step_ms"],
         "step_clock": result["step_clock"],
         "report": f"{name}/{result['report'].name}",
-        "outliers": outliers(iter_statistics(log_dir), entry.prefix),
+        "outliers": outliers(statistics, entry.prefix),
+        "over_thresholds": over_thresholds(statistics, entry.prefix),
     }
 
 

@@ -15,6 +15,7 @@ from full_disk import NO_SPACE, fill_disk
 from lowprec.cli import main
 from lowprec.compare import RECIPES, compare_formats, parse_recipes, statistics_config
 from lowprec.compare.outliers import outliers, settled
+from lowprec.compare.page import nice_ticks, tick_label
 from lowprec.compare.runs import CONFIG
 from lowprec.demo import read_losses, run_demo
 from nvdlfw_inspect.reading import Statistic
@@ -43,7 +44,9 @@ def test_the_page_holds_every_runs_logged_losses(compared):
         assert (page.parent / run["report"]).is_file()
     first = [run["loss"][0] for run in data["runs"]]
     assert max(first) - min(first) < 0.02 * min(first)  # same weights, same batch: only the format differs
-    assert page.read_text().count("<polyline") == 6  # the losses, and their differences from bf16's
+    text = page.read_text()
+    assert text.count("<polyline") == 5  # the losses, and the others' differences from bf16's
+    assert "rotate(-90 14" in text and '">loss</text>' in text and '">loss - bf16 loss</text>' in text  # axis names
 
 
 def page_dir(compared) -> Path:
@@ -155,3 +158,31 @@ def test_the_cost_of_a_step_is_the_process_cpu_time_not_the_wall_time(compared, 
     monkeypatch.setattr(demo.time, "process_time", lambda: next(ticks))
     result = demo.run_demo(steps=2, size="tiny", log_dir=page.parent / "clocked", seed=SEED, threads=1)
     assert result["step_ms"] == 3500.0 and result["step_clock"] == "process CPU time"
+
+
+def test_the_verdict_table_colours_the_tensors_over_threshold(compared):
+    """NVFP4's gradients settle at ~20% underflow, twenty times the diagnosis's 1%: red, with the count."""
+    page, data = compared
+    text = page.read_text()
+    verdict = re.search(r"<h2>Verdict</h2><table>(.*?)</table>", text).group(1)
+    rows = dict(re.findall(r"<tr><td>(\w+)</td>(.*?)</tr>", verdict))
+    assert set(rows) == {"bf16", "delayed", "nvfp4"} and "reference" in rows["bf16"] and "not logged" in rows["bf16"]
+    nvfp4 = data["runs"][2]["over_thresholds"]["underflows%"]
+    assert nvfp4["over"] > 0 and nvfp4["threshold"] == 1.0
+    assert f'<td class="over">{nvfp4["over"]} of {nvfp4["of"]} tensors over 1%' in rows["nvfp4"]
+    gap = data["runs"][2]["last_loss"] - data["runs"][0]["last_loss"]
+    assert f"{gap:+.4f}" in rows["nvfp4"]
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "ticks", "labels"),
+    [
+        (0.0123, 0.0567, [0.0, 0.02, 0.04, 0.06], ["0", "0.02", "0.04", "0.06"]),
+        (-0.03, 0.05, [-0.04, -0.02, 0.0, 0.02, 0.04, 0.06], ["-0.04", "-0.02", "0", "0.02", "0.04", "0.06"]),
+        (2.31, 5.47, [2.0, 3.0, 4.0, 5.0, 6.0], ["2", "3", "4", "5", "6"]),
+    ],
+)
+def test_axes_have_round_ticks_and_zero_is_labelled(low, high, ticks, labels):
+    got, first, last = nice_ticks(low, high)
+    assert got == pytest.approx(ticks) and (first, last) == pytest.approx((ticks[0], ticks[-1]))
+    assert [tick_label(value, got[1] - got[0]) for value in got] == labels
