@@ -15,14 +15,13 @@ from functools import partial
 from typing import NamedTuple
 
 import torch
-from torch.nn.modules.lazy import LazyModuleMixin
-from torch.nn.utils import parametrize
 
 from lowprec.errors import LowprecTypeError, LowprecValueError
 from lowprec.modules.base import NamedModule
 from lowprec.modules.conv1d import Conv1D
 from lowprec.modules.linear import Linear
 from lowprec.modules.moe import moe_plan
+from lowprec.modules.replaceable import replacement_blocker
 
 logger = logging.getLogger("lowprec")
 
@@ -280,23 +279,9 @@ def _hf_conv1d_class(module: torch.nn.Module) -> type | None:
 
 def _blocker(module: torch.nn.Module, forward: Callable) -> str | None:
     """Why ``module`` cannot become a layer that computes ``forward`` from its weight and bias alone."""
-    if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
-        return "uninitialized lazy layer: run a forward pass before converting"
-    if parametrize.is_parametrized(module):
-        return "parametrized (torch.nn.utils.parametrize): its weight is computed at each forward"
-    if "forward" in vars(module):
-        return "its forward is replaced on the instance"
-    if type(module).forward is not forward:
-        name = type(module).__name__
-        return f"{name} overrides forward; if it computes x @ weight.T + bias, convert it with plain_linears=[{name}]"
-    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
-        return "has hooks registered, which the converted layer would not run"
-    extra = [name for name, _ in module.named_parameters(recurse=False) if name not in ("weight", "bias")]
-    extra += [name for name, _ in module.named_buffers(recurse=False)]
-    extra += [name for name, _ in module.named_children()]
-    if extra:
-        return f"holds more than weight and bias ({', '.join(extra)}), which the converted layer would drop"
-    return None
+    name = type(module).__name__
+    hint = f"; if it computes x @ weight.T + bias, convert it with plain_linears=[{name}]"
+    return replacement_blocker(module, forward, ("weight",), ("bias",), override_hint=hint)
 
 
 def _log(report: ConvertReport) -> None:

@@ -16,13 +16,13 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from torch.nn.utils import parametrize
 
 from lowprec.errors import LowprecValueError
 from lowprec.modules.base import NamedModule
 from lowprec.modules.grouped_gemm import GroupedGemm
 from lowprec.modules.grouped_linear import GroupedLinear
 from lowprec.modules.linear import GemmLayer
+from lowprec.modules.replaceable import replacement_blocker
 
 #: Hugging Face experts classes whose forward ``GatedExperts`` reproduces (the same code in each model)
 HF_EXPERTS = ("MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts")
@@ -209,25 +209,12 @@ def _hf_class(module: torch.nn.Module, names: tuple[str, ...]) -> type | None:
     return None
 
 
-def _common_blocker(module: torch.nn.Module, cls: type, parameters: set[str], children: set[str]) -> str | None:
-    """Why ``module`` cannot be replaced by a layer computing ``cls``'s forward from ``parameters`` (and ``children``)."""
-    if "forward" in vars(module) or type(module).forward is not cls.forward:
-        return f"{type(module).__name__} overrides the forward of {cls.__name__}"
-    if parametrize.is_parametrized(module):
-        return "parametrized (torch.nn.utils.parametrize): its weights are computed at each forward"
-    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
-        return "has hooks registered, which the converted layer would not run"
-    held = {name for name, _ in module.named_parameters(recurse=False)} | {
-        name for name, _ in module.named_buffers(recurse=False)
-    }
-    held |= {name for name, _ in module.named_children()}
-    if held != parameters | children:
-        return f"holds {', '.join(sorted(held))}, not the {', '.join(sorted(parameters | children))} of {cls.__name__}"
-    return None
+def _computes(cls: type) -> str:
+    return f" (the converted layer computes {cls.__name__}'s)"
 
 
 def _experts_blocker(module: torch.nn.Module, cls: type) -> str | None:
-    reason = _common_blocker(module, cls, {"gate_up_proj", "down_proj"}, {"act_fn"})
+    reason = replacement_blocker(module, cls.forward, ("gate_up_proj", "down_proj", "act_fn"), override_hint=_computes(cls))
     if reason is not None:
         return reason
     changed = [
@@ -246,7 +233,7 @@ def _experts_blocker(module: torch.nn.Module, cls: type) -> str | None:
 
 
 def _router_blocker(module: torch.nn.Module, cls: type) -> str | None:
-    reason = _common_blocker(module, cls, {"weight"}, set())
+    reason = replacement_blocker(module, cls.forward, ("weight",), override_hint=_computes(cls))
     if reason is None and module.weight.dim() != 2:
         reason = f"its weight is {tuple(module.weight.shape)}, not (num_experts, hidden)"
     return reason
