@@ -28,7 +28,6 @@ from accelerate import Accelerator
 
 from lowprec.errors import LowprecTypeError
 from lowprec.integrations.session import DebugSession
-from lowprec.recipe import Recipe
 
 
 class DebugRun:
@@ -42,22 +41,15 @@ class DebugRun:
         model: torch.nn.Module,
         config_file: str | os.PathLike | dict,
         *,
-        feature_dirs: Any = None,
-        log_dir: str | os.PathLike = ".",
-        recipe: Recipe | None = None,
-        fp8: bool = True,
-        convert: bool = False,
         init_training_step: int = 0,
-        **initialize_kwargs: Any,
+        **options: Any,
     ):
         if not isinstance(accelerator, Accelerator):
             raise LowprecTypeError(f"accelerator must be an accelerate.Accelerator, got {type(accelerator).__name__}")
         self.accelerator = accelerator
         self.model = model
         self.init_training_step = init_training_step
-        self.session = DebugSession(
-            config_file, feature_dirs=feature_dirs, log_dir=log_dir, recipe=recipe, fp8=fp8, convert=convert, **initialize_kwargs
-        )
+        self.session = DebugSession(config_file, **options)
 
     def __enter__(self) -> DebugRun:
         self.session.start(self.model, init_training_step=self.init_training_step)

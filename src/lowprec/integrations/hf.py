@@ -22,7 +22,6 @@ from typing import Any
 from transformers import TrainerCallback
 
 from lowprec.integrations.session import DebugSession
-from lowprec.recipe import Recipe
 
 
 class DebugCallback(TrainerCallback):
@@ -31,20 +30,8 @@ class DebugCallback(TrainerCallback):
     when training raises (the Trainer calls no callback then); otherwise a failed run ends at the next
     ``train()`` or at exit."""
 
-    def __init__(
-        self,
-        config_file: str | os.PathLike | dict,
-        *,
-        feature_dirs: Any = None,
-        log_dir: str | os.PathLike = ".",
-        recipe: Recipe | None = None,
-        fp8: bool = True,
-        convert: bool = False,
-        **initialize_kwargs: Any,
-    ):
-        self.session = DebugSession(
-            config_file, feature_dirs=feature_dirs, log_dir=log_dir, recipe=recipe, fp8=fp8, convert=convert, **initialize_kwargs
-        )
+    def __init__(self, config_file: str | os.PathLike | dict, **options: Any):
+        self.session = DebugSession(config_file, **options)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.session.start(model, init_training_step=state.global_step)

@@ -25,7 +25,6 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lowprec.errors import LowprecTypeError, LowprecValueError
 from lowprec.integrations.session import DebugSession
-from lowprec.recipe import Recipe
 from nvdlfw_inspect.logging import say_once
 
 
@@ -40,19 +39,12 @@ class DebugCallback(Callback):
         config_file: str | os.PathLike | dict,
         *,
         inner_model: str | None = None,
-        feature_dirs: Any = None,
-        log_dir: str | os.PathLike = ".",
-        recipe: Recipe | None = None,
-        fp8: bool = True,
-        convert: bool = False,
-        **initialize_kwargs: Any,
+        **options: Any,
     ):
         if inner_model is not None and not isinstance(inner_model, str):
             raise LowprecTypeError(f"inner_model must be an attribute path (a string) or None, got {inner_model!r}")
         self.inner_model = inner_model
-        self.session = DebugSession(
-            config_file, feature_dirs=feature_dirs, log_dir=log_dir, recipe=recipe, fp8=fp8, convert=convert, **initialize_kwargs
-        )
+        self.session = DebugSession(config_file, **options)
         self._global_step = 0
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
