@@ -151,10 +151,17 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     autocast dtype (high-precision GEMMs cast the weight to it too, and gradients come out in it), while
     the function itself runs outside autocast, which would otherwise lower the emulated GEMMs' fp32
     accumulation. So a layer's numbers do not depend on whether a debug feature is active on it."""
+    dtype = autocast_dtype(x)
+    if dtype is None:
+        return LinearFunction.apply(x, weight, bias, processing)
+    with torch.autocast(x.device.type, enabled=False):
+        return LinearFunction.apply(x.to(dtype), weight, bias, processing)
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` gives the floating-point input ``x`` of a linear layer, or None where it is off
+    (or unavailable on ``x``'s device, as on meta)."""
     device_type = x.device.type
-    autocast_on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)  # not on meta
-    if not (autocast_on and x.is_floating_point()):
-        return LinearFunction.apply(x, weight, bias, processing)
-    x = x.to(torch.get_autocast_dtype(device_type))
-    with torch.autocast(device_type, enabled=False):
-        return LinearFunction.apply(x, weight, bias, processing)
+    if x.is_floating_point() and torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None

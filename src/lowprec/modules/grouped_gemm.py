@@ -18,7 +18,7 @@ import torch
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import active_recipe
-from lowprec.modules.gemm_unit import GemmUnit, run_eagerly
+from lowprec.modules.gemm_unit import GemmUnit, autocast_dtype, run_eagerly
 from lowprec.modules.recompute import in_backward
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
@@ -66,9 +66,7 @@ def _empty_output(rows: torch.Tensor, out_features: int) -> torch.Tensor:
     """The output of a group of no rows, in the dtype its GEMM would give (``torch.autocast``'s when on). No GEMM
     runs: an empty tensor has no amax to cast with, and a high-precision GEMM would save a view of the weight
     for backward, which makes every other group's weight cache distrust the shared storage (``weight_cache``)."""
-    device_type = rows.device.type
-    autocast_on = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
-    return rows.new_zeros((0, out_features), dtype=torch.get_autocast_dtype(device_type) if autocast_on else rows.dtype)
+    return rows.new_zeros((0, out_features), dtype=autocast_dtype(rows) or rows.dtype)
 
 
 def _log_tokens(unit: GemmUnit, name: str, rows: torch.Tensor) -> None:
