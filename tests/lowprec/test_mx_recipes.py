@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 from mxref import ELEMENTS, torchao_dequantized
-from test_block_recipes import LAYERS, relative_error, train_mlp
+from test_block_recipes import LAYERS, assert_trains_close, train_mlp
 
 import lowprec
 from lowprec.compare import RECIPES as COMPARE_RECIPES
@@ -99,23 +99,7 @@ def tolerance(recipe: lowprec.MXBlockScaling) -> float:
 @pytest.mark.parametrize("recipe", NEW.values(), ids=NEW.keys())
 @pytest.mark.parametrize("make", LAYERS.values(), ids=LAYERS.keys())
 def test_every_layer_trains_under_every_mx_format(make, recipe):
-    torch.manual_seed(0)
-    layer = make()
-    x = torch.randn(6, 3, 32, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    results = {}
-    for name, active in (("fp32", None), ("quantized", recipe)):
-        layer.zero_grad()
-        x.grad = None
-        with lowprec.autocast(enabled=active is not None, recipe=active):
-            y = layer(x)
-        y.square().mean().backward()
-        grads = [p.grad.clone() for p in layer.parameters() if p.grad is not None]
-        results[name] = (y.detach(), x.grad.clone(), grads)
-    (y32, dx32, dw32), (yq, dxq, dwq) = results["fp32"], results["quantized"]
-    assert 0 < relative_error(yq, y32) < tolerance(recipe)  # quantized, and close
-    assert relative_error(dxq, dx32) < tolerance(recipe)
-    for got, exact in zip(dwq, dw32, strict=True):
-        assert relative_error(got, exact) < tolerance(recipe)
+    assert_trains_close(make, recipe, tolerance(recipe))
 
 
 @pytest.mark.parametrize("recipe", [NEW["mxfp4"], NEW["mxfp6_e3m2"]], ids=["mxfp4", "mxfp6_e3m2"])

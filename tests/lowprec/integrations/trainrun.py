@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from tiny_models import tiny_llama_config
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -40,13 +41,10 @@ def config_file(tmp_path: Path) -> Path:
 
 
 def tiny_llama(convert: bool = True) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB
-    )
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(tiny_llama_config(vocab_size=VOCAB))
     return lowprec.convert(model) if convert else model
 
 

@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 from logreader import read_stats, stats_log_path
+from tiny_models import tiny_llama_config
 from torch.utils.checkpoint import checkpoint
 
 import lowprec
@@ -274,9 +275,7 @@ def test_transformers_reentrant_gradient_checkpointing_trains_and_logs_as_withou
     """What trainers still do by default: ``gradient_checkpointing_enable`` with ``use_reentrant=True``, which
     wraps each decoder layer's forward in ``torch.utils.checkpoint`` (and makes the embeddings' output require grad)."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=128
-    )
+    config = tiny_llama_config()
     recipe = lowprec.DelayedScaling(amax_history_len=4)
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randint(0, 128, (2, 8), generator=g) for _ in range(2)]

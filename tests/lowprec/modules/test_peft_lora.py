@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import tiny_llama_config
 
 import lowprec
 
@@ -17,15 +18,7 @@ TARGETS = ["q_proj", "v_proj", "down_proj"]
 
 
 def tiny_llama() -> torch.nn.Module:
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
+    config = tiny_llama_config(tie_word_embeddings=False)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config)
 
