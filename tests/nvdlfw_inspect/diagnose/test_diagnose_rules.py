@@ -209,6 +209,7 @@ def test_yaml_of_hostile_layer_names_parses_back_to_the_config():
         ({"underflow_pct": math.nan}, "threshold underflow_pct must be a finite number, got nan"),
         ({"warmup": 1.5}, "threshold warmup is a number of iterations"),
         ({"range_margin_bits": -2}, "threshold range_margin_bits must be >= 0, got -2"),
+        ({"peer_ratio": 1}, "threshold peer_ratio is a factor greater than 1, got 1"),
         ({"fp8_format": "E3M4"}, "fp8_format must be one of ['HYBRID', 'E4M3', 'E5M2'], got 'E3M4'"),
         ({"persistance": 0.5}, "unknown threshold persistance; known: underflow_pct, overflow_pct, persistence"),
     ],
