@@ -270,3 +270,7 @@ def read_stats(log_dir: str | Path) -> Any:
         "value": numpy.frombuffer(values, dtype=numpy.float64),
     }
     return pandas.DataFrame(columns, columns=list(Statistic._fields), copy=False)
+
+
+def read_routing(log_dir: str | Path) -> list:  # TEMPORARY until the routing records land
+    return []

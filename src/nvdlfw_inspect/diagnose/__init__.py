@@ -15,32 +15,40 @@ from typing import Any
 
 from nvdlfw_inspect.diagnose import config as remedy_config
 from nvdlfw_inspect.diagnose.findings import detect, not_measured
-from nvdlfw_inspect.diagnose.model import Diagnosis, Finding, Remedy
+from nvdlfw_inspect.diagnose.in_place import RoutingDecision, judge, remedies_in_place
+from nvdlfw_inspect.diagnose.model import Diagnosis, Finding, InPlace, Remedy
 from nvdlfw_inspect.diagnose.remedies import choose
 from nvdlfw_inspect.diagnose.series import Run, collect
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
-from nvdlfw_inspect.reading import Statistic, iter_statistics, run_directory
+from nvdlfw_inspect.reading import Statistic, iter_statistics, read_routing, run_directory
 
-__all__ = ["Diagnosis", "Finding", "Remedy", "Thresholds", "diagnose", "diagnose_run", "diagnose_statistics"]
+__all__ = ["Diagnosis", "Finding", "InPlace", "Remedy", "Thresholds", "diagnose", "diagnose_run", "diagnose_statistics"]
 
 
-def diagnose_run(run: Run, thresholds: Thresholds | None = None, source: str = "a run") -> Diagnosis:
-    """The diagnosis of an already collected run (the report shares its reading with this)."""
+def diagnose_run(
+    run: Run, thresholds: Thresholds | None = None, source: str = "a run", routing: Iterable[RoutingDecision] = ()
+) -> Diagnosis:
+    """The diagnosis of an already collected run (the report shares its reading with this); ``routing``: the run's
+    routing records (``read_routing``), from which the remedies already in place are judged."""
     thresholds = thresholds or Thresholds()
     first = run.first_iteration
     findings = [replace(finding, remedies=tuple(choose(finding, first))) for finding in detect(run, thresholds)]
+    findings, in_place = judge(run, findings, remedies_in_place(routing), thresholds)
     config, reasons = remedy_config.build(remedy for finding in findings for remedy in finding.remedies)
     text = remedy_config.to_yaml(config, reasons, source) if config else None
     iterations = [i for points in run.points.values() for i in (min(points), max(points)) if points]
     span = (min(iterations), max(iterations)) if iterations else None
-    return Diagnosis(findings, config, text, thresholds, span, not_measured(run))
+    return Diagnosis(findings, config, text, thresholds, span, not_measured(run), in_place)
 
 
 def diagnose_statistics(
-    statistics: Iterable[Statistic], thresholds: Thresholds | None = None, source: str = "a run"
+    statistics: Iterable[Statistic],
+    thresholds: Thresholds | None = None,
+    source: str = "a run",
+    routing: Iterable[RoutingDecision] = (),
 ) -> Diagnosis:
     """The diagnosis of ``statistics`` given in the order the run wrote them (see ``reading``)."""
-    return diagnose_run(collect(statistics), thresholds, source)
+    return diagnose_run(collect(statistics), thresholds, source, routing)
 
 
 def diagnose(log_dir: str | Path, thresholds: Thresholds | None = None, **overrides: Any) -> Diagnosis:
@@ -55,7 +63,8 @@ def diagnose(log_dir: str | Path, thresholds: Thresholds | None = None, **overri
     except TypeError:
         unknown = sorted(set(overrides) - set(Thresholds().as_dict()))
         raise ValueError(f"unknown threshold {', '.join(unknown)}; known: {', '.join(Thresholds().as_dict())}") from None
-    diagnosis = diagnose_statistics(iter_statistics(log_dir), thresholds, str(Path(log_dir).resolve()))
+    source = str(Path(log_dir).resolve())
+    diagnosis = diagnose_statistics(iter_statistics(log_dir), thresholds, source, read_routing(log_dir))
     if diagnosis.iterations is None:
         raise ValueError(f"no statistics were logged in '{log_dir}'")
     return diagnosis

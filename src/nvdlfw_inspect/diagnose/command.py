@@ -70,6 +70,8 @@ def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None) -> str:
     lines = [f"{found} in {log_dir} (iterations {first} to {last}; {_thresholds(diagnosis)})"]
     if diagnosis.unmeasured:
         lines.append(f"not measured: {diagnosis.unmeasured}")
+    if diagnosis.in_place:
+        lines += ["", "Remedies in place:"] + [f"- {entry.message}" for entry in diagnosis.in_place]
     for number, f in enumerate(diagnosis.findings, 1):
         lines += ["", f"{number}. {f.layer}  {f.tensor}  {f.kind} ({f.stat}, from iteration {f.first_iteration})"]
         lines.append(f"   {f.message}")

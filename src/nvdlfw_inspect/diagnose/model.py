@@ -65,10 +65,36 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class InPlace:
+    """A feature that every GEMM reading ``tensor`` of ``layer`` went through from iteration ``since``;
+    ``verdict``: "worked", "did not work" or "not measured", explained in ``message``."""
+
+    layer: str
+    tensor: str
+    feature: str
+    gemms: tuple[str, ...]
+    since: int
+    verdict: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "tensor": self.tensor,
+            "feature": self.feature,
+            "gemms": list(self.gemms),
+            "since": self.since,
+            "verdict": self.verdict,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
 class Diagnosis:
     """The findings, the most severe first, each with its remedies; the config that applies them all
     (empty when there is nothing to change) and the same as commented YAML (None then); ``unmeasured``:
-    which checks had nothing logged to read (None when none), so that no finding is not read as no problem."""
+    which checks had nothing logged to read (None when none), so that no finding is not read as no problem;
+    ``in_place``: the remedies the run already had, each with whether it worked."""
 
     findings: list[Finding]
     config: dict[str, Any]
@@ -76,6 +102,7 @@ class Diagnosis:
     thresholds: Thresholds
     iterations: tuple[int, int] | None = None
     unmeasured: str | None = None
+    in_place: list[InPlace] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -85,4 +112,5 @@ class Diagnosis:
             "thresholds": self.thresholds.as_dict(),
             "iterations": None if self.iterations is None else list(self.iterations),
             "unmeasured": self.unmeasured,
+            "in_place": [entry.as_dict() for entry in self.in_place],
         }

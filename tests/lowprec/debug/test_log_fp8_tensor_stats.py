@@ -164,18 +164,63 @@ def test_what_if_delayed_scaling_records_the_amax_of_the_numbers_beside_a_nan(lo
     assert got[("lin_activation_fp8_delayed_scaling_scale_inv_max", 1)] == pytest.approx(1 / scale1.item(), rel=1e-7)
 
 
-@pytest.mark.parametrize(
-    "plan", [{"DisableFP8GEMM": {"enabled": True, "gemms": ["wgrad"]}}, {"DisableFP8Layer": {"enabled": True}}]
-)
-def test_layers_with_high_precision_gemms_get_the_stats_of_their_recipe(log_dir, plan):
+def test_a_gemm_left_in_fp8_gets_the_stats_of_the_recipe_cast(log_dir):
+    """The head of the demo: wgrad in high precision, fprop and dgrad still read the recipe's casts."""
     x, dy = wide((128, 256), 10), wide((128, 128), 11)
     config = fp8_config(BARE, tensors=["activation", "gradient"])
-    config["sec"]["transformer_engine"].update(plan)
+    config["sec"]["transformer_engine"]["DisableFP8GEMM"] = {"enabled": True, "gemms": ["wgrad"]}
     got = run(config, log_dir, [(x, dy)])
     for name, tensor, fmt in (("activation", x, E4M3), ("gradient", dy, E5M2)):
         expected = per_tensor_ref(tensor, fmt, current_scale(tensor, fmt))
         for stat in BARE:
             assert got[(f"lin_{name}_{stat}", 0)] == pytest.approx(expected[stat], rel=1e-5, abs=1e-12), (name, stat)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [{"DisableFP8GEMM": {"enabled": True, "gemms": ["fprop", "dgrad", "wgrad"]}}, {"DisableFP8Layer": {"enabled": True}}],
+)
+def test_tensors_read_in_high_precision_lose_nothing(log_dir, plan):
+    """No GEMM reads the recipe's cast: the statistics describe what the GEMMs read, which loses nothing."""
+    x, dy = wide((128, 256), 10), wide((128, 128), 11)
+    config = fp8_config([*BARE, "overflows%"], tensors=["activation", "gradient"])
+    config["sec"]["transformer_engine"].update(plan)
+    got = run(config, log_dir, [(x, dy)], recipe=DELAYED)
+    assert per_tensor_ref(x, E4M3, current_scale(x, E4M3))["underflows%"] > 0  # the recipe's cast would lose some
+    for name in ("activation", "gradient"):
+        for stat, value in (
+            ("underflows%", 0.0),
+            ("overflows%", 0.0),
+            ("mse", 0.0),
+            ("scale_inv_min", 1.0),
+            ("scale_inv_max", 1.0),
+        ):
+            assert got[(f"lin_{name}_{stat}", 0)] == value, (name, stat)
+
+
+def test_a_remedy_in_place_shows_in_the_stats_it_was_chosen_from(log_dir):
+    """Under delayed scaling, PerTensorScaling's cast (activation) and FakeQuant's rounded operand (gradient) are
+    what the statistics measure, not the recipe's delayed cast."""
+    x, dy = wide((128, 256), 20), wide((128, 128), 21)
+    config = fp8_config(["underflows%", "mse", "overflows%"], tensors=["activation", "gradient"])
+    config["sec"]["transformer_engine"]["PerTensorScaling"] = {
+        "enabled": True,
+        "gemms": ["fprop", "wgrad"],
+        "tensors": ["activation"],
+    }
+    config["sec"]["transformer_engine"]["FakeQuant"] = {
+        "enabled": True,
+        "gemms": ["dgrad", "wgrad"],
+        "tensors": ["gradient"],
+        "quant_format": "FP8E4M3",
+    }
+    got = run(config, log_dir, [(x, dy)], recipe=DELAYED)
+    for name, tensor, fmt in (("activation", x, E4M3), ("gradient", dy, E4M3)):
+        expected = per_tensor_ref(tensor, fmt, current_scale(tensor, fmt))
+        assert expected["underflows%"] > 1, name  # the delayed recipe's first cast (scale 1) would lose far more
+        assert got[(f"lin_{name}_underflows%", 0)] == pytest.approx(expected["underflows%"], rel=1e-6), name
+        assert got[(f"lin_{name}_mse", 0)] == pytest.approx(expected["mse"], rel=1e-4), name
+        assert got[(f"lin_{name}_overflows%", 0)] == 0.0, name
 
 
 def test_micro_batches_accumulate_and_weights_count_once(log_dir):

@@ -100,12 +100,20 @@ def test_the_written_config_is_valid_and_applies_each_remedy(planted, tmp_path):
 
 
 def test_rerun_with_the_remedies_clears_what_they_fix(planted, tmp_path):
-    """PerTensorScaling stops the overflow and the lagging underflow. The tensors moved to high precision
-    or FakeQuant keep their findings: LogFp8TensorStats describes the cast the recipe would make."""
-    remedies = yaml.safe_load(diagnose(planted).config_yaml)
+    """Re-run with the remedies: the statistics describe what the GEMMs read after them (PerTensorScaling's cast,
+    FakeQuant's rounded operand, the tensor itself in high precision), so every finding is gone, and diagnose
+    names each remedy in place and says that it worked."""
+    before = diagnose(planted)
+    remedies = yaml.safe_load(before.config_yaml)
     assert not set(remedies) & set(stats_config())
     planted_run(tmp_path, extra=remedies)
-    assert set(found(diagnose(tmp_path))) == {("model.deep", "gradient"), ("model.wide", "activation")}
+    after = diagnose(tmp_path)
+    assert found(after) == {}
+    fixed = {(f.layer, f.tensor): f.remedies[0].feature for f in before.findings}
+    in_place = {(entry.layer, entry.tensor): entry for entry in after.in_place}
+    for (layer, tensor), feature in fixed.items():
+        assert in_place[(layer, tensor)].feature == feature and in_place[(layer, tensor)].verdict == "worked", (layer, tensor)
+        assert in_place[(layer, tensor)].since == 0
 
 
 def test_nan_is_traced_to_its_first_iteration_and_tensor(tmp_path):

@@ -16,11 +16,13 @@ default, the E8M0 scale rule: ``mxfp8_`` (the layer's FP8 format, NVIDIA's rule)
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+import nvdlfw_inspect.api as debug_api
 from lowprec.debug.block_scale_stats import COLUMNWISE, SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
 from lowprec.debug.quantized_stats import Quantized, from_block, per_tensor, quantization_fields
@@ -158,9 +160,13 @@ class LogFp8TensorStats(ScheduledStats):
         own_recipe = recipe_of(quantizer)
         fmt = quantizer.format if quantizer is not None else (E5M2 if tensor_name == "gradient" else E4M3)
         reduction = stats_reduction(tensor_name, kwargs.get("tp_group"), kwargs.get("tp_size", 1))
+        unquantized = unquantized_operand(tensor, kwargs)
         for variant in self._plan(config, layer_name, tensor_name, own_recipe):
             request = dict(layer_name=layer_name, tensor_name=tensor_name, stats=variant.stats, iteration=iteration, **reduction)
             own = kwargs if variant.recipe == own_recipe else None
+            if own is not None and unquantized is not None:
+                self._feed_unquantized(variant, tensor, unquantized, request)
+                continue
             if variant.recipe in PER_TENSOR:
                 scale, amax_out = self._per_tensor_scale(variant.recipe, tensor, fmt, layer_name, tensor_name, own)
                 if scale is not None:
@@ -181,6 +187,27 @@ class LogFp8TensorStats(ScheduledStats):
             if scale_stats:
                 request.pop("stats")
                 feed_scale_stats(variant.key, q.scale_inv, q.block_scales, scale_stats, **request)
+
+    @staticmethod
+    def _feed_unquantized(variant: Variant, tensor: torch.Tensor, operand: torch.Tensor, request: dict) -> None:
+        """The layer's own statistics when no GEMM reads the recipe's cast (``unquantized_operand``): what the GEMMs
+        read instead loses what ``operand`` lost against ``tensor``, nothing at all for the tensor itself; its scale_inv
+        is 1 (no scale), so a remedy in place shows in the statistics it was chosen from."""
+        plain = [stat for stat in variant.stats if stat[1] not in SCALE_STATS]
+        skipped = [written for written, name in variant.stats if name in SCALE_STATS]
+        if skipped:
+            debug_api.log_message(
+                f"LogFp8TensorStats: {', '.join(skipped)} of {request['tensor_name']} not logged: its GEMMs read it "
+                "without the recipe's block scales (a feature keeps them in high precision or modifies the operand)",
+                request["layer_name"],
+                level=logging.WARNING,
+                extra_cachable_args=(request["tensor_name"], tuple(skipped)),
+            )
+        if not plain:
+            return
+        fields = unquantized_fields(tensor, operand)
+        request["stats"] = plain
+        STATS_BUFFERS.feed(variant.key, partials=set_fields(empty_partials(tensor.device), fields), **request)
 
     def _plan(self, config: dict, layer_name: str, tensor_name: str, own_recipe: str | None) -> list[Variant]:
         """The stats grouped by the cast they need, worked out once per config and layer recipe."""
@@ -250,6 +277,30 @@ class LogFp8TensorStats(ScheduledStats):
         if stat.columnwise and own_recipe in PER_TENSOR:
             raise LowprecValueError(f"{where}: {own_recipe} has one scale per tensor; drop '{COLUMNWISE}'")
         return own_recipe
+
+
+def unquantized_operand(tensor: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """What the layer's GEMMs read of ``tensor`` when none reads the recipe's cast, else None (a GEMM reads a
+    quantized operand, whose cast the statistics then describe; or the caller passed no operands). A feature's
+    modified operand (FakeQuant's rounded values) comes before the tensor itself: the statistics describe the
+    lossiest operand the GEMMs read."""
+    operands = [kwargs.get("rowwise_quantized_tensor"), kwargs.get("columnwise_quantized_tensor")]
+    given = [operand for operand in operands if operand is not None]
+    if not given or any(isinstance(operand, QuantizedTensor) for operand in given):
+        return None
+    modified = [operand for operand in given if operand is not tensor]
+    return modified[0] if modified else tensor
+
+
+def unquantized_fields(tensor: torch.Tensor, operand: torch.Tensor) -> dict[str, Any]:
+    """Quantization fields of a GEMM operand read in high precision: the non-zero values ``operand`` lost against
+    ``tensor`` and its squared error (both 0 for the tensor itself), no overflow, scale_inv 1."""
+    fields: dict[str, Any] = {"count": tensor.numel(), "overflows": 0.0, "scale_inv_min": 1.0, "scale_inv_max": 1.0}
+    if operand is tensor:
+        return {**fields, "underflows": 0.0, "sq_err": 0.0}
+    x, y = tensor.detach().float(), operand.detach().float().reshape(tensor.shape)
+    flushed = (x != 0) & (y == 0) & ~x.isnan()
+    return {**fields, "underflows": flushed.sum(), "sq_err": (y - x).square().sum()}
 
 
 def own_quantization(tensor: torch.Tensor, columnwise: bool, own: dict[str, Any]) -> Quantized:
