@@ -13,7 +13,7 @@ from debugrun import CURRENT
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
-from nvdlfw_inspect.logging import ROUTING_RECORDS_DIR, get_logger
+from nvdlfw_inspect.logging import ROUTING_RECORDS_DIR, BaseLogger, get_logger
 from nvdlfw_inspect.reading import RoutingRecord, read_routing, read_stats
 
 KEEP_HIGH = """
@@ -149,3 +149,21 @@ def test_a_failing_routing_write_costs_only_its_records(log_dir, capsys):
     assert f"{lost}: 6 in {routing_file.path}" in err
     assert read_routing(log_dir) == []
     assert sorted(read_stats(log_dir).iteration.unique()) == [0, 1, 2]  # the statistics and the training went on
+
+
+class Discard(BaseLogger):
+    """A statistics logger in place of the default files."""
+
+    def log_scalar(self, name, value, iteration, **kwargs):
+        pass
+
+
+def test_without_the_default_statistics_files_no_routing_records_and_the_log_says_so(log_dir):
+    sections = {"modify": config("-")["modify"]}
+    debug_api.initialize(config_file=sections, feature_dirs=[lowprec.FEATURE_DIR], log_dir=log_dir, statistics_logger=Discard())
+    with lowprec.fp8_autocast(fp8_recipe=CURRENT):
+        lowprec.Linear(16, 16, name="model.fc2")(torch.randn(4, 16)).sum().backward()
+    debug_api.end_debug()
+    assert not (log_dir / ROUTING_RECORDS_DIR).exists()
+    log = next((log_dir / "nvdlfw_inspect_logs").glob("*.log")).read_text()
+    assert log.count("routing records (which GEMM read which tensor in which precision) are written beside") == 1
