@@ -16,7 +16,7 @@ import json
 import re
 import warnings
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -181,7 +181,12 @@ def _from_records(path: Path) -> Iterator[Statistic]:
 
 
 def _line_by_line(
-    path: Path, lines: list[bytes], first_line: int, rank: int, skipped: _Skipped, parse: Any = _statistic
+    path: Path,
+    lines: list[bytes],
+    first_line: int,
+    rank: int,
+    skipped: _Skipped,
+    parse: Callable[[dict[str, Any], int], Any] = _statistic,
 ) -> Iterator[Any]:
     """Each line's record (``parse``: a ``Statistic``, or a ``RoutingRecord``). A record that does not parse is
     skipped, unless it is the file's last line and lacks its newline: then it is torn (a complete record shows its
