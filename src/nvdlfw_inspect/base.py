@@ -243,7 +243,8 @@ class BaseNamespaceAPI(ABC):
 
     def serving_features(self, layer_name: str, api_name: str, **kwargs: Any) -> list[str]:
         """The names of the features that ``route_api`` calls for this call (none: the namespace's default
-        answers), in config order; says who made a routing decision without asking the features again."""
+        answers), in the order the namespace registered them: who made a routing decision, without asking the
+        features again."""
         self.input_assertions_hook(api_name, **kwargs)
         return list(self._select_features(layer_name, api_name, kwargs)[0])
 

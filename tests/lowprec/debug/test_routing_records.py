@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from debugrun import CURRENT
+from debugrun import CURRENT, make_linear, section, start, train_step
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -167,3 +167,15 @@ def test_without_the_default_statistics_files_no_routing_records_and_the_log_say
     assert not (log_dir / ROUTING_RECORDS_DIR).exists()
     log = next((log_dir / "nvdlfw_inspect_logs").glob("*.log")).read_text()
     assert log.count("routing records (which GEMM read which tensor in which precision) are written beside") == 1
+
+
+def test_several_features_deciding_one_gemm_are_named_together(log_dir):
+    features = {
+        "DisableFP8GEMM": {"enabled": True, "gemms": ["fprop"]},
+        "FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["weight"], "quant_format": "FP8E4M3"},
+    }
+    start(section(features), log_dir)
+    train_step(make_linear(), torch.randn(4, 32), torch.randn(4, 24))
+    debug_api.end_debug()
+    fprop = {r.tensor: (r.decision, r.feature) for r in read_routing(log_dir) if r.gemm == "fprop"}
+    assert fprop == {"activation": ("high_precision", "DisableFP8GEMM+FakeQuant"), "weight": ("modified", "FakeQuant")}
