@@ -191,19 +191,8 @@ class BaseNamespaceAPI(ABC):
                 level=logging.DEBUG,
             )
 
-        layer_config = ConfigManager.get_config_for_layer(layer_name).get(self.name, {})
         ConfigManager.note_routed(layer_name, self.name)
-        features_to_invoke: dict[str, dict] = {}
-        configured: dict[str, dict] = {}
-        for feature_name in self.api_to_features_map.get(api_name, ()):
-            cfg = layer_config.get(feature_name)
-            if not cfg or not cfg.get("enabled"):
-                continue
-            configured[feature_name] = cfg
-            status, resolved = self.routing_condition(api_name, cfg, layer_name, self.namespace_features[feature_name], **kwargs)
-            if status:
-                features_to_invoke[feature_name] = resolved or cfg
-
+        features_to_invoke, configured = self._select_features(layer_name, api_name, kwargs)
         if not features_to_invoke:
             if configured:
                 self.no_feature_served(api_name, layer_name, configured, **kwargs)
@@ -235,6 +224,29 @@ class BaseNamespaceAPI(ABC):
             api_name, f"Debug API call '{api_name}' found and the corresponding debug feature '{feature_name}' was called."
         )
         return self._call_checked(feature_name, method, api_name, cfg, layer_name, kwargs)
+
+    def _select_features(self, layer_name: str | None, api_name: str, kwargs: dict) -> tuple[dict[str, dict], dict[str, dict]]:
+        """The features that serve this call (name -> resolved config), and those enabled for the layer that
+        implement ``api_name`` (name -> raw config), served or not."""
+        layer_config = ConfigManager.get_config_for_layer(layer_name).get(self.name, {})
+        features_to_invoke: dict[str, dict] = {}
+        configured: dict[str, dict] = {}
+        for feature_name in self.api_to_features_map.get(api_name, ()):
+            cfg = layer_config.get(feature_name)
+            if not cfg or not cfg.get("enabled"):
+                continue
+            configured[feature_name] = cfg
+            status, resolved = self.routing_condition(api_name, cfg, layer_name, self.namespace_features[feature_name], **kwargs)
+            if status:
+                features_to_invoke[feature_name] = resolved or cfg
+        return features_to_invoke, configured
+
+    def serving_features(self, layer_name: str, api_name: str, **kwargs: Any) -> list[str]:
+        """The names of the features that ``route_api`` calls for this call (none: the namespace's default
+        answers), in the order the namespace registered them: who made a routing decision, without asking the
+        features again."""
+        self.input_assertions_hook(api_name, **kwargs)
+        return list(self._select_features(layer_name, api_name, kwargs)[0])
 
     def _call_several(self, api_name: str, several: list[tuple[str, Any, dict]], layer_name: str, kwargs: dict) -> Any:
         """Call every feature of ``several`` (name, method, resolved config) and combine their outputs."""

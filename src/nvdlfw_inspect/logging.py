@@ -2,7 +2,8 @@
 
 Directory names, file names and line formats match the reference framework, since users parse them. The
 structured statistics records, which the reference does not write, go to a directory of their own
-(``STATISTICS_RECORDS_DIR``), so that scripts reading every file of ``STATISTICS_LOG_DIR`` find only text logs.
+(``STATISTICS_RECORDS_DIR``), so that scripts reading every file of ``STATISTICS_LOG_DIR`` find only text logs;
+so do the routing records (``ROUTING_RECORDS_DIR``: which GEMM read which tensor in which precision).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from nvdlfw_inspect.errors import LogDirInUseError, UnsafeLogPathError
 MAIN_LOG_DIR = "nvdlfw_inspect_logs"
 STATISTICS_LOG_DIR = "nvdlfw_inspect_statistics_logs"
 STATISTICS_RECORDS_DIR = "nvdlfw_inspect_statistics_jsonl"
+ROUTING_RECORDS_DIR = "nvdlfw_inspect_routing_jsonl"
+ROUTING_GEMMS = ("fprop", "dgrad", "wgrad")
+#: fp8: the recipe's quantized operand; high_precision: the GEMM reads the tensor unquantized; modified: a feature's
+#: ``modify_tensor`` produced the operand
+ROUTING_DECISIONS = ("fp8", "high_precision", "modified")
 LOG_FORMAT = "%(asctime)s - %(levelname)s - %(message)s"
 STDERR_FORMAT = "NVDLFW INSPECT - %(asctime)s - %(levelname)s - %(message)s"
 
@@ -613,6 +619,34 @@ class StatisticsFile:
             self._records.close()
 
 
+def routing_record(
+    layer: str, gemm: str, tensor: str, decision: str, feature: str | None, recipe: bool, iteration: int
+) -> dict[str, Any]:
+    """A routing record's fields, checked (``ValueError``/``TypeError`` naming the field), in the file's order."""
+    for name, value in (("layer", layer), ("tensor", tensor)):
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"routing record: {name} must be a non-empty string, got {value!r}")
+    if gemm not in ROUTING_GEMMS:
+        raise ValueError(f"routing record: gemm must be one of {ROUTING_GEMMS}, got {gemm!r}")
+    if decision not in ROUTING_DECISIONS:
+        raise ValueError(f"routing record: decision must be one of {ROUTING_DECISIONS}, got {decision!r}")
+    if feature is not None and (not isinstance(feature, str) or not feature):
+        raise TypeError(f"routing record: feature must be a feature's name or None, got {feature!r}")
+    if not isinstance(recipe, bool):
+        raise TypeError(f"routing record: recipe must be True or False (whether a recipe is active), got {recipe!r}")
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+        raise ValueError(f"routing record: iteration must be a non-negative integer, got {iteration!r}")
+    return {
+        "layer": layer,
+        "gemm": gemm,
+        "tensor": tensor,
+        "decision": decision,
+        "feature": feature,
+        "recipe": recipe,
+        "iteration": iteration,
+    }
+
+
 class FileLogger(BaseLogger):
     """The main debug log, and (once enabled) the default statistics log file.
 
@@ -633,6 +667,7 @@ class FileLogger(BaseLogger):
         self.stats_file: StatisticsFile | None = None
         self.stats_log_path: str | None = None
         self.stats_records_path: str | None = None
+        self.routing_file: LogFile | None = None  # opened with the statistics records, on the ranks that write them
         self.logged_api_executed: set[str] = set()
         self.logged_api_encountered: set[str | None] = set()
 
@@ -667,15 +702,35 @@ class FileLogger(BaseLogger):
             self.stats_file = StatisticsFile(
                 self.stats_log_path, self.stats_records_path, self.log_dir, _overwrite(), self.faults
             )
+            routing_path = os.path.join(self.log_dir, ROUTING_RECORDS_DIR, f"routing_globalrank-{_global_rank()}.jsonl")
+            self.routing_file = LogFile(routing_path, self.log_dir, _overwrite(), self.faults)
         return self
 
     def overwritten_logs(self) -> list[str]:
         """The log files of this run that held an earlier run's lines, truncated at ``initialize``."""
         files = [self._main_log.file] + ([self.stats_file._file, self.stats_file._records] if self.stats_file else [])
+        files += [self.routing_file] if self.routing_file else []
         return [file.path for file in files if file.overwritten]
 
     def log_message(self, message: str, level: int = logging.INFO) -> None:
         self.logger.log(level, message)
+
+    def log_routing(self, record: dict[str, Any]) -> None:
+        """One routing record (``routing_record``'s fields and the rank) as a JSON line, written at once; a write
+        error costs this record only (see ``WriteFaults``). Without the default statistics files it is said once
+        in the debug log that no routing record is written (they are written where statistics records are)."""
+        if self.routing_file is None:
+            say_once(
+                "routing records (which GEMM read which tensor in which precision) are written beside the default "
+                f"statistics records ({ROUTING_RECORDS_DIR}/), which this run does not write: pass "
+                "default_logging_enabled=True to initialize() to write both; the debug log lists the routing.",
+                level=logging.INFO,
+                warning=None,
+                call_site=__name__,
+            )
+            return
+        self.routing_file.add(json.dumps(record | {"rank": _global_rank()}) + "\n")
+        self.routing_file.commit()
 
     def log_statistic(self, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
         """A statistic of the run's own features: the text line, and its structured record."""
@@ -730,7 +785,12 @@ class FileLogger(BaseLogger):
                     stats_file, self.stats_file = self.stats_file, None
                     stats_file.close()
             finally:
-                self._lock.release()
+                try:
+                    if self.routing_file is not None:
+                        routing_file, self.routing_file = self.routing_file, None
+                        routing_file.close()
+                finally:
+                    self._lock.release()
 
 
 LOGGER: FileLogger | None = None

@@ -7,6 +7,7 @@ A file whose last line is torn (its writer was killed, or ran out of space, whil
 without that line, with a ``TornLineWarning``. Any other line that is no statistics record (it does not
 parse, or a field has the wrong type) is skipped: one ``SkippedRecordsWarning`` per file says how many and
 names the first by its line. A directory named like a statistics file is skipped with that warning too.
+The routing records (``read_routing``: which GEMM read which tensor in which precision) are read the same way.
 """
 
 from __future__ import annotations
@@ -15,13 +16,20 @@ import json
 import re
 import warnings
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from nvdlfw_inspect.errors import short_repr
-from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
+from nvdlfw_inspect.logging import (
+    MAIN_LOG_DIR,
+    ROUTING_DECISIONS,
+    ROUTING_GEMMS,
+    ROUTING_RECORDS_DIR,
+    STATISTICS_LOG_DIR,
+    STATISTICS_RECORDS_DIR,
+)
 
 TENSOR_NAMES = ("activation", "gradient", "weight", "output", "wgrad", "dgrad")
 _TEXT_LINE = re.compile(r"^\S+ \S+ - \w+ - (\S+) \t\t\t\t iteration=(\d+) \t\t\t\t value=(\S+)$")
@@ -38,6 +46,19 @@ class Statistic(NamedTuple):
     stat: str
     iteration: int
     value: float
+
+
+class RoutingRecord(NamedTuple):
+    """From ``iteration`` on, ``gemm`` of ``layer`` read ``tensor`` as ``decision`` says (see ``debug_api.log_routing``)."""
+
+    rank: int
+    layer: str
+    gemm: str
+    tensor: str
+    decision: str
+    feature: str | None
+    recipe: bool
+    iteration: int
 
 
 class SkippedRecordsWarning(UserWarning):
@@ -58,9 +79,8 @@ def run_directory(path: str | Path) -> Path:
     where the statistics are, and that path is the one people copy): a directory named as those, holding no
     statistics directory of its own, stands for its parent."""
     path = Path(path)
-    if path.name in (STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, MAIN_LOG_DIR) and not any(
-        (path / name).is_dir() for name in (STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR)
-    ):
+    run_dirs = (STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, ROUTING_RECORDS_DIR)
+    if path.name in (*run_dirs, MAIN_LOG_DIR) and not any((path / name).is_dir() for name in run_dirs):
         return path.parent
     return path
 
@@ -124,10 +144,10 @@ def _statistic(record: dict[str, Any], default_rank: int) -> Statistic:
 
 
 class _Skipped:
-    """The lines of one file that hold no statistics: counted, the first kept, said once at the file's end."""
+    """The lines of one file that hold no record (``what``): counted, the first kept, said once at the file's end."""
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.count, self.first = path, 0, (0, "")
+    def __init__(self, path: Path, what: str = "statistics record") -> None:
+        self.path, self.count, self.first, self.what = path, 0, (0, ""), what
 
     def add(self, number: int, reason: str, line: bytes) -> None:
         if not self.count:
@@ -138,7 +158,7 @@ class _Skipped:
         if self.count:
             number, what = self.first
             lines = "1 line" if self.count == 1 else f"{self.count} lines, this the first,"
-            message = f"{self.path}:{number}: skipped {lines} holding no statistics record {what}"
+            message = f"{self.path}:{number}: skipped {lines} holding no {self.what} {what}"
             warnings.warn(message, SkippedRecordsWarning, stacklevel=4)
 
 
@@ -160,14 +180,22 @@ def _from_records(path: Path) -> Iterator[Statistic]:
     skipped.say()
 
 
-def _line_by_line(path: Path, lines: list[bytes], first_line: int, rank: int, skipped: _Skipped) -> Iterator[Statistic]:
-    """A record that does not parse is skipped, unless it is the file's last line and lacks its newline:
-    then it is torn (a complete record shows its end, the closing brace, even without a newline)."""
+def _line_by_line(
+    path: Path,
+    lines: list[bytes],
+    first_line: int,
+    rank: int,
+    skipped: _Skipped,
+    parse: Callable[[dict[str, Any], int], Any] = _statistic,
+) -> Iterator[Any]:
+    """Each line's record (``parse``: a ``Statistic``, or a ``RoutingRecord``). A record that does not parse is
+    skipped, unless it is the file's last line and lacks its newline: then it is torn (a complete record shows its
+    end, the closing brace, even without a newline)."""
     for number, line in enumerate(lines, first_line):
         if not line.strip():
             continue
         try:
-            statistic = _statistic(json.loads(line), rank)
+            statistic = parse(json.loads(line), rank)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             if not line.endswith(b"\n"):  # only the last line of a file can lack it
                 _warn_torn(path, number, line)
@@ -175,6 +203,39 @@ def _line_by_line(path: Path, lines: list[bytes], first_line: int, rank: int, sk
             skipped.add(number, f"no field {error}" if isinstance(error, KeyError) else str(error), line)
             continue
         yield statistic
+
+
+def _routing(record: dict[str, Any], default_rank: int) -> RoutingRecord:
+    """A routing record as a ``RoutingRecord``; a field of the wrong type or value is a ``TypeError`` naming it."""
+    fields = {key: record[key] for key in ("layer", "gemm", "tensor", "decision", "feature", "recipe", "iteration")}
+    rank = record.get("rank", default_rank)
+    problems = [
+        ("layer", type(fields["layer"]) is str, "a string"),
+        ("tensor", type(fields["tensor"]) is str, "a string"),
+        ("gemm", fields["gemm"] in ROUTING_GEMMS, f"one of {', '.join(ROUTING_GEMMS)}"),
+        ("decision", fields["decision"] in ROUTING_DECISIONS, f"one of {', '.join(ROUTING_DECISIONS)}"),
+        ("feature", fields["feature"] is None or type(fields["feature"]) is str, "a string or null"),
+        ("recipe", type(fields["recipe"]) is bool, "true or false"),
+        ("iteration", type(fields["iteration"]) is int, "an integer"),
+        ("rank", type(rank) is int, "an integer"),
+    ]
+    for key, good, wanted in problems:
+        if not good:
+            raise TypeError(f"{key} is {short_repr(fields.get(key, rank))}, not {wanted}")
+    return RoutingRecord(rank, **fields)
+
+
+def read_routing(log_dir: str | Path) -> list[RoutingRecord]:
+    """Every rank's routing records of the run in ``log_dir`` (or one of its directories, see ``run_directory``),
+    rank by rank in the order written; a run without them (older versions, other frameworks) has none. Bad and
+    torn lines are skipped as in the statistics files."""
+    records: list[RoutingRecord] = []
+    for path in sorted(_files(run_directory(log_dir) / ROUTING_RECORDS_DIR, "routing_globalrank-*.jsonl"), key=_rank_of):
+        skipped = _Skipped(path, "routing record")
+        with path.open("rb") as file:
+            records += _line_by_line(path, file.readlines(), 1, _rank_of(path), skipped, _routing)
+        skipped.say()
+    return records
 
 
 def _from_text(path: Path) -> Iterator[Statistic]:
@@ -271,6 +332,3 @@ def read_stats(log_dir: str | Path) -> Any:
     }
     return pandas.DataFrame(columns, columns=list(Statistic._fields), copy=False)
 
-
-def read_routing(log_dir: str | Path) -> list:  # TEMPORARY until the routing records land
-    return []

@@ -16,6 +16,7 @@ import torch
 import nvdlfw_inspect
 from lowprec.cli import main
 from lowprec.demo import DEMO_CONFIG, TimeLeft, choose_threads, command, corpus, read_losses, run_demo
+from nvdlfw_inspect.reading import read_routing
 
 
 def test_corpus_is_real_text():
@@ -34,6 +35,9 @@ def test_demo_learns_logs_and_reports(tmp_path, capsys):
     plan = (tmp_path / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
     assert "gpt.head: Tensor: gradient, gemm wgrad - High precision" in plan
     assert "gpt.head: Tensor: gradient, gemm dgrad - FP8 quantization" in plan
+    head = {(r.gemm, r.tensor): (r.decision, r.feature) for r in read_routing(tmp_path) if r.layer == "gpt.head"}
+    assert head[("wgrad", "gradient")] == ("high_precision", "DisableFP8GEMM") and head[("dgrad", "gradient")] == ("fp8", None)
+    assert '"feature":"DisableFP8GEMM"' in result["report"].read_text()  # in the report's precision map
     assert result["report"].read_text().startswith("<!DOCTYPE html>")
     out = capsys.readouterr().out
     assert f"report:     {result['report']}" in out

@@ -13,7 +13,13 @@ pytest.importorskip("pandas")  # imported before the memory is traced: read_stat
 
 import nvdlfw_inspect  # noqa: E402
 from nvdlfw_inspect.cli import main  # noqa: E402
-from nvdlfw_inspect.reading import SkippedRecordsWarning, iter_statistics  # noqa: E402
+from nvdlfw_inspect.reading import (  # noqa: E402
+    RoutingRecord,
+    SkippedRecordsWarning,
+    TornLineWarning,
+    iter_statistics,
+    read_routing,
+)
 
 RECORDS = "nvdlfw_inspect_statistics_jsonl"
 ITERATIONS = 400  # of 192 records each: a log of 10 MB
@@ -82,3 +88,26 @@ def test_read_stats_holds_a_large_log_in_less_than_its_size(log_dir):
     assert len(frame) == ITERATIONS * len(names) and frame.value.iloc[-1] == (ITERATIONS - 1) / 7 + len(names) - 1
     assert frame.layer.iloc[-1] == "model.layers.23.mlp.fc1" and frame.iteration.iloc[-1] == ITERATIONS - 1
     assert peak < size, f"read_stats peaked at {peak / size:.2f}x the log's size ({size / 2**20:.0f} MiB)"
+
+
+def routing(iteration: int, **fields: object) -> str:
+    good = {"layer": "m.fc", "gemm": "wgrad", "tensor": "gradient", "decision": "high_precision", "feature": "Off"}
+    return json.dumps(good | {"recipe": True, "iteration": iteration, "rank": 1} | fields)
+
+
+def test_routing_records_are_read_bad_and_torn_lines_skipped_and_named(log_dir):
+    assert read_routing(log_dir) == []  # a run without them (older versions, other frameworks)
+    path = log_dir / "nvdlfw_inspect_routing_jsonl" / "routing_globalrank-1.jsonl"
+    path.parent.mkdir(parents=True)
+    lines = [routing(0), routing(1, decision="bf16"), routing(2, recipe="yes"), routing(3, feature=None)]
+    path.write_text("\n".join(lines) + "\n" + routing(4)[:30])
+    with pytest.warns(SkippedRecordsWarning) as caught:
+        records = read_routing(path.parent)  # one of the run's directories stands for the run
+    assert records == [
+        RoutingRecord(1, "m.fc", "wgrad", "gradient", "high_precision", "Off", True, 0),
+        RoutingRecord(1, "m.fc", "wgrad", "gradient", "high_precision", None, True, 3),
+    ]
+    assert [type(w.message) for w in caught] == [TornLineWarning, SkippedRecordsWarning]
+    assert str(caught[1].message).startswith(
+        f"{path}:2: skipped 2 lines, this the first, holding no routing record (decision is 'bf16', not one of fp8,"
+    )

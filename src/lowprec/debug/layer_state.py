@@ -8,7 +8,7 @@ the plan. Turning FP8 on or off, or a new debug session, makes the layer ask eve
 from __future__ import annotations
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.plan import LayerPlan, Memory, build_plan
+from lowprec.debug.plan import LayerPlan, Memory, Routing, TensorPlan, build_plan, log_plan
 from nvdlfw_inspect.config_manager import ConfigManager
 
 
@@ -22,6 +22,8 @@ class DebugLayerState:
         self._next_iteration: int | None = 0
         self._fp8: bool | None = None
         self._memory = Memory()
+        self._said: dict[str, TensorPlan] | None = None  # the tensors of the plan last said (log_plan)
+        self._written: dict[tuple[str, str], Routing] = {}  # the routing records written, per (tensor, GEMM)
 
     def plan_for(self, layer_name: str, fp8: bool, layer_types: tuple[str, ...] = ()) -> LayerPlan | None:
         """The plan of this forward, or None for the plain path. ``layer_types`` are the type names that
@@ -44,6 +46,9 @@ class DebugLayerState:
             if fp8 != self._fp8:
                 self._memory = Memory()  # other questions are asked with FP8 on
             plan = build_plan(layer_name, iteration, fp8, self._memory)
+            if plan.tensors is not self._said:  # a new plan, or one reused that differs from the last said
+                self._said = plan.tensors
+                log_plan(plan, self._written)
             self._fp8 = fp8
             self._next_iteration = plan.next_iteration
             self._plan = plan if plan.active else None

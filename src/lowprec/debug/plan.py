@@ -184,15 +184,48 @@ def build_plan(layer_name: str, iteration: int, fp8: bool, memory: Memory | None
             plan.gemms[gemm] = Precision.MODIFY if ask.modify(tensor, gemm) else Precision.HIGH_PRECISION
         tensors[tensor] = plan
     memory.plans[ask.in_effect()] = tensors
-    result = LayerPlan(layer_name, iteration, fp8, tensors, ask.next_iteration())
-    _log_plan(result)
-    return result
+    return LayerPlan(layer_name, iteration, fp8, tensors, ask.next_iteration())
 
 
-def _log_plan(plan: LayerPlan) -> None:
-    """One line per input tensor and GEMM, and per modified output, each written once per run."""
+Routing = tuple[str, str | None, bool]  # a routing record's (decision, feature, recipe)
+_DECISIONS = {Precision.QUANTIZE: "fp8", Precision.HIGH_PRECISION: "high_precision", Precision.MODIFY: "modified"}
+
+
+def log_plan(plan: LayerPlan, written: dict[tuple[str, str], Routing]) -> None:
+    """Say a plan: one debug log line per input tensor and GEMM and per modified output (each line once per run),
+    and a routing record (``debug_api.log_routing``) for each of those whose routing differs from the one last
+    written (``written``, per (tensor, GEMM), updated; an output that stops being modified is recorded too).
+    Called with a plan other than the last one said, never per forward."""
     for tensor in ROUTING_ORDER:
-        tensor_plan = plan.tensors[tensor]
-        for gemm, precision in tensor_plan.gemms.items():
-            if tensor in INPUT_TENSORS or precision is Precision.MODIFY:
+        for gemm, precision in plan.tensors[tensor].gemms.items():
+            said = tensor in INPUT_TENSORS or precision is Precision.MODIFY
+            if said:
                 debug_api.log_message(f"{plan.layer_name}: Tensor: {tensor}, gemm {gemm} - {precision.value}")
+            elif (tensor, gemm) not in written:
+                continue
+            routing = (_DECISIONS[precision], _deciding_feature(plan, tensor, gemm, precision), plan.fp8)
+            if written.get((tensor, gemm)) != routing:
+                written[(tensor, gemm)] = routing
+                decision, feature, recipe = routing
+                debug_api.log_routing(
+                    layer=plan.layer_name,
+                    gemm=gemm,
+                    tensor=tensor,
+                    decision=decision,
+                    feature=feature,
+                    recipe=recipe,
+                    iteration=plan.iteration,
+                )
+
+
+def _deciding_feature(plan: LayerPlan, tensor: str, gemm: str, precision: Precision) -> str | None:
+    """The features ("+" between several) whose routing answer gave ``precision``, or None for a default one
+    (quantized under a recipe, or high precision without one)."""
+    if precision is Precision.MODIFY:
+        call, kwargs = "modify_tensor_enabled", {"tensor_name": tensor, "gemm": gemm}
+    elif precision is Precision.HIGH_PRECISION and plan.fp8 and tensor in INPUT_TENSORS:
+        call, kwargs = "fp8_gemm_enabled", {"gemm": gemm}
+    else:
+        return None
+    names = debug_api.transformer_engine.serving_features(plan.layer_name, call, **kwargs)
+    return "+".join(names) or None

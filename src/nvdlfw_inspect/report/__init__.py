@@ -3,7 +3,8 @@ wrong, and when.
 
 The page embeds the data as JSON and draws it with its own script (no network, no libraries): the
 diagnosis at the top (what is wrong, what to change, and the config that does it), a table of the
-tensors most at risk ranked on what persists, heatmaps of layer x iteration for underflows%,
+tensors most at risk ranked on what persists, the precision map (which GEMM read which tensor in FP8, in
+high precision or as a feature modified it, from the routing records), heatmaps of layer x iteration for underflows%,
 overflows% and dynamic range across the page, coloured against the thresholds of the diagnosis (a
 statistic without one on its map's own range), and per layer each logged statistic over the
 iterations, forward tensors beside backward ones.
@@ -23,7 +24,8 @@ from nvdlfw_inspect.diagnose import diagnose_run
 from nvdlfw_inspect.diagnose.series import collect
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.files import write_text_atomic
-from nvdlfw_inspect.reading import Statistic, iter_statistics, run_directory
+from nvdlfw_inspect.reading import RoutingRecord, Statistic, iter_statistics, read_routing, run_directory
+from nvdlfw_inspect.report.precision_map import precision_map
 from nvdlfw_inspect.report.ranking import json_value, risk_rows, threshold_of
 
 FORWARD = ("activation", "weight", "output")
@@ -45,10 +47,16 @@ def natural_order(names: Iterable[str]) -> list[str]:
     )
 
 
-def report_data(statistics: Iterable[Statistic], title: str, thresholds: Thresholds | None = None) -> dict[str, Any]:
+def report_data(
+    statistics: Iterable[Statistic],
+    title: str,
+    thresholds: Thresholds | None = None,
+    routing: Iterable[RoutingRecord] = (),
+) -> dict[str, Any]:
     """What the page draws: layers, one series per (layer, tensor, stat, rank), the diagnosis (findings
-    and the config of remedies, as ``nvdlfw-inspect diagnose`` gives them) and the risk table. Series
-    that share their iterations (most do) point to one list in ``iterations`` by index."""
+    and the config of remedies, as ``nvdlfw-inspect diagnose`` gives them), the risk table and the precision
+    map of the ``routing`` records. Series that share their iterations (most do) point to one list in
+    ``iterations`` by index."""
     thresholds = thresholds or Thresholds()
     run = collect(statistics)
     layers = natural_order({layer for layer, _, _, _ in run.points})
@@ -83,6 +91,7 @@ def report_data(statistics: Iterable[Statistic], title: str, thresholds: Thresho
         "config_yaml": diagnosis.config_yaml,
         "unmeasured": diagnosis.unmeasured,
         "thresholds": thresholds.as_dict(),
+        "precision_map": precision_map(routing),
     }
 
 
@@ -118,7 +127,7 @@ def write_report(log_dir: str | Path, output: str | Path | None = None) -> Path:
     be written (full disk, unwritable directory) is a ``WriteError``; a previous page there stays whole."""
     log_dir = run_directory(log_dir)
     output = Path(output) if output is not None else Path(log_dir) / "report.html"
-    data = report_data(iter_statistics(log_dir), f"Statistics of {Path(log_dir).resolve()}")
+    data = report_data(iter_statistics(log_dir), f"Statistics of {Path(log_dir).resolve()}", routing=read_routing(log_dir))
     if not data["series"]:
         raise ValueError(f"no statistics were logged in '{log_dir}'")
     return write_text_atomic(output, render(data), "the report")

@@ -141,6 +141,65 @@
     });
   }
 
+  // The precision map: a line's class and text for one tensor's routing (the cell's colour says what kind).
+  const ROUTE_CLASSES = { fp8: "route-fp8", high_precision: "route-hp", modified: "route-modified" };
+  const routeClass = (p) => (!p.recipe && p.decision === "high_precision" ? "route-norecipe" : ROUTE_CLASSES[p.decision]);
+  function routeText(p) {
+    if (p.decision === "fp8") return "FP8";
+    if (p.decision === "modified") return p.feature || "modified";
+    if (!p.recipe) return "high precision (no recipe)";
+    return p.feature ? `high precision \u2014 ${p.feature}` : "high precision";
+  }
+  // One line for the GEMM when its operands agree, else one per tensor ("activation: FakeQuant").
+  function routeLines(parts) {
+    const same = parts.length && parts.every((p) => p.decision !== "modified" && routeText(p) === routeText(parts[0]));
+    return same ? [[routeClass(parts[0]), routeText(parts[0])]] : parts.map((p) => [routeClass(p), `${p.tensor}: ${routeText(p)}`]);
+  }
+  const ROUTE_LEGEND = [
+    ["route-fp8", "FP8: the recipe's quantized operands"],
+    ["route-hp", "high precision \u2014 the feature that kept the GEMM unquantized"],
+    ["route-modified", "tensor: the feature whose modify_tensor made the operand"],
+    ["route-norecipe", "high precision (no recipe): no FP8 recipe was active"],
+  ];
+
+  function precisionMap() {
+    const map = data.precision_map, body = document.querySelector("#precision-map tbody");
+    const table = document.getElementById("precision-map"), legendBox = document.getElementById("precision-legend");
+    body.replaceChildren();
+    legendBox.replaceChildren();
+    if (!map.layers.length) {
+      document.getElementById("precision-note").textContent = "No routing records in this run " +
+        "(nvdlfw_inspect_routing_jsonl/ is missing or empty: older versions and other frameworks do not write them), " +
+        "so which GEMMs ran in FP8 is not shown.";
+      table.hidden = legendBox.hidden = true;
+      return;
+    }
+    const differ = map.ranks_differ.length
+      ? ` Ranks recorded ${map.ranks_differ.join(", ")} differently: shown as the lowest rank recorded them.` : "";
+    document.getElementById("precision-note").textContent = "What each GEMM consumed, per layer in model order, from " +
+      "the routing records; a cell whose routing changed lists each state with the iteration it held from." + differ;
+    ROUTE_LEGEND.forEach(([name, text]) => legendBox.appendChild(element("span", { class: `route ${name}` }, text)));
+    map.layers.forEach((name, i) => {
+      if (!visible(name)) return;
+      const row = element("tr");
+      const head = element("td");
+      head.appendChild(layerIndex.has(name) ? layerLink(name) : document.createTextNode(name));
+      row.appendChild(head);
+      map.cells[i].forEach((periods) => {
+        const cell = element("td", { class: "routing" });
+        if (!periods.length) cell.appendChild(element("div", { class: "unlogged", title: "no routing record" }, "-"));
+        periods.forEach((period) => {
+          const box = element("div", { class: "period" });
+          routeLines(period.parts).forEach(([name, text]) => box.appendChild(element("div", { class: `route ${name}` }, text)));
+          if (periods.length > 1) box.appendChild(element("div", { class: "sub" }, `from iteration ${period.from}`));
+          cell.appendChild(box);
+        });
+        row.appendChild(cell);
+      });
+      body.appendChild(row);
+    });
+  }
+
   function ramp(stops, t) {
     const scaled = Math.min(Math.max(t, 0), 1) * (stops.length - 1);
     const i = Math.min(Math.floor(scaled), stops.length - 2), f = scaled - i;
@@ -429,12 +488,14 @@
     });
     diagnosis();
     riskTable();
+    precisionMap();
     heatmaps();
   }
 
   summarize();
   diagnosis();
   riskTable();
+  precisionMap();
   heatmaps();
   layers();
   document.getElementById("filter").addEventListener("input", (event) => applyFilter(event.target.value));

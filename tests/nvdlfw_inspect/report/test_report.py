@@ -18,7 +18,7 @@ import nvdlfw_inspect
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect import reading
 from nvdlfw_inspect.diagnose import Thresholds
-from nvdlfw_inspect.reading import Statistic, iter_statistics, split_name
+from nvdlfw_inspect.reading import RoutingRecord, Statistic, iter_statistics, split_name
 from nvdlfw_inspect.report import heatmap_kind, natural_order, render, report_data, write_report
 
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
@@ -276,3 +276,101 @@ def test_the_page_lists_a_tensor_unlike_its_peers(tmp_path):
     findings = re.search(r'<ol id="findings">(.*?)</ol>', html).group(1)
     assert errors == [] and "model.layers.2.fc</a> weight: <b>unlike its peers</b>" in findings
     assert "3 peers (model.layers.*.fc)" in findings and "model.layers.0.fc" not in findings
+
+
+def routing_run(log_dir: Path) -> None:
+    """Iterations 0-1 without a recipe, 2-3 under one; fc1's wgrad in high precision (DisableFP8GEMM), fc2's fprop
+    activation fake-quantized; fc0 logs statistics only."""
+    sections = {
+        "stats": {"LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]}},
+        "fc1": {"DisableFP8GEMM": {"enabled": True, "gemms": ["wgrad"]}},
+        "fc2": {"FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "quant_format": "FP8E4M3"}},
+    }
+    selects = {"stats": ".*", "fc1": "fc1", "fc2": "fc2"}
+    config = {
+        name: {"enabled": True, "layers": {"layer_name_regex_pattern": selects[name]}, "transformer_engine": features}
+        for name, features in sections.items()
+    }
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+    torch.manual_seed(0)
+    layers = [lowprec.Linear(8, 8, name=f"model.fc{i}") for i in (2, 0, 1)]  # model order, not name order
+    for step in range(4):
+        with lowprec.fp8_autocast(enabled=step >= 2):
+            x = torch.randn(4, 8)
+            for layer in layers:
+                x = layer(x)
+        x.sum().backward()
+        debug_api.step()
+    debug_api.end_debug()
+
+
+def test_precision_map_data_from_routing_records():
+    def record(rank, layer, gemm, tensor, decision, feature=None, recipe=True, iteration=0):
+        return RoutingRecord(rank, layer, gemm, tensor, decision, feature, recipe, iteration)
+
+    records = [
+        record(0, "b", "fprop", "activation", "fp8"),
+        record(0, "b", "fprop", "weight", "fp8"),
+        record(0, "b", "fprop", "output", "modified", "Scale"),
+        record(0, "b", "fprop", "weight", "high_precision", "Off", iteration=5),
+        record(0, "b", "fprop", "output", "high_precision", iteration=7),  # no longer modified
+        record(1, "a", "wgrad", "gradient", "high_precision", recipe=False),
+        record(2, "a", "wgrad", "gradient", "fp8"),
+    ]
+    data = report_data([Statistic(0, "b", "activation", "max", 0, 1.0)], "t", routing=records)["precision_map"]
+    assert data["gemms"] == ["fprop", "dgrad", "wgrad"] and data["layers"] == ["b", "a"]  # first written first
+    fp8 = {"decision": "fp8", "feature": None, "recipe": True}
+    modified = {"decision": "modified", "feature": "Scale", "recipe": True}
+    off = {"decision": "high_precision", "feature": "Off", "recipe": True}
+    assert data["cells"][0] == [
+        [
+            {"from": 0, "parts": [{"tensor": "activation"} | fp8, {"tensor": "weight"} | fp8, {"tensor": "output"} | modified]},
+            {"from": 5, "parts": [{"tensor": "activation"} | fp8, {"tensor": "weight"} | off, {"tensor": "output"} | modified]},
+            {"from": 7, "parts": [{"tensor": "activation"} | fp8, {"tensor": "weight"} | off]},
+        ],
+        [],
+        [],
+    ]
+    no_recipe = {"tensor": "gradient", "decision": "high_precision", "feature": None, "recipe": False}
+    assert data["cells"][1] == [[], [], [{"from": 0, "parts": [no_recipe]}]]  # rank 1's, the lowest rank recording it
+    assert data["ranks_differ"] == ["a"]
+    assert report_data([Statistic(0, "b", "activation", "max", 0, 1.0)], "t")["precision_map"]["layers"] == []
+
+
+@needs_browser
+def test_the_page_maps_what_each_gemm_consumed(log_dir, tmp_path):
+    routing_run(log_dir)
+    html, errors = dom(write_report(log_dir, tmp_path / "report.html"))
+    assert errors == []
+    table = re.search(r'<table id="precision-map">.*?<tbody>(.*?)</tbody>', html).group(1)
+    rows = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", table):
+        name, *cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+        rows[re.sub(r"<[^>]+>", "", name)] = [re.findall(r'<div class="(route [\w-]+|sub)">(.*?)</div>', cell) for cell in cells]
+    assert list(rows) == ["model.fc2", "model.fc0", "model.fc1"]
+    plain = [("route route-norecipe", "high precision (no recipe)"), ("sub", "from iteration 0")]
+    plain += [("route route-fp8", "FP8"), ("sub", "from iteration 2")]
+    assert rows["model.fc0"] == [plain] * 3
+    wgrad_off = plain[:2] + [("route route-hp", "high precision \u2014 DisableFP8GEMM"), ("sub", "from iteration 2")]
+    assert rows["model.fc1"] == [plain, plain, wgrad_off]
+    assert rows["model.fc2"][0] == [
+        ("route route-modified", "activation: FakeQuant"),
+        ("route route-norecipe", "weight: high precision (no recipe)"),
+        ("sub", "from iteration 0"),
+        ("route route-modified", "activation: FakeQuant"),
+        ("route route-hp", "weight: high precision \u2014 FakeQuant"),
+        ("sub", "from iteration 2"),
+    ]
+    assert rows["model.fc2"][1:] == [plain, plain]
+    assert '<div id="precision-legend" class="legend"><span class="route route-fp8">FP8' in html
+
+
+@needs_browser
+def test_a_run_without_routing_records_says_so(log_dir, tmp_path):
+    routing_run(log_dir)
+    for path in (log_dir / "nvdlfw_inspect_routing_jsonl").iterdir():
+        path.unlink()
+    html, errors = dom(write_report(log_dir, tmp_path / "report.html"))
+    assert errors == []
+    note = re.search(r'<p class="note" id="precision-note">(.*?)</p>', html).group(1)
+    assert note.startswith("No routing records in this run") and '<table id="precision-map" hidden="">' in html
