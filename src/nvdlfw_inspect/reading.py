@@ -270,3 +270,37 @@ def read_stats(log_dir: str | Path) -> Any:
         "value": numpy.frombuffer(values, dtype=numpy.float64),
     }
     return pandas.DataFrame(columns, columns=list(Statistic._fields), copy=False)
+
+
+ROUTING_RECORDS_DIR = "nvdlfw_inspect_routing_jsonl"
+
+
+def run_layers(log_dir: str | Path) -> list[str]:
+    """The names of the layers a run logged, sorted: those of its statistics, and the ``layer`` of each line of its
+    routing records (``ROUTING_RECORDS_DIR``) where it has them. A line there that is no JSON record with a string
+    ``layer`` is skipped with a ``SkippedRecordsWarning``; a run with neither raises ``FileNotFoundError``."""
+    log_dir = run_directory(log_dir)
+    routing = Path(log_dir) / ROUTING_RECORDS_DIR
+    names: set[str] = set()
+    try:
+        names.update(statistic.layer for statistic in iter_statistics(log_dir))
+    except FileNotFoundError:
+        if not routing.is_dir():
+            raise
+    for path in _files(routing, "*.jsonl") if routing.is_dir() else []:
+        skipped = _Skipped(path)
+        with path.open("rb") as file:
+            for number, line in enumerate(file, 1):
+                if not line.strip():
+                    continue
+                try:
+                    layer = json.loads(line)["layer"]
+                except (ValueError, KeyError, TypeError) as error:
+                    skipped.add(number, f"no field {error}" if isinstance(error, KeyError) else str(error), line)
+                    continue
+                if isinstance(layer, str) and layer:
+                    names.add(layer)
+                else:
+                    skipped.add(number, f"its layer is {short_repr(layer)}, not a name", line)
+        skipped.say()
+    return sorted(names)
