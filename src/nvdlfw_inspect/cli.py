@@ -156,18 +156,31 @@ def report(args: argparse.Namespace) -> int:
 
 
 def diagnose(args: argparse.Namespace) -> int:
-    """Print what is wrong with a run and write the config of remedies (``nvdlfw_inspect.diagnose``)."""
+    """Print what is wrong with a run and write the config of remedies (``nvdlfw_inspect.diagnose``); with
+    ``--config``, the user's config is checked as ``validate`` does, and so is the merged config written."""
     from nvdlfw_inspect.diagnose import command
 
+    if args.config is not None:
+        path = Path(args.config)
+        errors = config_errors(path, args.feature_dirs)
+        if errors:
+            print_config_errors(path, errors)
+            return 1
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SkippedRecordsWarning)
         try:
-            code = command.run(args, sys.stdout)
+            with loaded_features(args.feature_dirs) if args.config is not None else contextlib.nullcontext():
+                code = command.run(args, sys.stdout, lambda config: find_config_errors(config, Registry.data, Registry.unusable))
         except ValueError as error:
             raise UserError(str(error)) from None
         finally:
             _print_warnings("diagnose", caught)
     return code
+
+
+def _diagnose_arguments(sub: argparse.ArgumentParser) -> None:
+    diagnose_arguments(sub)
+    _feature_dirs_argument(sub)
 
 
 def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None:
@@ -210,7 +223,7 @@ COMMANDS = (
     Command(
         "diagnose",
         "Say per layer and tensor what is wrong with a run; write a config that fixes it.",
-        diagnose_arguments,
+        _diagnose_arguments,
         diagnose,
     ),
 )

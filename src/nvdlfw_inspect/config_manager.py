@@ -254,6 +254,13 @@ def _read_sections(config: Any) -> tuple[str, dict, ConfigLocation]:
     return source, raw, top
 
 
+def read_sections(config: Any) -> tuple[str, dict]:
+    """The config's source description and its sections, read as ``initialize`` reads them (YAML errors name the
+    file and line; an empty config, or one that is no mapping, is a ``ConfigError``)."""
+    source, raw, _ = _read_sections(config)
+    return source, raw
+
+
 def _parse_sections(
     raw: dict,
     top: ConfigLocation,
