@@ -166,9 +166,8 @@ def comments(path) -> str:
 
 def rerun(config_path, steps: int = 4) -> None:
     """Two chained lowprec layers, as ``nan_run``'s, trained under ``config_path``."""
-    debug_api.initialize(
-        config_file=str(config_path), feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(config_path.parent / "rerun")
-    )
+    log_dir = str(config_path.parent / f"{config_path.stem}_run")
+    debug_api.initialize(config_file=str(config_path), feature_dirs=[lowprec.FEATURE_DIR], log_dir=log_dir)
     torch.manual_seed(0)
     fc1, fc2 = lowprec.Linear(WIDTH, WIDTH, name="model.fc1"), lowprec.Linear(WIDTH, WIDTH, name="model.fc2")
     try:
@@ -204,7 +203,7 @@ def test_command_line_writes_one_config_that_validates_and_runs(tmp_path, capsys
     assert "It replaces your config for this re-run" in text and "logged in that window only" in text
     assert main(["validate", str(out), "--layers-from", str(tmp_path / "run"), *dirs]) == 0
     rerun(out)
-    assert run_layers(tmp_path / "rerun") == ["model.fc1", "model.fc2"]
+    assert run_layers(tmp_path / "merged_run") == ["model.fc1", "model.fc2"]
 
 
 def test_command_line_names_a_bad_user_config(tmp_path, capsys):
