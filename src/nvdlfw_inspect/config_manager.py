@@ -512,6 +512,7 @@ def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation, layers
     """Reject each two sections that configure the same feature for layers their selectors show to overlap
     (``selection_overlap``) or, given ``layers`` (the names a run logged), for one of those names."""
     collector = ErrorCollector()
+    candidates: dict[int, list[str]] = {}
     for i, first in enumerate(specs):
         for second in specs[i + 1 :]:
             shared = [
@@ -522,7 +523,7 @@ def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation, layers
             ]
             if not shared:
                 continue
-            which = selection_overlap(first.layer_spec, second.layer_spec)
+            which = selection_overlap(first.layer_spec, second.layer_spec, candidates)
             if which is None and layers:
                 both = [name for name in layers if first.layer_spec.matches(name) and second.layer_spec.matches(name)]
                 which = f"layers of the run such as {both[:5]}" if both else None
@@ -536,11 +537,12 @@ def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation, layers
     collector.raise_errors()
 
 
-def selection_overlap(a: LayerSpec, b: LayerSpec) -> str | None:
+def selection_overlap(a: LayerSpec, b: LayerSpec, cache: dict[int, list[str]] | None = None) -> str | None:
     """Which layers both selectors provably select, in words (None: not shown by the selectors alone): the same
     selector; the exact names one gives that the other selects; else a witness name, generated from the selectors
     (``candidate_names``), that both select by its name. Two ``layer_numbers``/``layer_types`` selectors are not
-    compared: whether they overlap depends on the layers' names and declared types, checked at routing."""
+    compared: whether they overlap depends on the layers' names and declared types, checked at routing. ``cache``:
+    the candidate names of specs by ``id``, for a caller comparing many pairs."""
     if a.signature() == b.signature():
         return "the same layers"
     if a.exact_layer_names is not None or b.exact_layer_names is not None:
@@ -549,16 +551,20 @@ def selection_overlap(a: LayerSpec, b: LayerSpec) -> str | None:
         return str(common) if common else None
     if a.name_regex is None and b.name_regex is None:
         return None
-    witness = next((name for name in _pairs(candidate_names(a), candidate_names(b)) if a.matches(name) and b.matches(name)), None)
+    cache = {} if cache is None else cache
+    for spec in (a, b):
+        if id(spec) not in cache:
+            cache[id(spec)] = candidate_names(spec)
+    witness = next((name for name in _pairs(cache[id(a)], cache[id(b)]) if a.matches(name) and b.matches(name)), None)
     return None if witness is None else f"layers such as {witness!r}"
 
 
 def _pairs(first: list[str], second: list[str]) -> Iterator[str]:
-    """Each candidate, then each joined with one of the other selector's (``model.`` + ``fc1``)."""
+    """Each candidate, then the first few joined with one of the other selector's (``model.`` + ``fc1``)."""
     yield from first
     yield from second
-    for x in first:
-        for y in second:
+    for x in first[:_JOINED]:
+        for y in second[:_JOINED]:
             yield from (x + y, y + x, f"{x}.{y}", f"{y}.{x}")
 
 
@@ -579,6 +585,7 @@ def candidate_names(spec: LayerSpec) -> list[str]:
 
 
 _SAMPLES = 12  # strings generated per regex (and per part of one)
+_JOINED = 4  # candidates of each selector joined with the other's
 _SAMPLE_CHARS = "a0._-xA/ :"  # tried, in order, as the member of a character class
 _CATEGORY_REGEX = {
     "CATEGORY_DIGIT": r"\d",
