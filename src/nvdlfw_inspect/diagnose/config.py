@@ -20,17 +20,19 @@ from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER, WATCH_STATS, WATCH_TENS
 NAMESPACE = "transformer_engine"
 PRECEDENCE = ("DisableFP8GEMM", "FakeQuant", "PerTensorScaling")
 WATCH_SECTION = "diagnose_watch_nonfinite"
-HEADER = """\
-Remedies written by nvdlfw-inspect diagnose. Run: {source}
-Config namespace transformer_engine (lowprec and Transformer Engine layers): initialize with
-feature_dirs=[lowprec.FEATURE_DIR] (or import lowprec). A layer may get each feature from one section only:
-appending this file to a config that configures the same features for the same layers fails at the first
-forward. For one config made of yours and these remedies, run: nvdlfw-inspect diagnose LOG_DIR --config YOUR.yaml"""
-MERGED_HEADER = """\
-One config for the re-run, written by nvdlfw-inspect diagnose: your config {user} with the remedies of the run
-{source} merged in. It replaces your config for this re-run (do not append it to yours). Config namespace
-transformer_engine: initialize with feature_dirs=[lowprec.FEATURE_DIR] (or import lowprec). The comments above a
-section say what was changed in it and why."""
+HEADER = (
+    "Remedies written by nvdlfw-inspect diagnose. Run: {source}\n"
+    "Config namespace transformer_engine (lowprec and Transformer Engine layers): initialize with "
+    "feature_dirs=[lowprec.FEATURE_DIR] (or import lowprec). A layer may get each feature from one section only: "
+    "appending this file to a config that configures the same features for the same layers fails at the first "
+    "forward. For one config made of yours and these remedies, run: nvdlfw-inspect diagnose LOG_DIR --config YOUR.yaml"
+)
+MERGED_HEADER = (
+    "One config for the re-run, written by nvdlfw-inspect diagnose: your config {user} with the remedies of the run "
+    "{source} merged in. It replaces your config for this re-run (do not append it to yours).\n"
+    "Config namespace transformer_engine: initialize with feature_dirs=[lowprec.FEATURE_DIR] (or import lowprec). "
+    "The comments above a section say what was changed in it and why."
+)
 
 
 def _section_name(layer: str, taken: set[str]) -> str:
