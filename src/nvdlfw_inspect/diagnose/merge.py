@@ -4,11 +4,13 @@ A layer may get each feature from one section only, so appending the remedies (`
 config that configures the same ``transformer_engine`` features for the same layers fails at the first forward.
 ``merge`` makes one config of both; every change to a user section is a note, written above it as a comment.
 
-- A remedy section (one layer L, by exact name) that shares a feature with a user section S selecting L: L
-  is taken out of S, and L's section gets S's features too, each feature both configure combined:
-  ``DisableFP8GEMM`` (and its other names) the union of the GEMMs; ``PerTensorScaling`` and ``FakeQuant`` the
-  union of the (GEMM, tensor) pairs, the remedy's options winning where both set a pair (a note says so);
-  every other feature of S (statistics) copied unchanged.
+- A remedy section (one layer L, by exact name) that shares a feature with a user section S selecting L (or
+  where both choose GEMM precisions: ``DisableFP8GEMM``, ``FakeQuant``, ``PerTensorScaling``): L is taken out
+  of S, and L's section gets S's features too, each feature both configure combined: ``DisableFP8GEMM`` (and
+  its other names) the union of the GEMMs; ``PerTensorScaling`` and ``FakeQuant`` the union of the (GEMM,
+  tensor) pairs, the remedy's options winning where both set a pair (a note says so); every other feature of
+  S (statistics) copied unchanged. Then, as among the remedies, a GEMM in high precision is taken from
+  ``FakeQuant`` and ``PerTensorScaling``, and one of ``FakeQuant`` from ``PerTensorScaling`` (said in a note).
 - L leaves S as follows. Exact names: L is dropped (S is disabled when no name is left). A name regex P:
   ``\A(?!(?-i:L)\Z)(?s:.*?)(?:P)``, which ``re.search`` finds in exactly the names P is found in, but L (anchored
   at the start, ``.*?`` lets P start anywhere, as a search does; L is compared case-sensitively; a leading global
@@ -36,6 +38,7 @@ from nvdlfw_inspect.errors import ConfigLocation
 
 DISABLE_GEMM = ("DisableFP8GEMM", "DisableQuantizationGEMM", "DisableFp8Gemm")
 PAIR_FEATURES = ("PerTensorScaling", "FakeQuant")
+PRECISION = {*DISABLE_GEMM, *PAIR_FEATURES}  # features that choose a GEMM's precision: one section decides them
 WINDOW_KEYS = ("start_step", "end_step", "freq", "start_end_list")
 _SELECTION_KEYS = ("enabled", "gemm", "gemms", "gemms_struct", "tensor", "tensors", "tensors_struct")
 _GLOBAL_FLAGS = re.compile(r"\A\(\?([aiLmsux]+)\)")
@@ -62,7 +65,7 @@ def merge(
         features = _features(merged[name])
         if _by_number_or_type(spec) and (
             (window is not None and "LogTensorStats" in features)
-            or any(set(features) & set(_features(remedies[r])) for r in remedy_layers)
+            or any(_shared(merged[name], remedies[r]) for r in remedy_layers)
         ):
             _to_exact_names(merged, name, spec, layers, notes)
             user[name] = _spec(name, merged[name])
@@ -95,6 +98,13 @@ def _features(section: dict) -> dict[str, Any]:
     """The section's features of the remedies' namespace (other keys can share no feature with a remedy)."""
     features = section.get(NAMESPACE)
     return features if isinstance(features, dict) else {}
+
+
+def _shared(section: dict, remedy: dict) -> set[str]:
+    """The features that keep a layer from being selected by both: those both configure, and when both choose
+    GEMM precisions, every one of those (see ``_stronger_wins``)."""
+    mine, theirs = set(_features(section)), set(_features(remedy))
+    return (mine & theirs) | ((mine | theirs) & PRECISION if mine & PRECISION and theirs & PRECISION else set())
 
 
 def _by_number_or_type(spec: LayerSpec) -> bool:
@@ -134,7 +144,7 @@ def _take_layer_out(
         section = merged[name]
         if section.get("enabled") is False or not spec.matches(layer):
             continue
-        shared = set(_features(section)) & set(_features(remedy))
+        shared = _shared(section, remedy)
         if not shared:
             continue
         for key, value in section.items():
@@ -148,6 +158,7 @@ def _take_layer_out(
                 combined = copy.deepcopy(cfg) if theirs is None else _combined(feature, cfg, theirs, name, layer, notes)
                 remedy[NAMESPACE][feature] = combined
         _exclude(merged, name, spec, layer, sorted(shared), notes)
+        _stronger_wins(remedy[NAMESPACE], remedy_notes)
         remedy_notes.append(
             f"It has the features of your section {name} for {layer} too, {sorted(shared)} combined with the remedies."
         )
@@ -191,6 +202,30 @@ def _combined(feature: str, user: dict, remedy: dict, section: str, layer: str, 
             pairs[pair] = options
         return _from_pairs(pairs)
     return remedy  # the remedies configure no other feature
+
+
+def _stronger_wins(features: dict, notes: list[str]) -> None:
+    """A GEMM in high precision (``DisableFP8GEMM`` and its other names) is taken from ``FakeQuant`` and
+    ``PerTensorScaling``, and one of ``FakeQuant`` from ``PerTensorScaling``: the precedence of the remedies
+    (``diagnose/config.py``), kept when yours and the remedies' meet on one layer."""
+    taken = {gemm for feature in DISABLE_GEMM if _on(features, feature) for gemm in _gemms(features[feature])}
+    for feature in PAIR_FEATURES[::-1]:  # FakeQuant first: it takes its GEMMs from PerTensorScaling
+        if not _on(features, feature):
+            continue
+        pairs = _pairs(features[feature])
+        kept = {pair: options for pair, options in pairs.items() if pair[0] not in taken}
+        if len(kept) < len(pairs):
+            lost = sorted({gemm for gemm, _ in pairs} & taken)
+            notes.append(f"{feature} leaves {lost}: a stronger feature (high precision, or FakeQuant) has it.")
+            if kept:
+                features[feature] = _from_pairs(kept)
+            else:
+                del features[feature]
+        taken |= {gemm for gemm, _ in kept}
+
+
+def _on(features: dict, feature: str) -> bool:
+    return feature in features and features[feature].get("enabled") is not False
 
 
 def _gemms(cfg: dict) -> list[str]:

@@ -72,12 +72,8 @@ def test_appending_the_remedies_fails_and_the_merged_config_routes_the_union(low
     assert find_config_errors(merged, Registry.data, Registry.unusable, LAYERS) == []
     features = routed(merged, tmp_path)
     assert features["model.deep"]["DisableFP8GEMM"]["gemms"] == ["fprop", "dgrad", "wgrad"]  # the user's and the remedy's
-    assert features["model.grow"]["DisableFP8GEMM"]["gemms"] == ["fprop"]  # the user's, beside the remedy's scaling
-    assert features["model.grow"]["PerTensorScaling"] == {
-        "enabled": True,
-        "gemms": ["fprop", "wgrad"],
-        "tensors": ["activation"],
-    }
+    assert features["model.grow"]["DisableFP8GEMM"]["gemms"] == ["fprop"]  # the user's, which wins over the scaling
+    assert features["model.grow"]["PerTensorScaling"] == {"enabled": True, "gemms": ["wgrad"], "tensors": ["activation"]}
     assert "DisableFP8GEMM" not in features["model.clean"]
     for layer in LAYERS:  # every layer logs the user's statistics and the watch's, in the watch's window
         stats = features[layer]["LogTensorStats"]
