@@ -81,6 +81,10 @@ def merge(
             notes.setdefault(name, []).append(f"Named {name}: your config has a section {remedy_name}.")
         _take_layer_out(merged, user, remedies[remedy_name], layer, notes.setdefault(name, []), notes)
         merged[name] = remedies[remedy_name]
+    for name, spec in user.items():
+        rewritten = _enabled(merged[name]) and merged[name]["layers"] != user_config[name]["layers"]
+        if rewritten and spec.name_regex is not None and not any(spec.matches(layer) for layer in layers):
+            notes[name].append("It now selects none of the run's layers (the re-run warns of it unless it selects others).")
     if watch is not None:
         _rest_of_watch(merged, watch, layers, taken, reasons, notes)
     return merged, {name: lines for name, lines in notes.items() if lines}

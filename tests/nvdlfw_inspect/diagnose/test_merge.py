@@ -83,7 +83,7 @@ def test_appending_the_remedies_fails_and_the_merged_config_routes_the_union(low
         assert features[layer]["LogFp8TensorStats"] == stats_config()["statistics"]["transformer_engine"]["LogFp8TensorStats"]
     assert "diagnose_watch_nonfinite" not in merged and "watch" in notes[""][0]
     assert "logged in that window only" in notes["all_linear_stats"][0]
-    assert "now leaves that name out" in notes["keep_fp32"][0]
+    assert "now leaves that name out" in notes["keep_fp32"][0] and "selects none of the run's" in notes["keep_fp32"][-1]
     assert notes["diagnose_model_deep"][0] == "model.deep: deep is out of range"
     assert "features of your section keep_fp32" in notes["diagnose_model_deep"][1]
 
