@@ -25,7 +25,7 @@ from nvdlfw_inspect.config_yaml import config_line
 from nvdlfw_inspect.diagnose.command import add_arguments as diagnose_arguments
 from nvdlfw_inspect.errors import ConfigError, NvdlfwInspectError
 from nvdlfw_inspect.explain import ALL, explanation, feature_matches, suggestion
-from nvdlfw_inspect.reading import SkippedRecordsWarning
+from nvdlfw_inspect.reading import SkippedRecordsWarning, run_layers
 from nvdlfw_inspect.registry import Registry
 
 
@@ -57,12 +57,13 @@ def loaded_features(feature_dirs: list[str]) -> Iterator[None]:
         debug_api.end_debug()
 
 
-def config_errors(path: Path, feature_dirs: list[str]) -> list[ConfigError]:
-    """Every error of the config file ``path`` against the loaded features; nothing is written."""
+def config_errors(path: Path, feature_dirs: list[str], layers: Sequence[str] = ()) -> list[ConfigError]:
+    """Every error of the config file ``path`` against the loaded features (and, on ``layers``, two sections that
+    configure one feature for one of them); nothing is written."""
     if not path.is_file():
         raise UserError(f"config file not found: {str(path)!r}")
     with loaded_features(feature_dirs):
-        return find_config_errors(path, Registry.data, Registry.unusable)
+        return find_config_errors(path, Registry.data, Registry.unusable, layers)
 
 
 def print_config_errors(path: Path, errors: list[ConfigError]) -> None:
@@ -82,13 +83,28 @@ def _position(path: Path, error: ConfigError) -> tuple[int, int]:
 
 
 def validate(args: argparse.Namespace) -> int:
+    """Check the config; with ``--layers-from``, also on the layer names that run logged."""
     path = Path(args.config)
-    errors = config_errors(path, args.feature_dirs)
+    layers = _run_layers(args.layers_from) if args.layers_from else []
+    errors = config_errors(path, args.feature_dirs, layers)
     if errors:
         print_config_errors(path, errors)
         return 1
-    print(f"{path}: valid")
+    print(f"{path}: valid" + (f" (and on the {len(layers)} layers logged in {args.layers_from})" if layers else ""))
     return 0
+
+
+def _run_layers(log_dir: str) -> list[str]:
+    """The layer names the run in ``log_dir`` logged (``reading.run_layers``); none is a user error."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SkippedRecordsWarning)
+        try:
+            layers = run_layers(log_dir)
+        finally:
+            _print_warnings("validate", caught)
+    if not layers:
+        raise UserError(f"no layer names are logged in '{log_dir}'")
+    return layers
 
 
 def list_features(args: argparse.Namespace) -> int:
@@ -140,18 +156,31 @@ def report(args: argparse.Namespace) -> int:
 
 
 def diagnose(args: argparse.Namespace) -> int:
-    """Print what is wrong with a run and write the config of remedies (``nvdlfw_inspect.diagnose``)."""
+    """Print what is wrong with a run and write the config of remedies (``nvdlfw_inspect.diagnose``); with
+    ``--config``, the user's config is checked as ``validate`` does, and so is the merged config written."""
     from nvdlfw_inspect.diagnose import command
 
+    if args.config is not None:
+        path = Path(args.config)
+        errors = config_errors(path, args.feature_dirs)
+        if errors:
+            print_config_errors(path, errors)
+            return 1
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SkippedRecordsWarning)
         try:
-            code = command.run(args, sys.stdout)
+            with loaded_features(args.feature_dirs) if args.config is not None else contextlib.nullcontext():
+                code = command.run(args, sys.stdout, lambda config: find_config_errors(config, Registry.data, Registry.unusable))
         except ValueError as error:
             raise UserError(str(error)) from None
         finally:
             _print_warnings("diagnose", caught)
     return code
+
+
+def _diagnose_arguments(sub: argparse.ArgumentParser) -> None:
+    diagnose_arguments(sub)
+    _feature_dirs_argument(sub)
 
 
 def _print_warnings(command: str, caught: list[warnings.WarningMessage]) -> None:
@@ -166,6 +195,11 @@ def _feature_dirs_argument(sub: argparse.ArgumentParser) -> None:
 
 def _validate_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("config", help="the YAML config file")
+    sub.add_argument(
+        "--layers-from",
+        metavar="LOG_DIR",
+        help="also check, on the layer names the run in LOG_DIR logged, that no two sections configure one feature for one layer",
+    )
     _feature_dirs_argument(sub)
 
 
@@ -189,7 +223,7 @@ COMMANDS = (
     Command(
         "diagnose",
         "Say per layer and tensor what is wrong with a run; write a config that fixes it.",
-        diagnose_arguments,
+        _diagnose_arguments,
         diagnose,
     ),
 )

@@ -9,11 +9,16 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from nvdlfw_inspect.errors import ConfigError, ConfigLocation, ErrorCollector, is_int
+
+try:  # the parser of the re module: re._parser from Python 3.11, sre_parse before
+    from re import _parser as _regex_parser
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _regex_parser  # type: ignore[no-redef]
 
 BASE_NAMESPACE = "base"
 SECTION_KEYS = ("enabled", "layers")
@@ -249,11 +254,23 @@ def _read_sections(config: Any) -> tuple[str, dict, ConfigLocation]:
     return source, raw, top
 
 
+def read_sections(config: Any) -> tuple[str, dict]:
+    """The config's source description and its sections, read as ``initialize`` reads them (YAML errors name the
+    file and line; an empty config, or one that is no mapping, is a ``ConfigError``)."""
+    source, raw, _ = _read_sections(config)
+    return source, raw
+
+
 def _parse_sections(
-    raw: dict, top: ConfigLocation, registry_data: dict, unusable: Mapping[str, str], warnings: list[str]
+    raw: dict,
+    top: ConfigLocation,
+    registry_data: dict,
+    unusable: Mapping[str, str],
+    warnings: list[str],
+    layers: Sequence[str] = (),
 ) -> tuple[list[ConfigSpec], list[ConfigError]]:
     """The enabled sections' specs and every error: each section, feature and key is checked on its own,
-    then the conflicts between the sections without errors."""
+    then the conflicts between the sections without errors (on ``layers`` too, see ``_check_static_conflicts``)."""
     specs: list[ConfigSpec] = []
     collector = ErrorCollector()
     for name, section in raw.items():
@@ -262,18 +279,21 @@ def _parse_sections(
             if spec is not None:
                 specs.append(spec)
     with collector.check():
-        _check_static_conflicts(specs, top)
+        _check_static_conflicts(specs, top, layers)
     return specs, collector.errors
 
 
-def find_config_errors(config: Any, registry_data: dict, unusable: Mapping[str, str] | None = None) -> list[ConfigError]:
+def find_config_errors(
+    config: Any, registry_data: dict, unusable: Mapping[str, str] | None = None, layers: Sequence[str] = ()
+) -> list[ConfigError]:
     """Every error of ``config`` at once (see ``_parse_sections``); ``unusable``: the namespaces set aside at
-    loading (``Registry.unusable``) -> why, named in the error of a section using one."""
+    loading (``Registry.unusable``) -> why, named in the error of a section using one; ``layers``: layer names (a
+    run's) on which two sections must not both configure a feature."""
     try:
         _, raw, top = _read_sections(config)
     except ConfigError as error:
         return [error]
-    return _parse_sections(raw, top, registry_data, unusable or {}, [])[1]
+    return _parse_sections(raw, top, registry_data, unusable or {}, [], layers)[1]
 
 
 def _first_with_the_others(errors: list[ConfigError]) -> ConfigError:
@@ -488,9 +508,11 @@ def _add_feature(
     extension_config.setdefault(namespace, {})[feature] = cfg
 
 
-def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation) -> None:
-    """Reject each two sections that configure the same feature for layers known to overlap."""
+def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation, layers: Sequence[str] = ()) -> None:
+    """Reject each two sections that configure the same feature for layers their selectors show to overlap
+    (``selection_overlap``) or, given ``layers`` (the names a run logged), for one of those names."""
     collector = ErrorCollector()
+    candidates: dict[int, list[str]] = {}
     for i, first in enumerate(specs):
         for second in specs[i + 1 :]:
             shared = [
@@ -501,15 +523,11 @@ def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation) -> Non
             ]
             if not shared:
                 continue
-            a, b = first.layer_spec, second.layer_spec
-            same_layers = a.signature() == b.signature()
-            common_names = (
-                a.exact_layer_names & b.exact_layer_names
-                if a.exact_layer_names is not None and b.exact_layer_names is not None
-                else frozenset()
-            )
-            if same_layers or common_names:
-                which = sorted(common_names) if common_names else "the same layers"
+            which = selection_overlap(first.layer_spec, second.layer_spec, candidates)
+            if which is None and layers:
+                both = [name for name in layers if first.layer_spec.matches(name) and second.layer_spec.matches(name)]
+                which = f"layers of the run such as {both[:5]}" if both else None
+            if which is not None:
                 collector.add(
                     top.error(
                         f"sections '{first.name}' and '{second.name}' both configure {shared} for {which}; "
@@ -517,3 +535,133 @@ def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation) -> Non
                     )
                 )
     collector.raise_errors()
+
+
+def selection_overlap(a: LayerSpec, b: LayerSpec, cache: dict[int, list[str]] | None = None) -> str | None:
+    """Which layers both selectors provably select, in words (None: not shown by the selectors alone): the same
+    selector; the exact names one gives that the other selects; else a witness name, generated from the selectors
+    (``candidate_names``), that both select by its name. Two ``layer_numbers``/``layer_types`` selectors are not
+    compared: whether they overlap depends on the layers' names and declared types, checked at routing. ``cache``:
+    the candidate names of specs by ``id``, for a caller comparing many pairs."""
+    if a.signature() == b.signature():
+        return "the same layers"
+    if a.exact_layer_names is not None or b.exact_layer_names is not None:
+        exact, other = (a, b) if a.exact_layer_names is not None else (b, a)
+        common = sorted(name for name in exact.exact_layer_names if other.matches(name))
+        return str(common) if common else None
+    if a.name_regex is None and b.name_regex is None:
+        return None
+    cache = {} if cache is None else cache
+    for spec in (a, b):
+        if id(spec) not in cache:
+            cache[id(spec)] = candidate_names(spec)
+    witness = next((name for name in _pairs(cache[id(a)], cache[id(b)]) if a.matches(name) and b.matches(name)), None)
+    return None if witness is None else f"layers such as {witness!r}"
+
+
+def _pairs(first: list[str], second: list[str]) -> Iterator[str]:
+    """Each candidate, then the first few joined with one of the other selector's (``model.`` + ``fc1``)."""
+    yield from first
+    yield from second
+    for x in first[:_JOINED]:
+        for y in second[:_JOINED]:
+            yield from (x + y, y + x, f"{x}.{y}", f"{y}.{x}")
+
+
+def candidate_names(spec: LayerSpec) -> list[str]:
+    """A few layer names the selector may select (each is checked with ``matches`` before it is used): its exact
+    names, strings its name regex matches, or its layer types each followed by its first layer numbers."""
+    if spec.exact_layer_names is not None:
+        return sorted(spec.exact_layer_names)
+    if spec.name_regex is not None:
+        return regex_samples(spec.name_regex)
+    types = [""]
+    if spec.type_names is not None and not spec.all_types:
+        types = sorted(spec.type_names)
+    elif spec.type_regex is not None and not spec.all_types:
+        types = regex_samples(spec.type_regex)
+    numbers = [str(r.start) for r in spec.numbers or []] if not spec.all_numbers else []
+    return [f"{t}.{n}" if t else n for t in types for n in numbers] if numbers else types
+
+
+_SAMPLES = 12  # strings generated per regex (and per part of one)
+_JOINED = 4  # candidates of each selector joined with the other's
+_SAMPLE_CHARS = "a0._-xA/ :"  # tried, in order, as the member of a character class
+_CATEGORY_REGEX = {
+    "CATEGORY_DIGIT": r"\d",
+    "CATEGORY_NOT_DIGIT": r"\D",
+    "CATEGORY_SPACE": r"\s",
+    "CATEGORY_NOT_SPACE": r"\S",
+    "CATEGORY_WORD": r"\w",
+    "CATEGORY_NOT_WORD": r"\W",
+}
+
+
+def regex_samples(pattern: re.Pattern) -> list[str]:
+    """Up to ``_SAMPLES`` strings built from the parse tree of ``pattern``: a literal as itself, ``.`` or a class as
+    one member, a repeat ``min`` and ``min + 1`` times, each alternative of a branch. Anchors, lookarounds and group
+    references add nothing, so a sample need not match: callers check each with the pattern itself."""
+    try:
+        tree = _regex_parser.parse(pattern.pattern, pattern.flags)
+    except (re.error, RecursionError, OverflowError):
+        return []
+    return _sequence_samples(list(tree))
+
+
+def _sequence_samples(items: list) -> list[str]:
+    samples = [""]
+    for op, arg in items:
+        options = _node_samples(op, arg)
+        if not options:
+            return []
+        samples = list(dict.fromkeys(a + b for a in samples for b in options))[:_SAMPLES]
+    return samples
+
+
+def _node_samples(op: Any, arg: Any) -> list[str]:
+    c = _regex_parser
+    if op is c.LITERAL:
+        return [chr(arg)]
+    if op is c.NOT_LITERAL:
+        return [next(ch for ch in _SAMPLE_CHARS if ord(ch) != arg)]
+    if op is c.ANY:
+        return [_SAMPLE_CHARS[0]]
+    if op is c.IN:
+        member = next((ch for ch in _class_candidates(arg) if _in_class(ch, arg)), None)
+        return [] if member is None else [member]
+    if op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)):
+        low, high, sub = arg
+        counts = [low, low + 1] if high > low else [low]
+        return list(dict.fromkeys(s * n for s in _sequence_samples(list(sub)) for n in counts))[:_SAMPLES]
+    if op is c.SUBPATTERN:
+        return _sequence_samples(list(arg[-1]))
+    if op is getattr(c, "ATOMIC_GROUP", None):
+        return _sequence_samples(list(arg))
+    if op is c.BRANCH:
+        return [s for alternative in arg[1] for s in _sequence_samples(list(alternative))][:_SAMPLES]
+    if op is c.GROUPREF_EXISTS:
+        _, yes, no = arg
+        return (_sequence_samples(list(yes)) + (_sequence_samples(list(no)) if no else [""]))[:_SAMPLES]
+    return [""]
+
+
+def _class_candidates(items: list) -> list[str]:
+    """The characters a class names first (its literals, the starts of its ranges), then ``_SAMPLE_CHARS``."""
+    c = _regex_parser
+    named = [chr(arg if op is c.LITERAL else arg[0]) for op, arg in items if op in (c.LITERAL, c.RANGE)]
+    return named + list(_SAMPLE_CHARS)
+
+
+def _in_class(ch: str, items: list) -> bool:
+    c = _regex_parser
+    negate = bool(items) and items[0][0] is c.NEGATE
+    found = False
+    for op, arg in items:
+        if op is c.LITERAL:
+            found = found or ord(ch) == arg
+        elif op is c.RANGE:
+            found = found or arg[0] <= ord(ch) <= arg[1]
+        elif op is c.CATEGORY:
+            category = _CATEGORY_REGEX.get(str(arg))
+            found = found or (category is not None and re.fullmatch(category, ch) is not None)
+    return found != negate

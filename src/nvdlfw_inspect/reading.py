@@ -332,3 +332,15 @@ def read_stats(log_dir: str | Path) -> Any:
     }
     return pandas.DataFrame(columns, columns=list(Statistic._fields), copy=False)
 
+
+def run_layers(log_dir: str | Path) -> list[str]:
+    """The names of the layers a run logged, sorted: those of its statistics and of its routing records
+    (``read_routing``); a run with neither raises ``FileNotFoundError``."""
+    log_dir = run_directory(log_dir)
+    names = {record.layer for record in read_routing(log_dir)}
+    try:
+        names.update(statistic.layer for statistic in iter_statistics(log_dir))
+    except FileNotFoundError:
+        if not names:
+            raise
+    return sorted(names)

@@ -1,18 +1,24 @@
 """``nvdlfw-inspect diagnose LOG_DIR``: its flags (one per threshold, defaults from ``Thresholds``) and
-what it prints: the findings as text or JSON, and where it wrote the config of remedies."""
+what it prints: the findings as text or JSON, and where it wrote the config of remedies (with ``--config``, the
+user's config with the remedies merged in, ``merge``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from nvdlfw_inspect.config_manager import read_sections
 from nvdlfw_inspect.diagnose import Diagnosis, Thresholds, diagnose
+from nvdlfw_inspect.diagnose import config as remedy_config
+from nvdlfw_inspect.diagnose.merge import merge
 from nvdlfw_inspect.diagnose.thresholds import RECIPE_FORMATS
+from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.files import write_text_atomic
-from nvdlfw_inspect.reading import run_directory
+from nvdlfw_inspect.reading import run_directory, run_layers
 
 CONFIG_NAME = "diagnose_config.yaml"
 FLAGS = {
@@ -32,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log_dir", help="the log_dir given to debug_api.initialize")
     parser.add_argument("-o", "--output", help=f"the config of remedies (default: LOG_DIR/{CONFIG_NAME})")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    parser.add_argument(
+        "--config",
+        metavar="YOUR.yaml",
+        help="the run's own config: write one config of it with the remedies merged in, to replace it for the re-run",
+    )
     for name, (kind, meaning) in FLAGS.items():
         flag = "--" + name.replace("_", "-")
         parser.add_argument(
@@ -45,24 +56,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, out: TextIO) -> int:
-    """Diagnose, write the config when there is something to change, print. Bad thresholds raise ValueError,
-    a config that cannot be written ``WriteError`` (a previous config there stays whole)."""
+def run(args: argparse.Namespace, out: TextIO, check: Callable[[dict], list[ConfigError]] | None = None) -> int:
+    """Diagnose, write the config when there is something to change, print. With ``args.config`` the config
+    written is the user's merged with the remedies (``merge``), which ``check`` must find no error in. Bad
+    thresholds raise ValueError, a config that cannot be written ``WriteError`` (a previous config there stays
+    whole)."""
     thresholds = Thresholds(**{name: getattr(args, name) for name in [*FLAGS, "fp8_format"]})
     log_dir = run_directory(args.log_dir)
     diagnosis = diagnose(log_dir, thresholds)
-    path = None
-    if diagnosis.config_yaml is not None:
+    path, written = None, diagnosis.config_yaml
+    if written is not None and args.config:
+        written = merged_yaml(Path(args.config), diagnosis, log_dir, check)
+    if written is not None:
         path = Path(args.output) if args.output else log_dir / CONFIG_NAME
-        write_text_atomic(path, diagnosis.config_yaml, "the config")
+        write_text_atomic(path, written, "the config")
     if args.json:
         out.write(json.dumps({**diagnosis.as_dict(), "config_file": str(path) if path else None}) + "\n")
     else:
-        out.write(text(diagnosis, str(log_dir), path))
+        out.write(text(diagnosis, str(log_dir), path, args.config))
     return 0
 
 
-def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None) -> str:
+def merged_yaml(user_path: Path, diagnosis: Diagnosis, log_dir: Path, check: Callable[[dict], list[ConfigError]] | None) -> str:
+    """The user's config at ``user_path`` merged with the diagnosis's remedies, as commented YAML; raises
+    ``ConfigError`` naming the file when it cannot be read, ValueError when the merge is not valid (``check``)."""
+    source, user = read_sections(user_path)
+    config, reasons = remedy_config.build(remedy for finding in diagnosis.findings for remedy in finding.remedies)
+    merged, notes = merge(user, config, run_layers(log_dir), reasons)
+    errors = check(merged) if check is not None else []
+    if errors:
+        listed = "\n".join(f"  {error}" for error in errors)
+        raise ValueError(f"the config merged from {source} and the remedies is not valid (please report it):\n{listed}")
+    header = remedy_config.MERGED_HEADER.format(user=str(user_path), source=str(log_dir.resolve()))
+    return remedy_config.to_yaml(merged, notes, str(log_dir), header)
+
+
+def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None, user_config: str | None = None) -> str:
     """The findings for a terminal: what is wrong, then each remedy and why."""
     first, last = diagnosis.iterations or (0, 0)
     count = len(diagnosis.findings)
@@ -79,7 +108,16 @@ def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None) -> str:
             target = f" on {' and '.join(remedy.gemms)}" if remedy.gemms else ""
             lines.append(f"   fix: {remedy.feature}{target}: {remedy.reason}")
     lines.append("")
-    lines.append(f"config: {config_path}" if config_path else "config: none written (nothing to change)")
+    if config_path is None:
+        lines.append("config: none written (nothing to change)")
+    elif user_config:
+        lines.append(f"config: {config_path} (your {user_config} with the remedies merged in: it replaces yours for the re-run)")
+    else:
+        lines.append(f"config: {config_path}")
+        lines.append(
+            "  appending it to a config that configures the same features for the same layers fails; "
+            f"for one merged config, run: nvdlfw-inspect diagnose {log_dir} --config YOUR.yaml"
+        )
     return "\n".join(lines) + "\n"
 
 

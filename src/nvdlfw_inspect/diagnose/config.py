@@ -20,12 +20,19 @@ from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER, WATCH_STATS, WATCH_TENS
 NAMESPACE = "transformer_engine"
 PRECEDENCE = ("DisableFP8GEMM", "FakeQuant", "PerTensorScaling")
 WATCH_SECTION = "diagnose_watch_nonfinite"
-HEADER = """\
-Remedies written by nvdlfw-inspect diagnose. Run: {source}
-Config namespace transformer_engine (lowprec and Transformer Engine layers): initialize with
-feature_dirs=[lowprec.FEATURE_DIR] (or import lowprec). A feature may appear only once per layer, so
-these sections replace your config's copies of the same features for the same layers; keep your
-statistics sections to see the effect (except where diagnose_watch_nonfinite brings its own LogTensorStats)."""
+HEADER = (
+    "Remedies written by nvdlfw-inspect diagnose. Run: {source}\n"
+    "Config namespace transformer_engine (lowprec and Transformer Engine layers): initialize with "
+    "feature_dirs=[lowprec.FEATURE_DIR] (or import lowprec). A layer may get each feature from one section only: "
+    "appending this file to a config that configures the same features for the same layers fails at the first "
+    "forward. For one config made of yours and these remedies, run: nvdlfw-inspect diagnose LOG_DIR --config YOUR.yaml"
+)
+MERGED_HEADER = (
+    "One config for the re-run, written by nvdlfw-inspect diagnose: your config {user} with the remedies of the run "
+    "{source} merged in. It replaces your config for this re-run (do not append it to yours).\n"
+    "Config namespace transformer_engine: initialize with feature_dirs=[lowprec.FEATURE_DIR] (or import lowprec). "
+    "The comments above a section say what was changed in it and why."
+)
 
 
 def _section_name(layer: str, taken: set[str]) -> str:
@@ -110,9 +117,10 @@ def _comment(text: str) -> str:
     return "\n".join(f"# {line}".rstrip() for line in lines)
 
 
-def to_yaml(config: dict[str, Any], reasons: dict[str, list[str]], source: str) -> str:
-    """The config as YAML, the header and each section's reasons as comments."""
-    parts = [_comment(HEADER.format(source=source))]
+def to_yaml(config: dict[str, Any], reasons: dict[str, list[str]], source: str, header: str = "") -> str:
+    """The config as YAML, the header (``HEADER`` of ``source`` unless given; then the reasons of section "") and
+    each section's reasons as comments."""
+    parts = [_comment("\n".join([header or HEADER.format(source=source), *reasons.get("", [])]))]
     for name, section in config.items():
         body = yaml.safe_dump({name: section}, sort_keys=False, default_flow_style=None, allow_unicode=True, width=1000)
         parts.append("\n".join(_comment(reason) for reason in reasons.get(name, [])) + "\n" + body.rstrip("\n"))
