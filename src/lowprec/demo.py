@@ -300,5 +300,21 @@ def run_demo(
     print(f"records:    {result['records']}  (structured .jsonl per rank)")
     print(f"debug log:  {result['debug_log']}")
     print(f"report:     {report}  (open it in a browser)")
-    print(f"next:       {command()} diagnose {shlex.quote(str(log_dir))}  (findings, and a config that fixes them)")
+    for line in next_steps(log_dir, Path(config or DEMO_CONFIG), steps, size):
+        print(line)
     return result
+
+
+def next_steps(log_dir: Path, config: Path, steps: int, size: str) -> list[str]:
+    """The loop that follows a demo run, as commands this shell can run: diagnose it against its own config (one
+    merged config comes out), then train again with that config, same data and size, into a directory beside it."""
+    quote, run = lambda path: shlex.quote(str(path)), command()
+    fixed = log_dir.with_name(log_dir.name + "_fixed")
+    same = "".join(
+        f" {flag} {value}" for flag, value, default in (("--steps", steps, 300), ("--size", size, "small")) if value != default
+    )
+    return [
+        f"next:       {run} diagnose {quote(log_dir)} --config {quote(config)}  (findings, and your config with their fixes)",
+        f"then:       {run} demo --config {quote(log_dir / 'diagnose_config.yaml')} --log-dir {quote(fixed)}{same}"
+        "  (the same run with the fixes, when diagnose wrote them; diagnose it to see them work)",
+    ]

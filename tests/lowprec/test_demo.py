@@ -53,9 +53,11 @@ def test_demo_says_its_threads_restores_them_and_prints_a_next_step_that_runs(tm
     assert torch.get_num_threads() == before
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "threads: 1 (as given; --threads N or OMP_NUM_THREADS=N to choose)"
-    assert lines[-1].startswith("next:       ") and lines[-1].endswith("  (findings, and a config that fixes them)")
-    step = lines[-1].removeprefix("next:       ").split("  (")[0]
-    assert step == f"{command()} diagnose {tmp_path / 'logs'}" and not step.startswith("nvdlfw-inspect ")
+    assert lines[-2].startswith("next:       ") and lines[-2].endswith("  (findings, and your config with their fixes)")
+    step = lines[-2].removeprefix("next:       ").split("  (")[0]
+    assert step == f"{command()} diagnose {tmp_path / 'logs'} --config {DEMO_CONFIG}" and not step.startswith("nvdlfw-inspect ")
+    rerun = f"{command()} demo --config {tmp_path / 'logs' / 'diagnose_config.yaml'} --log-dir {tmp_path / 'logs_fixed'}"
+    assert lines[-1].startswith(f"then:       {rerun} --steps 2 --size tiny  (the same run with the fixes")
     env = {**os.environ, "PATH": os.defpath}
     # run where the demo ran (the printed path may be relative to it, as ``.venv/bin/nvdlfw-inspect`` is)
     result = subprocess.run(step, shell=True, cwd=os.getcwd(), env=env, capture_output=True, text=True, timeout=120)

@@ -54,10 +54,11 @@ def report_data(
     routing: Iterable[RoutingRecord] = (),
 ) -> dict[str, Any]:
     """What the page draws: layers, one series per (layer, tensor, stat, rank), the diagnosis (findings
-    and the config of remedies, as ``nvdlfw-inspect diagnose`` gives them), the risk table and the precision
+    and the config of remedies, as ``nvdlfw-inspect diagnose`` gives them, with the remedies in place), the risk table and the precision
     map of the ``routing`` records. Series that share their iterations (most do) point to one list in
     ``iterations`` by index."""
     thresholds = thresholds or Thresholds()
+    routing = list(routing)
     run = collect(statistics)
     layers = natural_order({layer for layer, _, _, _ in run.points})
     index = {name: i for i, name in enumerate(layers)}
@@ -79,7 +80,7 @@ def report_data(
                 "v": [json_value(values[i]) for i in iterations],
             }
         )
-    diagnosis = diagnose_run(run, thresholds, title)
+    diagnosis = diagnose_run(run, thresholds, title, routing)
     return {
         "title": title,
         "layers": layers,
@@ -90,6 +91,7 @@ def report_data(
         "findings": [finding.as_dict() for finding in diagnosis.findings],
         "config_yaml": diagnosis.config_yaml,
         "unmeasured": diagnosis.unmeasured,
+        "in_place": [entry.as_dict() for entry in diagnosis.in_place],
         "thresholds": thresholds.as_dict(),
         "precision_map": precision_map(routing),
     }

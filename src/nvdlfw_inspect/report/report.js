@@ -98,6 +98,16 @@
       });
       (n < FINDINGS_SHOWN ? list : more.querySelector("ol")).appendChild(item);
     });
+    const inPlace = document.getElementById("in-place"), entries = (data.in_place || []).filter((e) => visible(e.layer));
+    inPlace.hidden = !entries.length;
+    inPlace.querySelector("ul").replaceChildren(...entries.map((e) => {
+      const item = element("li", { class: `in-place ${e.verdict.replace(/ /g, "-")}` });
+      item.appendChild(layerIndex.has(e.layer) ? layerLink(e.layer) : document.createTextNode(e.layer));
+      item.appendChild(document.createTextNode(` ${e.tensor}: `));
+      item.appendChild(element("b", {}, e.verdict));
+      item.appendChild(element("div", { class: "message" }, e.message));
+      return item;
+    }));
     const config = document.getElementById("remedy-config");
     config.hidden = !data.config_yaml;
     config.querySelector("pre").textContent = data.config_yaml || "";
