@@ -9,6 +9,10 @@ LogFp8TensorStats, for the tests of ``diagnose`` and the report.
 - ``model.wide``: its input spans 2**-26..1, beyond E4M3's range but within E5M2's, and underflows;
 - ``model.clean``: normal values, no problem.
 ``nan_run``: ``model.fc1`` feeds ``model.fc2``; from step ``nan_step`` on, fc2's input holds a NaN.
+``outlier_channel_run``: ``model.proj``'s input has one channel 1e4 times the others (LLMs' massive
+activations), so per-tensor scaling set by it flushes several % of the other channels to zero.
+``scaled_weight_run``: four blocks alike; the weight of ``model.layers.2.0`` is scaled x1e4, which per-tensor
+scaling absorbs: only its peers show it.
 """
 
 from __future__ import annotations
@@ -85,6 +89,43 @@ def nan_run(log_dir: Path, steps: int = 12, nan_step: int = 9) -> None:
                 if step >= nan_step:
                     hidden = hidden.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(math.nan))
                 fc2(hidden).float().sum().backward()
+            debug_api.step()
+    finally:
+        debug_api.end_debug()
+
+
+def outlier_channel_run(log_dir: Path, steps: int = 10) -> None:
+    _start(log_dir, None)
+    torch.manual_seed(0)
+    proj = lowprec.Linear(WIDTH, WIDTH, name="model.proj")
+    scale = torch.ones(WIDTH)
+    scale[3] = 1e4
+    try:
+        for _ in range(steps):
+            with lowprec.fp8_autocast(fp8_recipe=lowprec.DelayedScaling()):
+                proj(torch.randn(TOKENS * 8, WIDTH) * scale).float().sum().backward()
+            debug_api.step()
+    finally:
+        debug_api.end_debug()
+
+
+def scaled_weight_run(log_dir: Path, steps: int = 6) -> None:
+    """Magnitudes only (max and std of weights and activations), as a run without FP8 statistics logs them."""
+    magnitudes = {"LogTensorStats": {"enabled": True, "tensors": ["weight", "activation"], "stats": ["max", "std"]}}
+    config = {"weights": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": magnitudes}}
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH)) for _ in range(4))
+    model = lowprec.convert(torch.nn.ModuleDict({"layers": blocks}))
+    with torch.no_grad():
+        model.layers[2][0].weight.mul_(1e4)
+    try:
+        for _ in range(steps):
+            x = torch.randn(TOKENS, WIDTH)
+            with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+                for block in model.layers:
+                    x = torch.tanh(block(x))
+            x.sum().backward()
             debug_api.step()
     finally:
         debug_api.end_debug()

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import yaml
 from fp8ref import E5M2, current_fake_quant
 from full_disk import NO_SPACE, fill_disk
-from planted_runs import nan_run, planted_run, stats_config
+from planted_runs import nan_run, planted_run, scaled_weight_run, stats_config
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -181,30 +181,6 @@ def test_a_full_disk_keeps_the_previous_config(planted, tmp_path, monkeypatch, c
 def test_a_weight_scaled_unlike_its_peers_is_found_in_a_real_run(tmp_path):
     """Four blocks alike, one weight scaled x1e4 (a bad load): FP8 training goes on (per-tensor scaling
     absorbs it); diagnose names that layer's weight, and only it."""
-    config = {
-        "weights": {
-            "enabled": True,
-            "layers": {"layer_name_regex_pattern": ".*"},
-            "transformer_engine": {
-                "LogTensorStats": {"enabled": True, "tensors": ["weight", "activation"], "stats": ["max", "std"]}
-            },
-        }
-    }
-    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(tmp_path))
-    torch.manual_seed(0)
-    blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(32, 32)) for _ in range(4))
-    model = lowprec.convert(torch.nn.ModuleDict({"layers": blocks}))
-    with torch.no_grad():
-        model.layers[2][0].weight.mul_(1e4)
-    try:
-        for _ in range(6):
-            x = torch.randn(16, 32)
-            with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
-                for block in model.layers:
-                    x = torch.tanh(block(x))
-            x.sum().backward()
-            debug_api.step()
-    finally:
-        debug_api.end_debug()
+    scaled_weight_run(tmp_path)
     found = [(f.layer, f.tensor, f.kind) for f in diagnose(tmp_path).findings if f.kind == "peer_outlier"]
     assert found == [("model.layers.2.0", "weight", "peer_outlier")]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from browser import CHROMIUM, dom, screenshot
-from planted_runs import nan_run
+from planted_runs import nan_run, outlier_channel_run, planted_run, scaled_weight_run
 
 import lowprec
 import nvdlfw_inspect
@@ -374,3 +374,22 @@ def test_a_run_without_routing_records_says_so(log_dir, tmp_path):
     assert errors == []
     note = re.search(r'<p class="note" id="precision-note">(.*?)</p>', html).group(1)
     assert note.startswith("No routing records in this run") and '<table id="precision-map" hidden="">' in html
+
+
+@needs_browser
+@pytest.mark.parametrize(
+    "plant, expected",
+    [
+        (nan_run, ("model.fc2", "activation", "NaN or inf")),
+        (outlier_channel_run, ("model.proj", "activation", "underflow")),
+        (scaled_weight_run, ("model.layers.2.0", "weight", "unlike its peers")),
+        (planted_run, ("model.grow", "activation", "overflow")),
+    ],
+)
+def test_each_planted_problem_heads_the_page(tmp_path, plant, expected):
+    """What a person sees first on the page of each planted run is the problem planted in it."""
+    plant(tmp_path / "run")
+    html, errors = dom(write_report(tmp_path / "run", tmp_path / "report.html"))
+    first = re.search(r'<ol id="findings">\s*<li[^>]*>(.*?)</li>', html, re.S).group(1)
+    layer, tensor, kind = expected
+    assert errors == [] and f"{layer}</a> {tensor}: <b>{kind}</b>" in first
