@@ -12,7 +12,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ import lowprec
 import nvdlfw_inspect.api as debug_api
 from lowprec.errors import LowprecValueError
 from lowprec.recipe import Recipe
+from nvdlfw_inspect import invocation
 from nvdlfw_inspect.errors import is_int
 from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
 
@@ -155,18 +155,9 @@ def threads_line(threads: int, why: str) -> str:
 
 
 def command() -> str:
-    """How to run ``nvdlfw-inspect`` from this shell: the bare name when the PATH finds this environment's, else
-    its path (``.venv/bin/nvdlfw-inspect`` after the scripts), else through this interpreter."""
-    script = Path(sys.executable).parent / "nvdlfw-inspect"
-    found = shutil.which("nvdlfw-inspect")
-    if found and Path(found).resolve() == script.resolve():
-        return "nvdlfw-inspect"
-    if not script.is_file():
-        return f"{shlex.quote(sys.executable)} -m lowprec.cli"
-    try:
-        return shlex.quote(str(script.relative_to(Path.cwd())))
-    except ValueError:
-        return shlex.quote(str(script))
+    """How to run ``nvdlfw-inspect`` from this shell (``invocation.command``), through lowprec's command line
+    when no script is installed: it has ``demo`` as well."""
+    return invocation.command("lowprec.cli")
 
 
 class TimeLeft:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from nvdlfw_inspect import invocation
 from nvdlfw_inspect.config_manager import read_sections
 from nvdlfw_inspect.diagnose import Diagnosis, Thresholds, diagnose
 from nvdlfw_inspect.diagnose import config as remedy_config
@@ -116,7 +118,7 @@ def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None, user_conf
         lines.append(f"config: {config_path}")
         lines.append(
             "  appending it to a config that configures the same features for the same layers fails; "
-            f"for one merged config, run: nvdlfw-inspect diagnose {log_dir} --config YOUR.yaml"
+            f"for one merged config, run: {invocation.command()} diagnose {shlex.quote(log_dir)} --config YOUR.yaml"
         )
     return "\n".join(lines) + "\n"
 

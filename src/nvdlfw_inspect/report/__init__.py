@@ -54,7 +54,7 @@ def report_data(
     routing: Iterable[RoutingRecord] = (),
 ) -> dict[str, Any]:
     """What the page draws: layers, one series per (layer, tensor, stat, rank), the diagnosis (findings
-    and the config of remedies, as ``nvdlfw-inspect diagnose`` gives them, with the remedies in place), the risk table and the precision
+    and the config of remedies as ``nvdlfw-inspect diagnose`` gives them, the remedies in place), the risk table and the precision
     map of the ``routing`` records. Series that share their iterations (most do) point to one list in
     ``iterations`` by index."""
     thresholds = thresholds or Thresholds()
