@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from browser import CHROMIUM, screenshot
 from full_disk import NO_SPACE, fill_disk
 
 from lowprec.cli import main
@@ -186,3 +187,20 @@ def test_axes_have_round_ticks_and_zero_is_labelled(low, high, ticks, labels):
     got, first, last = nice_ticks(low, high)
     assert got == pytest.approx(ticks) and (first, last) == pytest.approx((ticks[0], ticks[-1]))
     assert [tick_label(value, got[1] - got[0]) for value in got] == labels
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
+def test_a_person_sees_nvfp4s_underflows_in_red(compared, tmp_path):
+    """In the browser: every verdict cell over its threshold, NVFP4's underflows among them, has the alarm
+    background, drawn as one band per cell."""
+    from PIL import Image
+
+    page, data = compared
+    shot = tmp_path / "compare.png"
+    assert screenshot(page, shot, 1300, 900) == []
+    image = Image.open(shot).convert("RGB")
+    alarm = (0xFD, 0xE0, 0xDC)  # td.over's background
+    rows = sorted({y for y in range(image.height) for x in range(0, image.width, 8) if image.getpixel((x, y)) == alarm})
+    bands = 1 + sum(1 for a, b in zip(rows, rows[1:], strict=False) if b - a > 1) if rows else 0
+    over = [run["name"] for run in data["runs"] if any(v.get("over") for v in run.get("over_thresholds", {}).values())]
+    assert "nvfp4" in over and bands == page.read_text().count('<td class="over">') >= len(over)
