@@ -15,18 +15,18 @@ from typing import Any
 
 from nvdlfw_inspect.diagnose import config as remedy_config
 from nvdlfw_inspect.diagnose.findings import detect, not_measured
-from nvdlfw_inspect.diagnose.in_place import RoutingDecision, judge, remedies_in_place
+from nvdlfw_inspect.diagnose.in_place import judge, remedies_in_place
 from nvdlfw_inspect.diagnose.model import Diagnosis, Finding, InPlace, Remedy
 from nvdlfw_inspect.diagnose.remedies import choose
 from nvdlfw_inspect.diagnose.series import Run, collect
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
-from nvdlfw_inspect.reading import Statistic, iter_statistics, read_routing, run_directory
+from nvdlfw_inspect.reading import RoutingRecord, Statistic, iter_statistics, read_routing, run_directory
 
 __all__ = ["Diagnosis", "Finding", "InPlace", "Remedy", "Thresholds", "diagnose", "diagnose_run", "diagnose_statistics"]
 
 
 def diagnose_run(
-    run: Run, thresholds: Thresholds | None = None, source: str = "a run", routing: Iterable[RoutingDecision] = ()
+    run: Run, thresholds: Thresholds | None = None, source: str = "a run", routing: Iterable[RoutingRecord] = ()
 ) -> Diagnosis:
     """The diagnosis of an already collected run (the report shares its reading with this); ``routing``: the run's
     routing records (``read_routing``), from which the remedies already in place are judged."""
@@ -45,7 +45,7 @@ def diagnose_statistics(
     statistics: Iterable[Statistic],
     thresholds: Thresholds | None = None,
     source: str = "a run",
-    routing: Iterable[RoutingDecision] = (),
+    routing: Iterable[RoutingRecord] = (),
 ) -> Diagnosis:
     """The diagnosis of ``statistics`` given in the order the run wrote them (see ``reading``)."""
     return diagnose_run(collect(statistics), thresholds, source, routing)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Protocol
 
 from nvdlfw_inspect.diagnose.model import Finding, InPlace, Remedy
 from nvdlfw_inspect.diagnose.remedies import TENSOR_GEMMS
 from nvdlfw_inspect.diagnose.series import Run
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
+from nvdlfw_inspect.reading import RoutingRecord
 
 INPUTS = ("activation", "weight", "gradient")
 MEASURED_BY = ("underflows%", "overflows%")  # the statistics the remedies are chosen from
@@ -26,27 +26,15 @@ STRONGEST = "DisableFP8GEMM"
 ESCALATED = ("underflow", "overflow", "scale_change")  # the findings a stronger precision setting repairs
 
 
-class RoutingDecision(Protocol):
-    """One routing record (``nvdlfw_inspect.reading.read_routing``)."""
-
-    rank: int
-    layer: str
-    gemm: str
-    tensor: str
-    decision: str
-    feature: str | None
-    iteration: int
-
-
-def remedies_in_place(records: Iterable[RoutingDecision]) -> dict[tuple[str, str], tuple[str, tuple[str, ...], int]]:
+def remedies_in_place(records: Iterable[RoutingRecord]) -> dict[tuple[str, str], tuple[str, tuple[str, ...], int]]:
     """``{(layer, tensor): (feature, gemms, since)}`` for each input tensor whose every GEMM reads it through a
     feature at the end of the run on every rank (features joined with "+" when its GEMMs use different ones)."""
-    last: dict[tuple[int, str, str, str], RoutingDecision] = {}
+    last: dict[tuple[int, str, str, str], RoutingRecord] = {}
     for record in records:
         key = (record.rank, record.layer, record.tensor, record.gemm)
         if key not in last or record.iteration >= last[key].iteration:
             last[key] = record
-    by_tensor: dict[tuple[str, str], dict[tuple[int, str], RoutingDecision]] = {}
+    by_tensor: dict[tuple[str, str], dict[tuple[int, str], RoutingRecord]] = {}
     for (rank, layer, tensor, gemm), record in last.items():
         if tensor in INPUTS:
             by_tensor.setdefault((layer, tensor), {})[(rank, gemm)] = record

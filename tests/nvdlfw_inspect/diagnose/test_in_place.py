@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from nvdlfw_inspect.diagnose import Thresholds, diagnose_statistics
 from nvdlfw_inspect.diagnose.in_place import remedies_in_place
-from nvdlfw_inspect.reading import Statistic
-
-
-class Record(NamedTuple):
-    rank: int
-    layer: str
-    gemm: str
-    tensor: str
-    decision: str
-    feature: str | None
-    iteration: int
+from nvdlfw_inspect.reading import RoutingRecord, Statistic
 
 
 def routed(layer: str, tensor: str, gemms: dict[str, tuple[str, str | None]], iteration: int = 0, rank: int = 0):
-    return [Record(rank, layer, gemm, tensor, decision, feature, iteration) for gemm, (decision, feature) in gemms.items()]
+    return [
+        RoutingRecord(rank, layer, gemm, tensor, decision, feature, True, iteration)
+        for gemm, (decision, feature) in gemms.items()
+    ]
 
 
 HIGH = ("high_precision", "DisableFP8GEMM")
