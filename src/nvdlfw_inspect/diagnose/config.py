@@ -44,7 +44,7 @@ def _section_name(layer: str, taken: set[str]) -> str:
     return name
 
 
-def _selection(claims: dict[str, set[str]]) -> dict[str, Any]:
+def gemm_tensor_selection(claims: dict[str, set[str]]) -> dict[str, Any]:
     """``gemms`` and ``tensors`` when every GEMM has the same tensors, else ``gemms_struct``."""
     gemms = [gemm for gemm in GEMM_ORDER if gemm in claims]
     tensors = {frozenset(claims[gemm]) for gemm in gemms}
@@ -75,9 +75,9 @@ def layer_features(remedies: Iterable[Remedy]) -> tuple[dict[str, Any], list[str
         features["DisableFP8GEMM"] = {"enabled": True, "gemms": [g for g in GEMM_ORDER if g in claims["DisableFP8GEMM"]]}
     if claims["FakeQuant"]:
         quant_format = next(dict(r.options)["quant_format"] for r in remedies if r.feature == "FakeQuant")
-        features["FakeQuant"] = {"enabled": True, "quant_format": quant_format, **_selection(claims["FakeQuant"])}
+        features["FakeQuant"] = {"enabled": True, "quant_format": quant_format, **gemm_tensor_selection(claims["FakeQuant"])}
     if claims["PerTensorScaling"]:
-        features["PerTensorScaling"] = {"enabled": True, **_selection(claims["PerTensorScaling"])}
+        features["PerTensorScaling"] = {"enabled": True, **gemm_tensor_selection(claims["PerTensorScaling"])}
     return features, reasons
 
 

@@ -32,7 +32,7 @@ import re
 from typing import Any
 
 from nvdlfw_inspect.config_manager import LayerSpec
-from nvdlfw_inspect.diagnose.config import NAMESPACE, WATCH_SECTION, _selection
+from nvdlfw_inspect.diagnose.config import NAMESPACE, WATCH_SECTION, gemm_tensor_selection
 from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER
 from nvdlfw_inspect.errors import ConfigLocation
 
@@ -271,7 +271,7 @@ def _from_pairs(pairs: dict[tuple[str, str], dict]) -> dict:
     for gemm, tensor in pairs:
         claims.setdefault(gemm, set()).add(tensor)
     if all(o == options[0] for o in options):
-        return {"enabled": True, **options[0], **_selection(claims)}
+        return {"enabled": True, **options[0], **gemm_tensor_selection(claims)}
     items = [
         {"gemm": gemm, "tensors_struct": [{"tensor": t, **pairs[(gemm, t)]} for t in sorted(claims[gemm])]}
         for gemm in GEMM_ORDER
