@@ -77,7 +77,7 @@ def packed_gather(rank: int, world: int, log_dir: Path) -> None:
     from nvdlfw_inspect.stats import buffers
 
     calls: list[str] = []
-    for name in ("all_gather", "all_gather_object"):
+    for name in ("all_gather", "all_gather_object", "all_reduce"):
         original = getattr(dist, name)
 
         def counted(*args, _original=original, _name=name, **kwargs):

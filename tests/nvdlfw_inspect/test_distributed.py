@@ -133,15 +133,16 @@ def test_lowprec_statistics_reduce_over_ranks_micro_batches_and_tensor_parallel_
 
 @needs_gloo
 @pytest.mark.parametrize("world", [2, 3])
-def test_one_packed_collective_per_step_once_the_ranks_agree_on_the_order(tmp_path, world):
+def test_two_packed_all_reduces_per_step_once_the_ranks_agree_on_the_order(tmp_path, world):
     log_dir = spawn("packed_gather", world, tmp_path)
     every_rank = torch.cat([dist_workers.rank_tensor(r) for r in range(world)])
     for rank in range(world):
         saved = torch.load(log_dir / f"packed{rank}.pt")
-        # the first (timed) gather checks that every rank is there and in step, and tells whether the
+        # two all-reduces a step; the first checks that every rank is there and in step, and tells whether the
         # order of the rows must be agreed: at the first step, and when rank 0 has a new request at step 3
-        agree = ["all_gather", "all_gather_object", "all_gather"]
-        assert saved["calls"] == [agree, ["all_gather"], ["all_gather"], agree, ["all_gather"]]
+        packed = ["all_reduce", "all_reduce"]
+        agree = ["all_reduce", "all_gather_object", *packed]
+        assert saved["calls"] == [agree, packed, packed, agree, packed]
         logged = saved["logged"]
         for step in range(5):
             want = reference_stats(every_rank + step, ("mean", "std"))

@@ -5,18 +5,20 @@ allocated once: feeding a tensor runs the statistics operator (``kernels.tensor_
 the tensor's partials straight into the rows of every request it serves, in one launch per tensor
 (``one_launch``). Nothing is read back to the host inside a step.
 
-``flush`` (at ``step()``) reduces every row of one process group with one tensor gather (the rows are
-packed in an order all ranks agreed on once; an object gather runs only when some rank's set of
-requests changed), copies every result to the host at once, derives every statistic as a column at
-once, hands them to the statistics loggers as ``{layer}_{tensor}_{stat}``, and resets the tables.
+``flush`` (at ``step()``) reduces every row of one process group with two packed all-reduces whose size
+does not grow with the number of ranks (``reduce``; the rows are packed in an order all ranks agreed on
+once, and an object gather runs only when some rank's set of requests changed), copies every result to the
+host at once, derives every statistic as a column at once, hands them to the statistics loggers as
+``{layer}_{tensor}_{stat}``, and resets the tables.
 
 Threads: feeds and flushes may come from several threads. One lock guards the requests and tables; a
 flush holds it only to take the tables (fresh ones take the feeds that follow), so a call lands whole
 in the flush under way or in the next, and never waits for a collective. Flushes run one at a time.
 
-Ranks: the packed gather's stamp row carries each rank's step counter and the newest iteration it
-fed; ranks that disagree, or that do not answer within the timeout, raise ``DistributedDesyncError``
-naming them (after the other groups are reduced and logged, so that no peer waits for this rank).
+Ranks: the first all-reduce carries the minimum and maximum over the ranks of each one's step counter and
+newest iteration fed; ranks that disagree (then their stamps are gathered to name them), or that do not
+answer within the timeout, raise ``DistributedDesyncError`` naming them (after the other groups are reduced
+and logged, so that no peer waits for this rank).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from nvdlfw_inspect.errors import DistributedDesyncError
 from nvdlfw_inspect.logging import MetricLogger
 from nvdlfw_inspect.stats.catalog import derive_floats, fields_for
 from nvdlfw_inspect.stats.desync import NO_ITERATION, check_stamps, wait_or_raise
-from nvdlfw_inspect.stats.fields import FIELDS, identity_partials, merge_partials
+from nvdlfw_inspect.stats.fields import identity_partials, merge_partials
 from nvdlfw_inspect.stats.kernels import Grid, tensor_stats, unreadable_partials_reason, unreadable_reason, warn_skipped
+from nvdlfw_inspect.stats.reduce import combine, pack_min, pack_sum, unpack_min
 
 Stat = tuple[str, str]  # (name in the log, derivation)
 Quantization = tuple[torch.Tensor, Grid]  # (scale, grid) of a cast whose statistics a request wants
@@ -131,17 +134,17 @@ class _Launch:
 
 @dataclass
 class _Layout:
-    """The agreed order of one group's rows: the union of every rank's requests, and each rank's
-    signature of its own requests when the order was agreed."""
+    """The agreed order of one group's rows: the union of every rank's requests when it was agreed, this
+    rank's requests then, and the union's signature (the same on every rank that agreed)."""
 
     mine: tuple | None  # None: no order agreed yet
     union: list[Hashable]
-    signatures: list[float]
+    signature: float
     index: torch.Tensor
 
 
 def _signature(keys: tuple) -> float:
-    """A hash of a rank's request keys that is the same in every process (an exact float64)."""
+    """A hash of request keys that is the same in every process (an exact, non-negative float64)."""
     return float(int.from_bytes(hashlib.sha256(repr(keys).encode()).digest()[:6], "big"))
 
 
@@ -169,7 +172,7 @@ class StatsBuffers:
         # One flush at a time, so that steps reach the loggers in order; reentrant for end_debug's reset from a
         # signal handler that interrupted this thread's flush.
         self._flush_lock = threading.RLock()
-        self._timed: dict[str, int] = {}  # timed collectives per group name, kept over runs: markers stay unique
+        self._timed_count: dict[str, int] = {}  # timed collectives per group name, kept over runs: markers stay unique
 
     def _table(self, device: torch.device) -> _Table:
         if device not in self._tables:
@@ -336,59 +339,74 @@ class StatsBuffers:
         return groups
 
     def _reduce(self, group: Any, device: torch.device, keys: list[Hashable], snapshot: _Snapshot) -> torch.Tensor:
-        """The rows of ``keys`` merged over ``group``, in ``keys`` order: one tensor gather, plus an object
-        gather and a second tensor gather when the order is not agreed yet or some rank's requests changed
-        (the first gather tells, and checks that every rank is there and in step)."""
+        """The rows of ``keys`` merged over ``group``, in ``keys`` order, by two packed all-reduces (``reduce``).
+        When the first shows that some rank's requests changed since the ranks agreed on the order of the rows
+        (or that none was agreed yet), an object gather agrees on a new one and both run again."""
         mine = tuple(keys)
-        layout = self._layouts.get((group, device)) or _Layout(None, [], [], torch.empty(0))
-        merged = self._gather(group, device, layout, mine, snapshot)
+        layout = self._layouts.get((group, device)) or _Layout(None, [], -1.0, torch.empty(0))
+        merged = self._all_reduce(group, device, layout, mine, snapshot)
         if merged is not None:
             return merged
         every_rank: list[tuple] = [() for _ in range(get_distributed_world_size(group))]
         dist.all_gather_object(every_rank, mine, group=group)
         union = list(dict.fromkeys(key for keys_of_rank in every_rank for key in keys_of_rank))
-        layout = _Layout(mine, union, [_signature(k) for k in every_rank], torch.empty(0))
-        self._layouts[(group, device)] = layout
-        return self._gather(group, device, layout, mine, snapshot)
+        layout = self._layouts[(group, device)] = _Layout(mine, union, _signature(tuple(union)), torch.empty(0))
+        merged = self._all_reduce(group, device, layout, mine, snapshot)
+        if merged is None:  # every rank took the same union from one gather: only a bug gets here
+            raise DistributedDesyncError(f"the ranks {group_ranks(group)} could not agree on the order of their statistics")
+        return merged
 
-    def _gather(self, group: Any, device: torch.device, layout: _Layout, mine: tuple, snapshot: _Snapshot) -> torch.Tensor | None:
-        """One all_gather of this rank's rows in the agreed order with a stamp in a last row: its
-        signature, step and newest iteration fed. None when some rank's signature shows its requests
-        changed since the order was agreed; ``DistributedDesyncError`` when the ranks are not in step."""
-        if layout.mine != mine:  # this rank's requests changed: send no data, only the news
-            rows = identity_partials(device).expand(len(layout.union), -1)
-            signature = -1.0
-        else:
-            if layout.index.device != device or layout.index.numel() != len(layout.union):
+    def _all_reduce(
+        self, group: Any, device: torch.device, layout: _Layout, mine: tuple, snapshot: _Snapshot
+    ) -> torch.Tensor | None:
+        """This rank's rows in the agreed order through a MIN all-reduce (extremes, and a stamp: the order's
+        signature, step and newest iteration fed) and a SUM one (sums, mean and M2 around a shared shift). None
+        when some rank's requests changed since the order was agreed (it sends the identity and signature -1);
+        ``DistributedDesyncError`` naming the ranks when they are not in step."""
+        n = len(layout.union)
+        if layout.mine == mine:
+            if layout.index.device != device or layout.index.numel() != n:
                 position = {key: snapshot.buffers[key].row for key in mine}
                 layout.index = torch.tensor([position.get(key, 0) for key in layout.union], device=device)
-            rows = snapshot.rows[device].index_select(0, layout.index)
-            signature = _signature(mine)
+            rows, signature = snapshot.rows[device].index_select(0, layout.index), layout.signature
+        else:
+            rows, signature = identity_partials(device).expand(n, -1), -1.0
         step = NO_ITERATION if snapshot.step is None else snapshot.step
         newest = max((snapshot.fed[key] for key in mine if key in snapshot.fed), default=NO_ITERATION)
-        stamp = torch.zeros(1, len(FIELDS), dtype=torch.float64, device=device)
-        stamp[0, :3] = torch.tensor([signature, step, newest], dtype=torch.float64)
         backend_device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-        stacked = self._all_gather(torch.cat([rows, stamp]).to(backend_device), group, snapshot)  # [row, rank, field]
-        signatures, steps, newest_fed = stacked[-1, :, :3].T.tolist()
-        check_stamps(steps, newest_fed, group_ranks(group))
-        if signatures != layout.signatures:
+        rows = rows.to(backend_device)
+        first = pack_min(rows, signature, step, newest)
+        self._timed(dist.all_reduce, group, snapshot, first, op=dist.ReduceOp.MIN)
+        stamp, extremes, shift = unpack_min(first, n)
+        if not stamp.in_step:
+            self._name_out_of_step(group, backend_device, step, newest, snapshot)
+        if not stamp.agreed:
             return None
-        merged = merge_partials(stacked[:-1]).to(device)
+        second = pack_sum(rows, shift)
+        self._timed(dist.all_reduce, group, snapshot, second, op=dist.ReduceOp.SUM)
+        merged = combine(extremes, shift, second, n).to(device)
         order = {key: i for i, key in enumerate(layout.union)}
         return merged[[order[key] for key in mine]] if mine else merged[:0]
 
-    def _all_gather(self, packed: torch.Tensor, group: Any, snapshot: _Snapshot) -> torch.Tensor:
-        """``packed`` of every rank of ``group`` stacked along dim 1, waiting at most ``snapshot.timeout``."""
-        gathered = [torch.empty_like(packed) for _ in range(get_distributed_world_size(group))]
+    def _name_out_of_step(self, group: Any, backend_device: Any, step: float, newest: float, snapshot: _Snapshot) -> None:
+        """Raise ``DistributedDesyncError`` naming which ranks hold which step and iteration: the stamps of every
+        rank, gathered only now that the all-reduce showed they differ."""
+        mine = torch.tensor([step, newest], dtype=torch.float64, device=backend_device)
+        gathered = [torch.empty_like(mine) for _ in range(get_distributed_world_size(group))]
+        self._timed(dist.all_gather, group, snapshot, gathered, mine)
+        steps, newest_fed = torch.stack(gathered).T.tolist()
+        check_stamps(steps, newest_fed, group_ranks(group))
+        raise DistributedDesyncError(f"the ranks {group_ranks(group)} of a statistics reduction group are out of step")
+
+    def _timed(self, collective: Callable, group: Any, snapshot: _Snapshot, *args: Any, **kwargs: Any) -> None:
+        """Run ``collective(*args, group=group, **kwargs)``, waiting at most ``snapshot.timeout`` seconds."""
         if snapshot.timeout is None:
-            dist.all_gather(gathered, packed, group=group)
-        else:
-            named = group if group is not None else dist.group.WORLD
-            count = self._timed[named.group_name] = self._timed.get(named.group_name, 0) + 1
-            work = dist.all_gather(gathered, packed, group=group, async_op=True)
-            wait_or_raise(work, named, snapshot.timeout, count, snapshot.step)
-        return torch.stack(gathered, dim=1)
+            collective(*args, group=group, **kwargs)
+            return
+        named = group if group is not None else dist.group.WORLD
+        count = self._timed_count[named.group_name] = self._timed_count.get(named.group_name, 0) + 1
+        work = collective(*args, group=group, async_op=True, **kwargs)
+        wait_or_raise(work, named, snapshot.timeout, count, snapshot.step)
 
     def reset(self) -> None:
         with self._flush_lock, self._lock:

@@ -1,0 +1,41 @@
+"""The statistics reduction costs each rank the same bytes whatever the world size: two packed all-reduces
+per step, measured at 2, 4 and 8 gloo processes with ``benchmarks/stats_reduction.py``'s worker."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import spawning
+import torch.distributed as dist
+
+from nvdlfw_inspect.stats.reduce import HEADER, MIN_WIDTH, SUM_WIDTH
+
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "stats_reduction.py"
+sys.path.insert(0, str(BENCHMARK.parent))
+from stats_reduction import per_rank_traffic, traffic  # noqa: E402
+
+REQUESTS = 24
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo")
+def test_bytes_per_step_are_flat_in_the_world_size(tmp_path):
+    steady = {}
+    for world in (2, 4, 8):
+        out = spawning.spawn(BENCHMARK, "worker", world, tmp_path / str(world), limit_s=240)
+        for rank in range(world):
+            steps = json.loads((out / f"bytes{rank}.json").read_text())["steps"]
+            first, *rest = [[tuple(call) for call in step] for step in steps]
+            assert [op for op, _ in first] == ["all_reduce", "all_gather_object", "all_reduce", "all_reduce"]
+            assert all(step == rest[0] for step in rest)
+            steady[(world, rank)] = rest[0]
+    packed = [("all_reduce", 8 * (HEADER + REQUESTS * MIN_WIDTH)), ("all_reduce", 8 * REQUESTS * SUM_WIDTH)]
+    assert set(map(tuple, steady.values())) == {tuple(packed)}  # every rank, every world: the same two payloads
+    payload = sum(b for _, b in packed)
+    for world in (2, 4, 8, 1024, 16384):
+        sent, received = per_rank_traffic(packed, world)
+        assert sent == received < 2 * payload  # flat: at most twice the payload, whatever the world
+    # the all-gather it replaced: (rows + 1) x 13 float64 from every other rank
+    assert traffic("all_gather", (REQUESTS + 1) * 13 * 8, 16384)[1] > 1000 * per_rank_traffic(packed, 16384)[1]
