@@ -143,6 +143,9 @@ def test_two_packed_all_reduces_per_step_once_the_ranks_agree_on_the_order(tmp_p
         packed = ["all_reduce", "all_reduce"]
         agree = ["all_reduce", "all_gather_object", *packed]
         assert saved["calls"] == [agree, packed, packed, agree, packed]
+        debug_log = (log_dir / "nvdlfw_inspect_logs" / f"nvdlfw_inspect_globalrank-{rank}.log").read_text()
+        others = ", ".join(f"rank {r} lacks 1" for r in range(1, world))  # only0's request (its mean and std)
+        assert f"log different requests ({others} of the group's" in debug_log
         logged = saved["logged"]
         for step in range(5):
             want = reference_stats(every_rank + step, ("mean", "std"))

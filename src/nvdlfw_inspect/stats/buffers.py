@@ -24,6 +24,7 @@ and logged, so that no peer waits for this rank).
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ import torch.distributed as dist
 
 from nvdlfw_inspect.distributed import get_distributed_rank, get_distributed_world_size, group_ranks, is_distributed
 from nvdlfw_inspect.errors import DistributedDesyncError
-from nvdlfw_inspect.logging import MetricLogger
+from nvdlfw_inspect.logging import MetricLogger, say_once
 from nvdlfw_inspect.stats.catalog import derive_floats, fields_for
 from nvdlfw_inspect.stats.desync import NO_ITERATION, check_stamps, wait_or_raise
 from nvdlfw_inspect.stats.fields import identity_partials, merge_partials
@@ -146,6 +147,24 @@ class _Layout:
 def _signature(keys: tuple) -> float:
     """A hash of request keys that is the same in every process (an exact, non-negative float64)."""
     return float(int.from_bytes(hashlib.sha256(repr(keys).encode()).digest()[:6], "big"))
+
+
+def _say_differences(every_rank: list[tuple], union: list[Hashable], ranks: list[int]) -> None:
+    """Name the ranks of a group that lack some of the group's statistics requests (once per message): their rows
+    count only the ranks that fed them, which is right for layers a rank does not hold (experts, pipeline
+    stages) and a sign of different configs otherwise."""
+    lacking = {
+        rank: len(union) - len(set(keys)) for rank, keys in zip(ranks, every_rank, strict=True) if len(set(keys)) < len(union)
+    }
+    if lacking:
+        shown = ", ".join(f"rank {rank} lacks {count}" for rank, count in lacking.items())
+        say_once(
+            f"the ranks {ranks} of a statistics reduction group log different requests ({shown} of the group's "
+            f"{len(union)}): each statistic is reduced over the ranks that fed it",
+            level=logging.INFO,
+            warning=None,
+            call_site=__name__,
+        )
 
 
 @dataclass
@@ -350,6 +369,7 @@ class StatsBuffers:
         every_rank: list[tuple] = [() for _ in range(get_distributed_world_size(group))]
         dist.all_gather_object(every_rank, mine, group=group)
         union = list(dict.fromkeys(key for keys_of_rank in every_rank for key in keys_of_rank))
+        _say_differences(every_rank, union, group_ranks(group))
         layout = self._layouts[(group, device)] = _Layout(mine, union, _signature(tuple(union)), torch.empty(0))
         merged = self._all_reduce(group, device, layout, mine, snapshot)
         if merged is None:  # every rank took the same union from one gather: only a bug gets here
