@@ -132,6 +132,7 @@ def _thresholds(diagnosis: Diagnosis) -> str:
         f"tail {t.tail:g}",
         f"warm-up {t.warmup}",
         f"scale change > x{t.scale_change:g}",
+        f"peer ratio > x{t.peer_ratio:g}",
         f"range margin {t.range_margin_bits:g} bits" if not math.isclose(t.range_margin_bits, 0) else "",
         t.fp8_format,
     ]
