@@ -31,14 +31,16 @@ def diagnose_run(
     """The diagnosis of an already collected run (the report shares its reading with this); ``routing``: the run's
     routing records (``read_routing``), from which the remedies already in place are judged."""
     thresholds = thresholds or Thresholds()
+    routing = list(routing)
     first = run.first_iteration
     findings = [replace(finding, remedies=tuple(choose(finding, first))) for finding in detect(run, thresholds)]
     findings, in_place = judge(run, findings, remedies_in_place(routing), thresholds)
+    layers = sorted({layer for layer, _, _, _ in run.points} | {record.layer for record in routing})
     config, reasons = remedy_config.build(remedy for finding in findings for remedy in finding.remedies)
     text = remedy_config.to_yaml(config, reasons, source) if config else None
     iterations = [i for points in run.points.values() for i in (min(points), max(points)) if points]
     span = (min(iterations), max(iterations)) if iterations else None
-    return Diagnosis(findings, config, text, thresholds, span, not_measured(run), in_place)
+    return Diagnosis(findings, config, text, thresholds, span, not_measured(run), in_place, layers)
 
 
 def diagnose_statistics(

@@ -20,7 +20,7 @@ from nvdlfw_inspect.diagnose.merge import merge
 from nvdlfw_inspect.diagnose.thresholds import RECIPE_FORMATS
 from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.files import write_text_atomic
-from nvdlfw_inspect.reading import run_directory, run_layers
+from nvdlfw_inspect.reading import run_directory
 
 CONFIG_NAME = "diagnose_config.yaml"
 FLAGS = {
@@ -84,7 +84,7 @@ def merged_yaml(user_path: Path, diagnosis: Diagnosis, log_dir: Path, check: Cal
     ``ConfigError`` naming the file when it cannot be read, ValueError when the merge is not valid (``check``)."""
     source, user = read_sections(user_path)
     config, reasons = remedy_config.build(remedy for finding in diagnosis.findings for remedy in finding.remedies)
-    merged, notes = merge(user, config, run_layers(log_dir), reasons)
+    merged, notes = merge(user, config, diagnosis.layers, reasons)
     errors = check(merged) if check is not None else []
     if errors:
         listed = "\n".join(f"  {error}" for error in errors)

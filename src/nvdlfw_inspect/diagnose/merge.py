@@ -51,8 +51,9 @@ def merge(
 ) -> tuple[dict[str, Any], Notes]:
     """``(config, notes by section)``: ``user_config``'s sections, changed as the module says, then the remedy
     sections of ``remedies_config`` (``diagnose``'s), then what is left of its watch section. ``layers``: the
-    names of the run's layers (``reading.run_layers``); ``reasons``: the remedy sections' reasons, which start
-    their notes (under the names the sections get here; notes of "" are about the whole config)."""
+    names of the run's layers (``Diagnosis.layers``, ``reading.run_layers``); ``reasons``: the remedy sections'
+    reasons, which start their notes (under the names the sections get here; notes of "" are about the whole
+    config)."""
     merged = copy.deepcopy(user_config)
     remedies = copy.deepcopy(remedies_config)
     reasons = reasons or {}

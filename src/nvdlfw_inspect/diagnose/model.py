@@ -94,7 +94,8 @@ class Diagnosis:
     """The findings, the most severe first, each with its remedies; the config that applies them all
     (empty when there is nothing to change) and the same as commented YAML (None then); ``unmeasured``:
     which checks had nothing logged to read (None when none), so that no finding is not read as no problem;
-    ``in_place``: the remedies the run already had, each with whether it worked."""
+    ``in_place``: the remedies the run already had, each with whether it worked; ``layers``: the names of the run's
+    layers (its statistics' and routing records'), which a merged config is written for (not in ``as_dict``)."""
 
     findings: list[Finding]
     config: dict[str, Any]
@@ -103,6 +104,7 @@ class Diagnosis:
     iterations: tuple[int, int] | None = None
     unmeasured: str | None = None
     in_place: list[InPlace] = field(default_factory=list)
+    layers: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
