@@ -35,13 +35,17 @@ MERGED_HEADER = (
 )
 
 
-def _section_name(layer: str, taken: set[str]) -> str:
-    base = "diagnose_" + (re.sub(r"[^0-9A-Za-z_]+", "_", layer).strip("_") or "layer")
+def free_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_2``, ``base_3``... the first not in ``taken`` (to which it is added)."""
     name, n = base, 2
     while name in taken:
         name, n = f"{base}_{n}", n + 1
     taken.add(name)
     return name
+
+
+def _section_name(layer: str, taken: set[str]) -> str:
+    return free_name("diagnose_" + (re.sub(r"[^0-9A-Za-z_]+", "_", layer).strip("_") or "layer"), taken)
 
 
 def gemm_tensor_selection(claims: dict[str, set[str]]) -> dict[str, Any]:

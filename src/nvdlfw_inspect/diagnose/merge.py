@@ -32,7 +32,7 @@ import re
 from typing import Any
 
 from nvdlfw_inspect.config_manager import LayerSpec
-from nvdlfw_inspect.diagnose.config import NAMESPACE, WATCH_SECTION, gemm_tensor_selection
+from nvdlfw_inspect.diagnose.config import NAMESPACE, WATCH_SECTION, free_name, gemm_tensor_selection
 from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER
 from nvdlfw_inspect.errors import ConfigLocation
 
@@ -76,7 +76,7 @@ def merge(
                 _watch_into(merged[name][NAMESPACE], window, notes.setdefault(name, []))
     taken = set(merged)
     for remedy_name, layer in remedy_layers.items():
-        name = _free(remedy_name, taken)
+        name = free_name(remedy_name, taken)
         notes[name] = list(reasons.get(remedy_name, []))
         if name != remedy_name:
             notes.setdefault(name, []).append(f"Named {name}: your config has a section {remedy_name}.")
@@ -114,14 +114,6 @@ def _shared(section: dict, remedy: dict) -> set[str]:
 
 def _by_number_or_type(spec: LayerSpec) -> bool:
     return spec.exact_layer_names is None and spec.name_regex is None
-
-
-def _free(name: str, taken: set[str]) -> str:
-    free, n = name, 2
-    while free in taken:
-        free, n = f"{name}_{n}", n + 1
-    taken.add(free)
-    return free
 
 
 def _to_exact_names(merged: dict, name: str, spec: LayerSpec, layers: list[str], notes: Notes) -> None:
@@ -325,7 +317,7 @@ def _rest_of_watch(merged: dict, watch: dict, layers: list[str], taken: set[str]
             "logs the watch's statistics too."
         )
         return
-    name = _free(WATCH_SECTION, taken)
+    name = free_name(WATCH_SECTION, taken)
     merged[name] = {**watch, "layers": {"exact_layer_names": rest}}
     notes[name] = [*reasons.get(WATCH_SECTION, []), *notes.get(name, [])]
     notes[name].append(
