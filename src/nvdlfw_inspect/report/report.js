@@ -59,7 +59,9 @@
       `iterations ${first} to ${last}`;
   }
 
-  const layerLink = (name) => element("a", { href: `#layer-${layerIndex.get(name)}` }, name);
+  // A link to the layer's charts; its name alone for a layer without statistics (routing records only).
+  const layerLink = (name) =>
+    (layerIndex.has(name) ? element("a", { href: `#layer-${layerIndex.get(name)}` }, name) : document.createTextNode(name));
   const percent = (fraction) => `${Math.round(fraction * 100)}%`;
 
   function diagnosis() {
@@ -102,7 +104,7 @@
     inPlace.hidden = !entries.length;
     inPlace.querySelector("ul").replaceChildren(...entries.map((e) => {
       const item = element("li", { class: `in-place ${e.verdict.replace(/ /g, "-")}` });
-      item.appendChild(layerIndex.has(e.layer) ? layerLink(e.layer) : document.createTextNode(e.layer));
+      item.appendChild(layerLink(e.layer));
       item.appendChild(document.createTextNode(` ${e.tensor}: `));
       item.appendChild(element("b", {}, e.verdict));
       item.appendChild(element("div", { class: "message" }, e.message));
@@ -193,7 +195,7 @@
       if (!visible(name)) return;
       const row = element("tr");
       const head = element("td");
-      head.appendChild(layerIndex.has(name) ? layerLink(name) : document.createTextNode(name));
+      head.appendChild(layerLink(name));
       row.appendChild(head);
       map.cells[i].forEach((periods) => {
         const cell = element("td", { class: "routing" });
