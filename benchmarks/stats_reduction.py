@@ -24,8 +24,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from nvdlfw_inspect.stats.fields import FIELDS
+
 EXTRAPOLATED = (1024, 16384)
-FIELDS = 13  # float64 fields of a row of partials (nvdlfw_inspect.stats.fields.LAYOUT)
+
+
+def all_gather_payload(rows: int) -> int:
+    """Bytes per rank of the all-gather the all-reduces replaced: the rows and a stamp row of float64 partials."""
+    return (rows + 1) * len(FIELDS) * 8
 
 
 def traffic(op: str, payload: int, world: int) -> tuple[float, float]:
@@ -136,7 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     worlds = [int(w) for w in args.worlds.split(",")]
     rows = args.requests  # one row per request
-    old_payload = (rows + 1) * FIELDS * 8
+    old_payload = all_gather_payload(rows)
     print(f"# statistics reduction traffic per step() and rank, {args.requests} requests (torch {torch.__version__})")
     columns = ["ranks", "how", "collectives per step (steady)", "payload per rank", "sent per rank", "received per rank"]
     print("| " + " | ".join([*columns, "received by the all-gather it replaced"]) + " |")

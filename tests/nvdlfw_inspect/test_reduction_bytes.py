@@ -15,7 +15,7 @@ from nvdlfw_inspect.stats.reduce import HEADER, MIN_WIDTH, SUM_WIDTH
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "stats_reduction.py"
 sys.path.insert(0, str(BENCHMARK.parent))
-from stats_reduction import per_rank_traffic, traffic  # noqa: E402
+from stats_reduction import all_gather_payload, per_rank_traffic, traffic  # noqa: E402
 
 REQUESTS = 24
 
@@ -38,4 +38,5 @@ def test_bytes_per_step_are_flat_in_the_world_size(tmp_path):
         sent, received = per_rank_traffic(packed, world)
         assert sent == received < 2 * payload  # flat: at most twice the payload, whatever the world
     # the all-gather it replaced: (rows + 1) x 13 float64 from every other rank
-    assert traffic("all_gather", (REQUESTS + 1) * 13 * 8, 16384)[1] > 1000 * per_rank_traffic(packed, 16384)[1]
+    assert all_gather_payload(REQUESTS) == (REQUESTS + 1) * 13 * 8
+    assert traffic("all_gather", all_gather_payload(REQUESTS), 16384)[1] > 1000 * per_rank_traffic(packed, 16384)[1]
