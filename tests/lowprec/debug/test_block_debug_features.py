@@ -250,3 +250,20 @@ def test_stats_features_given_a_quantized_tensor_say_so_and_log_nothing(log_dir,
     debug_log = (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
     assert "LogTensorStats needs the high-precision activation; none was given, nothing is logged" in debug_log
     assert (log_dir / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log").read_text().strip() == ""
+
+
+def test_block_scale_stats_of_a_tensor_read_in_high_precision_are_not_logged_and_said(log_dir):
+    """Under MXFP8 with every GEMM in high precision there are no block scales to describe: scale_inv_std is not
+    logged, and the debug log says why once; underflows% describes what the GEMMs read (nothing lost)."""
+    config = fp8_config(["underflows%", "scale_inv_std"], tensors=["activation"])
+    config["sec"]["transformer_engine"]["DisableFP8Layer"] = {"enabled": True}
+    collect = Collect()
+    start(config, log_dir, statistics_logger=collect)
+    layer = make_linear(in_f=256, out_f=128)
+    for _ in range(2):
+        train_step(layer, wide((32, 256), 40), wide((32, 128), 41), recipe=lowprec.MXFP8BlockScaling())
+        debug_api.step()
+    debug_api.end_debug()
+    assert collect.values == {("lin_activation_underflows%", 0): 0.0, ("lin_activation_underflows%", 1): 0.0}
+    text = (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    assert text.count("LogFp8TensorStats: scale_inv_std of activation not logged: its GEMMs read it without") == 1
