@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nvdlfw_inspect.api as debug_api
-from nvdlfw_inspect.config_manager import find_config_errors
+from nvdlfw_inspect.config_manager import check_config, find_config_errors
 from nvdlfw_inspect.config_yaml import config_line
 from nvdlfw_inspect.diagnose.command import add_arguments as diagnose_arguments
 from nvdlfw_inspect.errors import ConfigError, NvdlfwInspectError
 from nvdlfw_inspect.explain import ALL, explanation, feature_matches, suggestion
 from nvdlfw_inspect.reading import SkippedRecordsWarning, run_layers
 from nvdlfw_inspect.registry import Registry
+from nvdlfw_inspect.section_overlaps import possible_overlaps
 
 
 class UserError(Exception):
@@ -60,10 +61,17 @@ def loaded_features(feature_dirs: list[str]) -> Iterator[None]:
 def config_errors(path: Path, feature_dirs: list[str], layers: Sequence[str] = ()) -> list[ConfigError]:
     """Every error of the config file ``path`` against the loaded features (and, on ``layers``, two sections that
     configure one feature for one of them); nothing is written."""
+    return config_check(path, feature_dirs, layers)[0]
+
+
+def config_check(path: Path, feature_dirs: list[str], layers: Sequence[str] = ()) -> tuple[list[ConfigError], list[str]]:
+    """The errors of ``config_errors`` and the warnings: those of loading, and sections that could both configure
+    one feature for a layer (``possible_overlaps``), which only a layer both select makes an error."""
     if not path.is_file():
         raise UserError(f"config file not found: {str(path)!r}")
     with loaded_features(feature_dirs):
-        return find_config_errors(path, Registry.data, Registry.unusable, layers)
+        checked = check_config(path, Registry.data, Registry.unusable, layers)
+        return checked.errors, checked.warnings + possible_overlaps(checked.specs)
 
 
 def print_config_errors(path: Path, errors: list[ConfigError]) -> None:
@@ -86,11 +94,15 @@ def validate(args: argparse.Namespace) -> int:
     """Check the config; with ``--layers-from``, also on the layer names that run logged."""
     path = Path(args.config)
     layers = _run_layers(args.layers_from) if args.layers_from else []
-    errors = config_errors(path, args.feature_dirs, layers)
+    errors, warned = config_check(path, args.feature_dirs, layers)
     if errors:
         print_config_errors(path, errors)
         return 1
-    print(f"{path}: valid" + (f" (and on the {len(layers)} layers logged in {args.layers_from})" if layers else ""))
+    for warning in warned:
+        print(f"{path}: warning: {warning}", file=sys.stderr)
+    checked = f" (and on the {len(layers)} layers logged in {args.layers_from})" if layers else ""
+    noted = f", {len(warned)} warning{'s' if len(warned) > 1 else ''}" if warned else ""
+    print(f"{path}: valid{checked}{noted}")
     return 0
 
 
@@ -170,7 +182,9 @@ def diagnose(args: argparse.Namespace) -> int:
         warnings.simplefilter("always", SkippedRecordsWarning)
         try:
             with loaded_features(args.feature_dirs) if args.config is not None else contextlib.nullcontext():
-                code = command.run(args, sys.stdout, lambda config: find_config_errors(config, Registry.data, Registry.unusable))
+                code = command.run(
+                    args, sys.stdout, lambda config, layers: find_config_errors(config, Registry.data, Registry.unusable, layers)
+                )
         except ValueError as error:
             raise UserError(str(error)) from None
         finally:

@@ -9,16 +9,11 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from nvdlfw_inspect.errors import ConfigError, ConfigLocation, ErrorCollector, is_int
-
-try:  # the parser of the re module: re._parser from Python 3.11, sre_parse before
-    from re import _parser as _regex_parser
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as _regex_parser  # type: ignore[no-redef]
 
 BASE_NAMESPACE = "base"
 SECTION_KEYS = ("enabled", "layers")
@@ -215,6 +210,11 @@ class ConfigSpec:
         self.enabled = require_bool(cfg["enabled"], location.child("enabled"))
         self.layer_spec = LayerSpec(cfg["layers"], location.child("layers"))
 
+    def features(self) -> list[tuple[str, str]]:
+        """``(namespace, Feature)`` of each feature the section configures, enabled or not (either way it claims
+        the feature for its layers)."""
+        return [(ns, feature) for ns, features in self.extension_config.items() for feature in features]
+
     def reset(self) -> None:
         """Forget the selector and features, leaving the spec as ``ConfigSpec()`` made it."""
         self.enabled = True
@@ -269,8 +269,8 @@ def _parse_sections(
     warnings: list[str],
     layers: Sequence[str] = (),
 ) -> tuple[list[ConfigSpec], list[ConfigError]]:
-    """The enabled sections' specs and every error: each section, feature and key is checked on its own,
-    then the conflicts between the sections without errors (on ``layers`` too, see ``_check_static_conflicts``)."""
+    """The enabled sections' specs and every error: each section, feature and key is checked on its own; given
+    ``layers`` (the names a run logged), two sections configuring one feature for one of them is an error too."""
     specs: list[ConfigSpec] = []
     collector = ErrorCollector()
     for name, section in raw.items():
@@ -278,22 +278,100 @@ def _parse_sections(
             spec = _parse_section(str(name), section, top.child(name), registry_data, unusable, warnings)
             if spec is not None:
                 specs.append(spec)
-    with collector.check():
-        _check_static_conflicts(specs, top, layers)
+    for error in conflicts_on_layers(specs, top, layers):
+        collector.add(error)
     return specs, collector.errors
+
+
+def conflicts_on_layers(specs: Sequence[ConfigSpec], top: ConfigLocation, layers: Sequence[str]) -> list[ConfigError]:
+    """Each two sections that configure one feature for one of ``layers``: the error routing that layer raises.
+    Only real names decide it: selectors that could overlap on a name no layer has are no conflict (the reference
+    loads such configs), so this is checked at routing and, given a run's names, by ``validate --layers-from``."""
+    shared: dict[tuple[str, str], list[str]] = {}  # (first, second) -> their layers, in order
+    for layer in layers:
+        owner: dict[tuple[str, str], str] = {}
+        for spec in specs:
+            if not spec.layer_spec.matches(layer):
+                continue
+            for feature in spec.features():
+                first = owner.setdefault(feature, spec.name)
+                if first != spec.name:
+                    shared.setdefault((first, spec.name), []).append(layer)
+    errors = []
+    for (first, second), names in shared.items():
+        both = sorted(set(configured_by(specs, first)) & set(configured_by(specs, second)))
+        errors.append(
+            top.error(
+                f"sections '{first}' and '{second}' both configure {both} for layers of the run such as "
+                f"{list(dict.fromkeys(names))[:5]}; a layer may get each feature from one section only"
+            )
+        )
+    return errors
+
+
+def configured_by(specs: Sequence[ConfigSpec], name: str) -> list[str]:
+    """The features (``namespace.Feature``) of the section called ``name``."""
+    return [f"{ns}.{feature}" for spec in specs if spec.name == name for ns, feature in spec.features()]
+
+
+def named_overlaps(specs: Sequence[ConfigSpec]) -> list[str]:
+    """Each two sections that configure one feature for the same layers by construction: the same selector, or
+    an exact layer name both give. Only advice: routing a layer both select raises (as in the reference), a name
+    no layer has never does. Found by hashing, in time linear in the sections, so ``initialize`` checks any config
+    (``section_overlaps.possible_overlaps`` compares every pair, for ``validate``)."""
+    first_of: dict[tuple, str] = {}
+    found: dict[tuple[str, str], tuple[set[str], str]] = {}  # (first, second) -> (features, which layers)
+    for spec in specs:
+        names = sorted(spec.layer_spec.exact_layer_names or ())
+        keys = [(("selector", spec.layer_spec.signature()), "the same layers")]
+        keys += [(("name", name), f"layer {name!r}") for name in names]
+        for namespace, feature in spec.features():
+            for key, which in keys:
+                first = first_of.setdefault((namespace, feature, key), spec.name)
+                if first != spec.name:
+                    features, _ = found.setdefault((first, spec.name), (set(), which))
+                    features.add(f"{namespace}.{feature}")
+    return [
+        f"sections '{first}' and '{second}' both configure {sorted(features)} for {which}: routing a layer both select "
+        "raises an error (a layer may get each feature from one section only); merge the two sections or narrow "
+        "one's selector"
+        for (first, second), (features, which) in found.items()
+    ]
+
+
+class ConfigCheck(NamedTuple):
+    """What checking a config found: its errors, its warnings (selectors ignored, every section disabled), its
+    enabled sections (meaningful when there is no error), its source and the names of all its sections."""
+
+    errors: list[ConfigError]
+    warnings: list[str]
+    specs: list[ConfigSpec]
+    source: str = ""
+    section_names: list[str] = []
+
+
+def check_config(
+    config: Any, registry_data: dict, unusable: Mapping[str, str] | None = None, layers: Sequence[str] = ()
+) -> ConfigCheck:
+    """Every error of ``config`` at once (see ``_parse_sections``) with its warnings; ``unusable``: the namespaces
+    set aside at loading (``Registry.unusable``) -> why, named in the error of a section using one; ``layers``:
+    layer names (a run's) on which two sections must not both configure a feature."""
+    try:
+        source, raw, top = _read_sections(config)
+    except ConfigError as error:
+        return ConfigCheck([error], [], [])
+    warnings: list[str] = []
+    specs, errors = _parse_sections(raw, top, registry_data, unusable or {}, warnings, layers)
+    if not specs and not errors:
+        warnings.append(f"{source}: every section is disabled; no feature is active")
+    return ConfigCheck(errors, warnings, specs, source, [str(name) for name in raw])
 
 
 def find_config_errors(
     config: Any, registry_data: dict, unusable: Mapping[str, str] | None = None, layers: Sequence[str] = ()
 ) -> list[ConfigError]:
-    """Every error of ``config`` at once (see ``_parse_sections``); ``unusable``: the namespaces set aside at
-    loading (``Registry.unusable``) -> why, named in the error of a section using one; ``layers``: layer names (a
-    run's) on which two sections must not both configure a feature."""
-    try:
-        _, raw, top = _read_sections(config)
-    except ConfigError as error:
-        return [error]
-    return _parse_sections(raw, top, registry_data, unusable or {}, [], layers)[1]
+    """The errors of ``check_config``."""
+    return check_config(config, registry_data, unusable, layers).errors
 
 
 def _first_with_the_others(errors: list[ConfigError]) -> ConfigError:
@@ -324,18 +402,14 @@ class ConfigManager:
     def load_config(cls, config: Any, registry_data: dict, unusable: Mapping[str, str] | None = None) -> None:
         """Parse and validate ``config`` against the registered namespaces and features (``unusable``: as in
         ``find_config_errors``)."""
-        source, raw, top = _read_sections(config)
-        warnings: list[str] = []
-        specs, errors = _parse_sections(raw, top, registry_data, unusable or {}, warnings)
-        if errors:
-            raise _first_with_the_others(errors)
-        if not specs:
-            warnings.append(f"{source}: every section is disabled; no feature is active")
-        cls.configs = {spec.name: spec for spec in specs}
+        checked = check_config(config, registry_data, unusable)
+        if checked.errors:
+            raise _first_with_the_others(checked.errors)
+        cls.configs = {spec.name: spec for spec in checked.specs}
         cls.layer_name_to_config_cache = {}
-        cls.source = source
-        cls.section_names = [str(name) for name in raw]
-        cls.warnings = warnings
+        cls.source = checked.source
+        cls.section_names = checked.section_names
+        cls.warnings = checked.warnings + [f"{checked.source}: {overlap}" for overlap in named_overlaps(checked.specs)]
         cls.routed_layers, cls.matched_sections, cls.warned_sections, cls.routed_namespaces = {}, set(), set(), {}
 
     _load_config = load_config
@@ -506,162 +580,3 @@ def _add_feature(
             ns.api.validate_feature_config(feature, ns.features[feature], cfg, location)
     collector.raise_errors()
     extension_config.setdefault(namespace, {})[feature] = cfg
-
-
-def _check_static_conflicts(specs: list[ConfigSpec], top: ConfigLocation, layers: Sequence[str] = ()) -> None:
-    """Reject each two sections that configure the same feature for layers their selectors show to overlap
-    (``selection_overlap``) or, given ``layers`` (the names a run logged), for one of those names."""
-    collector = ErrorCollector()
-    candidates: dict[int, list[str]] = {}
-    for i, first in enumerate(specs):
-        for second in specs[i + 1 :]:
-            shared = [
-                f"{ns}.{feature}"
-                for ns, features in first.extension_config.items()
-                for feature in features
-                if feature in second.extension_config.get(ns, {})
-            ]
-            if not shared:
-                continue
-            which = selection_overlap(first.layer_spec, second.layer_spec, candidates)
-            if which is None and layers:
-                both = [name for name in layers if first.layer_spec.matches(name) and second.layer_spec.matches(name)]
-                which = f"layers of the run such as {both[:5]}" if both else None
-            if which is not None:
-                collector.add(
-                    top.error(
-                        f"sections '{first.name}' and '{second.name}' both configure {shared} for {which}; "
-                        "a layer may get each feature from one section only"
-                    )
-                )
-    collector.raise_errors()
-
-
-def selection_overlap(a: LayerSpec, b: LayerSpec, cache: dict[int, list[str]] | None = None) -> str | None:
-    """Which layers both selectors provably select, in words (None: not shown by the selectors alone): the same
-    selector; the exact names one gives that the other selects; else a witness name, generated from the selectors
-    (``candidate_names``), that both select by its name. Two ``layer_numbers``/``layer_types`` selectors are not
-    compared: whether they overlap depends on the layers' names and declared types, checked at routing. ``cache``:
-    the candidate names of specs by ``id``, for a caller comparing many pairs."""
-    if a.signature() == b.signature():
-        return "the same layers"
-    if a.exact_layer_names is not None or b.exact_layer_names is not None:
-        exact, other = (a, b) if a.exact_layer_names is not None else (b, a)
-        common = sorted(name for name in exact.exact_layer_names if other.matches(name))
-        return str(common) if common else None
-    if a.name_regex is None and b.name_regex is None:
-        return None
-    cache = {} if cache is None else cache
-    for spec in (a, b):
-        if id(spec) not in cache:
-            cache[id(spec)] = candidate_names(spec)
-    witness = next((name for name in _pairs(cache[id(a)], cache[id(b)]) if a.matches(name) and b.matches(name)), None)
-    return None if witness is None else f"layers such as {witness!r}"
-
-
-def _pairs(first: list[str], second: list[str]) -> Iterator[str]:
-    """Each candidate, then the first few joined with one of the other selector's (``model.`` + ``fc1``)."""
-    yield from first
-    yield from second
-    for x in first[:_JOINED]:
-        for y in second[:_JOINED]:
-            yield from (x + y, y + x, f"{x}.{y}", f"{y}.{x}")
-
-
-def candidate_names(spec: LayerSpec) -> list[str]:
-    """A few layer names the selector may select (each is checked with ``matches`` before it is used): its exact
-    names, strings its name regex matches, or its layer types each followed by its first layer numbers."""
-    if spec.exact_layer_names is not None:
-        return sorted(spec.exact_layer_names)
-    if spec.name_regex is not None:
-        return regex_samples(spec.name_regex)
-    types = [""]
-    if spec.type_names is not None and not spec.all_types:
-        types = sorted(spec.type_names)
-    elif spec.type_regex is not None and not spec.all_types:
-        types = regex_samples(spec.type_regex)
-    numbers = [str(r.start) for r in spec.numbers or []] if not spec.all_numbers else []
-    return [f"{t}.{n}" if t else n for t in types for n in numbers] if numbers else types
-
-
-_SAMPLES = 12  # strings generated per regex (and per part of one)
-_JOINED = 4  # candidates of each selector joined with the other's
-_SAMPLE_CHARS = "a0._-xA/ :"  # tried, in order, as the member of a character class
-_CATEGORY_REGEX = {
-    "CATEGORY_DIGIT": r"\d",
-    "CATEGORY_NOT_DIGIT": r"\D",
-    "CATEGORY_SPACE": r"\s",
-    "CATEGORY_NOT_SPACE": r"\S",
-    "CATEGORY_WORD": r"\w",
-    "CATEGORY_NOT_WORD": r"\W",
-}
-
-
-def regex_samples(pattern: re.Pattern) -> list[str]:
-    """Up to ``_SAMPLES`` strings built from the parse tree of ``pattern``: a literal as itself, ``.`` or a class as
-    one member, a repeat ``min`` and ``min + 1`` times, each alternative of a branch. Anchors, lookarounds and group
-    references add nothing, so a sample need not match: callers check each with the pattern itself."""
-    try:
-        tree = _regex_parser.parse(pattern.pattern, pattern.flags)
-    except (re.error, RecursionError, OverflowError):
-        return []
-    return _sequence_samples(list(tree))
-
-
-def _sequence_samples(items: list) -> list[str]:
-    samples = [""]
-    for op, arg in items:
-        options = _node_samples(op, arg)
-        if not options:
-            return []
-        samples = list(dict.fromkeys(a + b for a in samples for b in options))[:_SAMPLES]
-    return samples
-
-
-def _node_samples(op: Any, arg: Any) -> list[str]:
-    c = _regex_parser
-    if op is c.LITERAL:
-        return [chr(arg)]
-    if op is c.NOT_LITERAL:
-        return [next(ch for ch in _SAMPLE_CHARS if ord(ch) != arg)]
-    if op is c.ANY:
-        return [_SAMPLE_CHARS[0]]
-    if op is c.IN:
-        member = next((ch for ch in _class_candidates(arg) if _in_class(ch, arg)), None)
-        return [] if member is None else [member]
-    if op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)):
-        low, high, sub = arg
-        counts = [low, low + 1] if high > low else [low]
-        return list(dict.fromkeys(s * n for s in _sequence_samples(list(sub)) for n in counts))[:_SAMPLES]
-    if op is c.SUBPATTERN:
-        return _sequence_samples(list(arg[-1]))
-    if op is getattr(c, "ATOMIC_GROUP", None):
-        return _sequence_samples(list(arg))
-    if op is c.BRANCH:
-        return [s for alternative in arg[1] for s in _sequence_samples(list(alternative))][:_SAMPLES]
-    if op is c.GROUPREF_EXISTS:
-        _, yes, no = arg
-        return (_sequence_samples(list(yes)) + (_sequence_samples(list(no)) if no else [""]))[:_SAMPLES]
-    return [""]
-
-
-def _class_candidates(items: list) -> list[str]:
-    """The characters a class names first (its literals, the starts of its ranges), then ``_SAMPLE_CHARS``."""
-    c = _regex_parser
-    named = [chr(arg if op is c.LITERAL else arg[0]) for op, arg in items if op in (c.LITERAL, c.RANGE)]
-    return named + list(_SAMPLE_CHARS)
-
-
-def _in_class(ch: str, items: list) -> bool:
-    c = _regex_parser
-    negate = bool(items) and items[0][0] is c.NEGATE
-    found = False
-    for op, arg in items:
-        if op is c.LITERAL:
-            found = found or ord(ch) == arg
-        elif op is c.RANGE:
-            found = found or arg[0] <= ord(ch) <= arg[1]
-        elif op is c.CATEGORY:
-            category = _CATEGORY_REGEX.get(str(arg))
-            found = found or (category is not None and re.fullmatch(category, ch) is not None)
-    return found != negate

@@ -109,7 +109,7 @@ class DebugManager:
             logger.log_message(f"Reading config from {self.config_file}.")
         ConfigManager.load_config(self.config_file, Registry.data, Registry.unusable)
         for warning in ConfigManager.warnings:
-            logger.log_message(warning, logging.WARNING)
+            say_once(warning, call_site="config")
         logger.log_message(f"Loaded configs for dict_keys({ConfigManager.section_names}).")
 
     def _build_dispatch_table(self) -> None:

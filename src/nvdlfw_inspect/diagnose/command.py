@@ -22,6 +22,9 @@ from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.files import write_text_atomic
 from nvdlfw_inspect.reading import run_directory
 
+# Every error of a config (a dict) that routing the run's layers (the names given) would meet.
+ConfigChecker = Callable[[dict, list[str]], list[ConfigError]]
+
 CONFIG_NAME = "diagnose_config.yaml"
 FLAGS = {
     "underflow_pct": (float, "%% of non-zero values flushed to zero (underflows%%) that is a problem"),
@@ -58,11 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, out: TextIO, check: Callable[[dict], list[ConfigError]] | None = None) -> int:
+def run(args: argparse.Namespace, out: TextIO, check: ConfigChecker | None = None) -> int:
     """Diagnose, write the config when there is something to change, print. With ``args.config`` the config
-    written is the user's merged with the remedies (``merge``), which ``check`` must find no error in. Bad
-    thresholds raise ValueError, a config that cannot be written ``WriteError`` (a previous config there stays
-    whole)."""
+    written is the user's merged with the remedies (``merge``), which ``check`` must find no error in on the run's
+    layer names. Bad thresholds raise ValueError, a config that cannot be written ``WriteError`` (a previous config
+    there stays whole)."""
     thresholds = Thresholds(**{name: getattr(args, name) for name in [*FLAGS, "fp8_format"]})
     log_dir = run_directory(args.log_dir)
     diagnosis = diagnose(log_dir, thresholds)
@@ -79,13 +82,13 @@ def run(args: argparse.Namespace, out: TextIO, check: Callable[[dict], list[Conf
     return 0
 
 
-def merged_yaml(user_path: Path, diagnosis: Diagnosis, log_dir: Path, check: Callable[[dict], list[ConfigError]] | None) -> str:
+def merged_yaml(user_path: Path, diagnosis: Diagnosis, log_dir: Path, check: ConfigChecker | None) -> str:
     """The user's config at ``user_path`` merged with the diagnosis's remedies, as commented YAML; raises
     ``ConfigError`` naming the file when it cannot be read, ValueError when the merge is not valid (``check``)."""
     source, user = read_sections(user_path)
     config, reasons = remedy_config.build(remedy for finding in diagnosis.findings for remedy in finding.remedies)
     merged, notes = merge(user, config, diagnosis.layers, reasons)
-    errors = check(merged) if check is not None else []
+    errors = check(merged, diagnosis.layers) if check is not None else []
     if errors:
         listed = "\n".join(f"  {error}" for error in errors)
         raise ValueError(f"the config merged from {source} and the remedies is not valid (please report it):\n{listed}")

@@ -66,7 +66,7 @@ def routed(config: dict, tmp_path) -> dict[str, dict]:
 def test_appending_the_remedies_fails_and_the_merged_config_routes_the_union(lowprec_features, tmp_path):
     config, reasons = remedies()
     appended = {**user_config(), **config}
-    assert any("both configure" in str(e) for e in find_config_errors(appended, Registry.data, Registry.unusable))
+    assert any("both configure" in str(e) for e in find_config_errors(appended, Registry.data, Registry.unusable, LAYERS))
 
     merged, notes = merge(user_config(), config, LAYERS, reasons)
     assert find_config_errors(merged, Registry.data, Registry.unusable, LAYERS) == []
