@@ -503,10 +503,10 @@ def _parse_section(
         if "layers" in section:
             layer_spec = LayerSpec(section["layers"], location.child("layers"))
     extension_config: dict[str, dict[str, dict]] = {}
-    for key, value in section.items():
+    for key in section:
         if key not in SECTION_KEYS:
             with collector.check():
-                _parse_section_key(extension_config, str(key), value, location.child(key), registry_data, unusable)
+                _parse_section_key(extension_config, str(key), location.child(key), registry_data, unusable, section)
     collector.raise_errors()
     if layer_spec.ignored_keys:
         warnings.append(
@@ -517,9 +517,16 @@ def _parse_section(
 
 
 def _parse_section_key(
-    extension_config: dict, key: str, value: Any, location: ConfigLocation, registry_data: dict, unusable: Mapping[str, str]
+    extension_config: dict,
+    key: str,
+    location: ConfigLocation,
+    registry_data: dict,
+    unusable: Mapping[str, str],
+    section: dict,
 ) -> None:
-    """A section key besides ``enabled`` and ``layers``: a namespace of features, or a base-namespace feature."""
+    """A section key besides ``enabled`` and ``layers`` (of ``section``): a namespace of features, or a
+    base-namespace feature."""
+    value = section[key] if key in section else None
     base_features = registry_data[BASE_NAMESPACE].features if BASE_NAMESPACE in registry_data else {}
     if key in registry_data:
         if not isinstance(value, dict) or not value:
@@ -533,11 +540,52 @@ def _parse_section_key(
         _add_feature(extension_config, BASE_NAMESPACE, key, value, location, registry_data)
     elif key in unusable:
         raise location.error(f"namespace set aside at loading: {unusable[key]}", key)
+    elif owners := [ns for ns, data in registry_data.items() if key in data.features]:
+        raise location.error(
+            f"{key} is a feature of namespace {' and '.join(map(repr, owners))}, not of the base namespace: write it "
+            f"under '{owners[0]}:' in the section ({owners[0]}: {{{key}: {{enabled: True, ...}}}})",
+            key,
+        )
+    elif key in _feature_keys(registry_data):
+        raise location.error(
+            f"'{key}' is an option of a feature, not of a section: write it in the config of the feature it is for, "
+            f"{_feature_example(section, key, registry_data)}",
+            key,
+        )
     else:
         allowed = [*SECTION_KEYS, *sorted(registry_data), *sorted(base_features)]
         raise location.error(
             f"not a namespace nor a feature of the base namespace{_unloaded_namespace_fix(key, value)}", key, allowed
         )
+
+
+# The keys of a feature's config in the framework's grammar (features may take more: ``_feature_keys``).
+FEATURE_KEYS = frozenset(
+    {"tensors", "tensors_struct", "gemms", "gemms_struct", "stats", "freq", "start_step", "end_step", "start_end_list"}
+)
+
+
+def _feature_keys(registry_data: dict) -> frozenset[str]:
+    """``FEATURE_KEYS`` and the keys the loaded features declare (``config_keys``, ``option_keys``)."""
+    declared = [
+        getattr(feature, attribute, None) or ()
+        for data in registry_data.values()
+        for feature in data.features.values()
+        for attribute in ("config_keys", "option_keys")
+    ]
+    return FEATURE_KEYS.union(*declared) - {"enabled"}
+
+
+def _feature_example(section: dict, key: str, registry_data: dict) -> str:
+    """Where ``key`` goes: under the first feature the section configures (as a key path), else an example."""
+    for name, value in section.items():
+        if name in SECTION_KEYS or not isinstance(value, dict):
+            continue
+        if name in registry_data and value:
+            return f"e.g. '{name}.{next(iter(value))}.{key}'"
+        if BASE_NAMESPACE in registry_data and name in registry_data[BASE_NAMESPACE].features:
+            return f"e.g. '{name}.{key}'"
+    return f"e.g. LogTensorStats: {{enabled: True, {key}: ...}} (under 'transformer_engine:' for lowprec's layers)"
 
 
 def _unloaded_namespace_fix(key: str, value: Any) -> str:

@@ -682,6 +682,35 @@ def test_feature_errors(log_dir, features, key_path, fragments):
         assert fragment in message, (fragment, message)
 
 
+def test_a_feature_option_written_at_section_level_is_said_to_belong_under_a_feature(log_dir, custom_ns):
+    """``freq`` and ``tensors`` beside the features: the error says where they go (the section's own feature as a
+    key path) instead of calling them an unknown namespace."""
+    with pytest.raises(ConfigError) as info:
+        init({"sec": section(OK_LAYERS, freq=10, tensors=["activation"], LogTensorStats=lts())}, log_dir)
+    message = str(info.value)
+    assert message.startswith(
+        "config dict: key 'sec.freq': 'freq' is an option of a feature, not of a section: write it in the config of "
+        "the feature it is for, e.g. 'LogTensorStats.freq'"
+    )
+    assert "key 'sec.tensors': 'tensors' is an option of a feature" in info.value.__notes__[0]  # the other error
+    assert "not a namespace" not in message and "did you mean" not in message
+    config = {"sec": section(OK_LAYERS, start_step=3, **{custom_ns.name: {"FeatA": {"enabled": True}}})}
+    message = init_error(config, log_dir, [custom_ns.directory])
+    assert f"write it in the config of the feature it is for, e.g. '{custom_ns.name}.FeatA.start_step'" in message
+    message = init_error({"sec": section(OK_LAYERS, stats=["max"])}, log_dir)
+    assert "e.g. LogTensorStats: {enabled: True, stats: ...} (under 'transformer_engine:' for lowprec's layers)" in message
+
+
+def test_a_feature_of_another_namespace_written_directly_in_a_section_names_that_namespace(log_dir, custom_ns):
+    """Not "did you mean" a base feature of a similar name: the namespace that has it."""
+    message = init_error({"sec": section(OK_LAYERS, FeatA={"enabled": True})}, log_dir, [custom_ns.directory])
+    assert message == (
+        f"config dict: key 'sec.FeatA': FeatA is a feature of namespace '{custom_ns.name}', not of the base namespace: "
+        f"write it under '{custom_ns.name}:' in the section ({custom_ns.name}: {{FeatA: {{enabled: True, ...}}}}); "
+        "got 'FeatA'"
+    )
+
+
 def test_unknown_feature_in_custom_namespace(log_dir, custom_ns):
     config = {"sec": section(OK_LAYERS, **{custom_ns.name: {"FeatC": {"enabled": True}}})}
     message = init_error(config, log_dir, [custom_ns.directory])

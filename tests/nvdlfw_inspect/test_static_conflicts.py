@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 import yaml
+from logreader import main_log_path
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.cli import main
@@ -19,7 +20,6 @@ from nvdlfw_inspect.config_manager import ConfigManager, LayerSpec, find_config_
 from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.registry import Registry
 from nvdlfw_inspect.section_overlaps import possible_overlaps
-from tests.support.logreader import main_log_path
 
 LTS = {"enabled": True, "tensors": ["activation"], "stats": ["max"], "freq": 1}
 

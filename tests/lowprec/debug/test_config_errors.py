@@ -105,3 +105,21 @@ def test_an_unknown_namespace_shaped_key_names_feature_dirs(tmp_path):
     config = {"sec": {"enabled": True, "layers": {"layer_types": ["linear"]}, "my_ns": {"MyFeature": {"enabled": True}}}}
     with pytest.raises(ConfigError, match=re.escape("(if it is a namespace, pass the directory of its features")):
         start(config, tmp_path)
+
+
+def test_a_transformer_engine_feature_written_directly_in_a_section_names_its_namespace(tmp_path):
+    """``LogFp8TensorStats`` beside ``layers`` is no "did you mean 'LogTensorStats'?" (the base feature, which lowprec's
+    layers do not call): the error says to write it under ``transformer_engine:``."""
+    fp8_stats = {"enabled": True, "tensors": ["activation"], "stats": ["underflows%"], "freq": 1}
+    config = {"sec": {"enabled": True, "layers": {"layer_types": ["linear"]}, "LogFp8TensorStats": fp8_stats}}
+    with pytest.raises(ConfigError) as info:
+        start(config, tmp_path)
+    assert str(info.value) == (
+        "config dict: key 'sec.LogFp8TensorStats': LogFp8TensorStats is a feature of namespace 'transformer_engine', "
+        "not of the base namespace: write it under 'transformer_engine:' in the section (transformer_engine: "
+        "{LogFp8TensorStats: {enabled: True, ...}}); got 'LogFp8TensorStats'"
+    )
+    config["sec"]["freq"] = 10  # and an option beside it points to a feature of the section
+    config["sec"]["transformer_engine"] = {"LogFp8TensorStats": config["sec"].pop("LogFp8TensorStats")}
+    with pytest.raises(ConfigError, match=re.escape("e.g. 'transformer_engine.LogFp8TensorStats.freq'")):
+        start(config, tmp_path)
