@@ -27,7 +27,7 @@ ConfigChecker = Callable[[dict, list[str]], list[ConfigError]]
 
 CONFIG_NAME = "diagnose_config.yaml"
 FLAGS = {
-    "underflow_pct": (float, "%% of non-zero values flushed to zero (underflows%%) that is a problem"),
+    "underflow_pct": (float, "%% of all values (zeros too) that flush to zero from non-zero (underflows%%) that is a problem"),
     "overflow_pct": (float, "%% of values saturated under delayed scaling (overflows%%) that is a problem"),
     "persistence": (float, "fraction of the iterations after warm-up a value must be over its threshold"),
     "tail": (float, "last fraction of the run whose median must stay under the threshold"),

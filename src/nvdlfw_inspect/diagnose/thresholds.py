@@ -23,7 +23,8 @@ FORWARD_OPERANDS = ("activation", "weight")
 class Thresholds:
     """When a statistic is a problem.
 
-    ``underflow_pct``: % of non-zero values flushed to zero (``underflows%``), default 1.
+    ``underflow_pct``: % of the values, zeros included, that were non-zero and flush to zero (``underflows%``),
+    default 1.
     ``overflow_pct``: % of values saturated under delayed scaling (``overflows%``), default 0.1.
     ``persistence``: a value over its threshold is a problem when the median of the last ``tail`` of
     the iterations after warm-up is over it, or it is over it in at least this fraction of them

@@ -1,6 +1,7 @@
 """``LogFp8TensorStats``: how well a tensor survives quantization, under the run's recipe or any other.
 
-A stat is ``[recipe_]name[_columnwise]``: ``underflows%`` (non-zero values that become zero),
+A stat is ``[recipe_]name[_columnwise]``: ``underflows%`` (non-zero values that become zero, in % of ALL the
+elements, zeros included, as Transformer Engine counts),
 ``overflows%`` (values beyond the FP8 range under delayed scaling, which then saturate),
 ``scale_inv_min``, ``scale_inv_max``, ``mse`` (mean squared quantization error), and for block recipes
 ``scale_inv_std`` and ``scale_exp_hist`` (``block_scale_stats``). Without a recipe
