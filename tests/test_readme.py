@@ -120,6 +120,12 @@ def check_mx_family(directory: Path, stdout: str) -> None:
     errors = {line.split(":")[0]: float(line.split("relative error ")[1].rstrip("%")) for line in stdout.strip().splitlines()}
     assert len(errors) == 5 and all(0 < error < 30 for error in errors.values())
     assert errors["MXFP4 (OCP scales)"] > errors["MXFP6 E3M2"] > errors["MXFP8"]  # fewer bits, larger errors
+    # the snippet is seeded, so the figures the page quotes are what it prints (give or take a last-digit rounding
+    # where another BLAS sums in another order)
+    quoted = re.search(r"It prints relative output errors of ([^:]+):", (ROOT / "docs" / "formats.md").read_text())
+    assert quoted, "docs/formats.md no longer quotes what the MX snippet prints"
+    figures = [float(figure) for figure in re.findall(r"([\d.]+)%", quoted.group(1))]
+    assert figures == pytest.approx(list(errors.values()), abs=0.15)
 
 
 def check_compare(directory: Path, stdout: str) -> None:
