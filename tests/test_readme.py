@@ -1,6 +1,7 @@
-"""Every python snippet of the README runs as written, each in a fresh directory holding the YAML files the
-README names for it and, for snippets that read ``demo_logs``, a short demo run; some are checked for
-what the README says they print or log."""
+"""Every python snippet of the README and of the pages in docs/ runs as written, each in a fresh directory
+holding the YAML files the pages name for it and, for snippets that read ``demo_logs``, a short demo run; some
+are checked for what the pages say they print or log. Every shell command is one the scripts install, and every
+``transformer_engine`` config initializes."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from pathlib import Path
 import pytest
 from logreader import read_stats
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+#: the pages whose code blocks are kept running: the README, then docs/ in name order
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 OPTIONAL = ("wandb", "tensorboard", "pandas", "transformers", "lightning", "accelerate")
 
 
-def fenced_blocks() -> list[tuple[str, str, str | None, str]]:
-    """(language, section heading, file named on the line before the block as "`name.yaml`:", text)."""
-    blocks, heading, previous, lines = [], "", "", iter(README.read_text().splitlines())
+def fenced_blocks(page: Path) -> list[tuple[str, str, str | None, str]]:
+    """(language, section heading, file named on the line before the block as "`name.yaml`:", text) of one page."""
+    blocks, heading, previous, lines = [], "", "", iter(page.read_text().splitlines())
     for line in lines:
         if line.startswith("```"):
             body = []
@@ -37,7 +41,8 @@ def fenced_blocks() -> list[tuple[str, str, str | None, str]]:
     return blocks
 
 
-BLOCKS = fenced_blocks()
+BLOCKS = [block for page in PAGES for block in fenced_blocks(page)]
+#: python snippets by the heading of their section, which is unique across the pages (CHECKS is keyed by it)
 SNIPPETS = {heading: code for language, heading, _, code in BLOCKS if language == "python"}
 YAML_FILES = {name: text for language, _, name, text in BLOCKS if language == "yaml" and name}
 
@@ -115,6 +120,12 @@ def check_mx_family(directory: Path, stdout: str) -> None:
     errors = {line.split(":")[0]: float(line.split("relative error ")[1].rstrip("%")) for line in stdout.strip().splitlines()}
     assert len(errors) == 5 and all(0 < error < 30 for error in errors.values())
     assert errors["MXFP4 (OCP scales)"] > errors["MXFP6 E3M2"] > errors["MXFP8"]  # fewer bits, larger errors
+    # the snippet is seeded, so the figures the page quotes are what it prints (give or take a last-digit rounding
+    # where another BLAS sums in another order)
+    quoted = re.search(r"It prints relative output errors of ([^:]+):", (ROOT / "docs" / "formats.md").read_text())
+    assert quoted, "docs/formats.md no longer quotes what the MX snippet prints"
+    figures = [float(figure) for figure in re.findall(r"([\d.]+)%", quoted.group(1))]
+    assert figures == pytest.approx(list(errors.values()), abs=0.15)
 
 
 def check_compare(directory: Path, stdout: str) -> None:
@@ -124,7 +135,7 @@ def check_compare(directory: Path, stdout: str) -> None:
 
 CHECKS = {
     "Quick start": check_quick_start,
-    "Logs": check_wandb,
+    "Weights & Biases": check_wandb,
     "Reading a run: report, DataFrame, command line": check_read_stats,
     "Diagnose a run: what is wrong, and a config that fixes it": check_diagnose,
     "FP8 layers: `lowprec`": None,  # its assertion is appended to the snippet
@@ -143,6 +154,8 @@ APPENDED = {
 
 
 def test_every_snippet_is_known():
+    headings = [heading for language, heading, _, _ in BLOCKS if language == "python"]
+    assert len(headings) == len(set(headings)), "two python snippets under one heading: give each its own section"
     assert set(SNIPPETS) == set(CHECKS), "a python snippet was added or its section renamed: list it in CHECKS"
     assert set(YAML_FILES) == {"convert_config.yaml", "config.yaml"}
 
@@ -170,7 +183,7 @@ def test_every_shell_command_runs_as_written_after_the_two_scripts():
     into .venv/bin, never a bare `nvdlfw-inspect`, which no PATH finds after them (issue 26)."""
     import tomllib
 
-    root = README.parent
+    root = ROOT
     assert 'VENV="$ROOT/.venv"' in (root / "scripts" / "env.sh").read_text()
     installed = {"python", *tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]}
     lines = [line.split("#")[0].split() for language, _, _, text in BLOCKS if language == "bash" for line in text.splitlines()]
@@ -183,7 +196,7 @@ def test_every_shell_command_runs_as_written_after_the_two_scripts():
             assert words[0].startswith(".venv/bin/") and words[0].removeprefix(".venv/bin/") in installed, words
 
 
-def test_every_transformer_engine_config_in_the_readme_initializes(tmp_path):
+def test_every_transformer_engine_config_in_the_pages_initializes(tmp_path):
     """The feature examples are configs users copy: each must pass validation as written."""
     import lowprec
     import nvdlfw_inspect.api as debug_api
