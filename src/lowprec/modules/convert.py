@@ -19,6 +19,7 @@ import torch
 from lowprec.errors import LowprecTypeError, LowprecValueError
 from lowprec.modules.base import NamedModule
 from lowprec.modules.conv1d import Conv1D
+from lowprec.modules.high_precision_gemms import FILTERED_OUT, register_converted
 from lowprec.modules.linear import Linear
 from lowprec.modules.moe import moe_plan
 from lowprec.modules.replaceable import replacement_blocker
@@ -27,7 +28,6 @@ from nvdlfw_inspect.logging import say_once
 logger = logging.getLogger("lowprec")
 
 ModuleFilter = Callable[[str, torch.nn.Module], bool]
-FILTERED_OUT = "filtered out"
 
 # GEMM-bearing modules lowprec has no layer for; each is reported with its reason.
 _NOT_CONVERTED: tuple[tuple[type | tuple[type, ...], str], ...] = (
@@ -141,6 +141,7 @@ def convert_with_report(
     report = ConvertReport(model, prefix=prefix)
     report.model = _Converter(selection, _plain_classes(plain_linears), report).visit(model, "")
     _log(report)
+    register_converted(report.model, prefix, {report.name(s.path): (s.type_name, s.reason) for s in report.skipped})
     return report
 
 
