@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -17,6 +17,17 @@ class AutocastState:
 
 
 _stack: list[AutocastState] = [AutocastState()]
+
+EntryWatch = Callable[[], Callable[[], None] | None]
+_entry_watch: EntryWatch | None = None
+
+
+def set_entry_watch(watch: EntryWatch) -> None:
+    """Call ``watch`` at the entry of each enabled autocast; what it returns (None: nothing) is called at the exit.
+    ``lowprec.modules.high_precision_gemms`` (which imports this module) looks there, once, for GEMMs left in
+    high precision outside lowprec layers."""
+    global _entry_watch
+    _entry_watch = watch
 
 
 def active_recipe() -> Recipe | None:
@@ -45,10 +56,13 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[Non
     if not isinstance(enabled, bool):
         raise LowprecTypeError(f"autocast(enabled=...) must be a bool, got {enabled!r}")
     _stack.append(AutocastState(enabled, checked_recipe(recipe)))
+    at_exit = _entry_watch() if enabled and _entry_watch is not None else None
     try:
         yield
     finally:
         _stack.pop()
+        if at_exit is not None:
+            at_exit()
 
 
 @contextmanager

@@ -218,15 +218,26 @@ def log_message(
     SingleMessageLogger.log_message_once(msg, layer_name, level, extra_cachable_args, call_site=site)
 
 
-def log_routing(*, layer: str, gemm: str, tensor: str, decision: str, feature: str | None, recipe: bool, iteration: int) -> None:
+def log_routing(
+    *,
+    layer: str,
+    gemm: str,
+    tensor: str,
+    decision: str,
+    feature: str | None,
+    recipe: bool,
+    iteration: int,
+    reason: str | None = None,
+) -> None:
     """Record a routing decision: from ``iteration`` on, ``gemm`` (fprop, dgrad, wgrad) of ``layer`` reads
     ``tensor`` as ``decision`` says (``fp8``: the recipe's quantized operand, ``high_precision``: unquantized,
     ``modified``: a feature's ``modify_tensor`` output); ``feature`` names the feature that decided (None: the
-    default), ``recipe`` whether a recipe was active. One JSON line in ``{log_dir}/nvdlfw_inspect_routing_jsonl/
+    default), ``recipe`` whether a recipe was active, ``reason`` why a GEMM the framework does not run (a module
+    left unconverted) is in that precision. One JSON line in ``{log_dir}/nvdlfw_inspect_routing_jsonl/
     routing_globalrank-{rank}.jsonl``, written where the statistics records are; a framework calls this when a
     decision changes. Arguments are checked (``ValueError``, ``TypeError``); before ``initialize`` nothing is
     written."""
-    record = routing_record(layer, gemm, tensor, decision, feature, recipe, iteration)
+    record = routing_record(layer, gemm, tensor, decision, feature, recipe, iteration, reason)
     if DEBUG_MANAGER is not None:
         get_logger().log_routing(record)
 

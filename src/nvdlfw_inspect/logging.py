@@ -620,9 +620,17 @@ class StatisticsFile:
 
 
 def routing_record(
-    layer: str, gemm: str, tensor: str, decision: str, feature: str | None, recipe: bool, iteration: int
+    layer: str,
+    gemm: str,
+    tensor: str,
+    decision: str,
+    feature: str | None,
+    recipe: bool,
+    iteration: int,
+    reason: str | None = None,
 ) -> dict[str, Any]:
-    """A routing record's fields, checked (``ValueError``/``TypeError`` naming the field), in the file's order."""
+    """A routing record's fields, checked (``ValueError``/``TypeError`` naming the field), in the file's order;
+    ``reason`` only when given, so records without one keep their line format."""
     for name, value in (("layer", layer), ("tensor", tensor)):
         if not isinstance(value, str) or not value:
             raise TypeError(f"routing record: {name} must be a non-empty string, got {value!r}")
@@ -632,11 +640,13 @@ def routing_record(
         raise ValueError(f"routing record: decision must be one of {ROUTING_DECISIONS}, got {decision!r}")
     if feature is not None and (not isinstance(feature, str) or not feature):
         raise TypeError(f"routing record: feature must be a feature's name or None, got {feature!r}")
+    if reason is not None and (not isinstance(reason, str) or not reason):
+        raise TypeError(f"routing record: reason must be a non-empty string or None, got {reason!r}")
     if not isinstance(recipe, bool):
         raise TypeError(f"routing record: recipe must be True or False (whether a recipe is active), got {recipe!r}")
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
         raise ValueError(f"routing record: iteration must be a non-negative integer, got {iteration!r}")
-    return {
+    record = {
         "layer": layer,
         "gemm": gemm,
         "tensor": tensor,
@@ -645,6 +655,7 @@ def routing_record(
         "recipe": recipe,
         "iteration": iteration,
     }
+    return record if reason is None else record | {"reason": reason}
 
 
 class FileLogger(BaseLogger):

@@ -59,6 +59,7 @@ class RoutingRecord(NamedTuple):
     feature: str | None
     recipe: bool
     iteration: int
+    reason: str | None = None  # why a GEMM no feature decided is in that precision (a module left unconverted)
 
 
 class SkippedRecordsWarning(UserWarning):
@@ -208,6 +209,7 @@ def _line_by_line(
 def _routing(record: dict[str, Any], default_rank: int) -> RoutingRecord:
     """A routing record as a ``RoutingRecord``; a field of the wrong type or value is a ``TypeError`` naming it."""
     fields = {key: record[key] for key in ("layer", "gemm", "tensor", "decision", "feature", "recipe", "iteration")}
+    fields["reason"] = record.get("reason")
     rank = record.get("rank", default_rank)
     problems = [
         ("layer", type(fields["layer"]) is str, "a string"),
@@ -215,6 +217,7 @@ def _routing(record: dict[str, Any], default_rank: int) -> RoutingRecord:
         ("gemm", fields["gemm"] in ROUTING_GEMMS, f"one of {', '.join(ROUTING_GEMMS)}"),
         ("decision", fields["decision"] in ROUTING_DECISIONS, f"one of {', '.join(ROUTING_DECISIONS)}"),
         ("feature", fields["feature"] is None or type(fields["feature"]) is str, "a string or null"),
+        ("reason", fields["reason"] is None or type(fields["reason"]) is str, "a string or null"),
         ("recipe", type(fields["recipe"]) is bool, "true or false"),
         ("iteration", type(fields["iteration"]) is int, "an integer"),
         ("rank", type(rank) is int, "an integer"),

@@ -18,6 +18,7 @@ from nvdlfw_inspect.errors import short_repr
 from nvdlfw_inspect.logging import say_once
 from nvdlfw_inspect.registry import Registry
 
+TE_NAMESPACE = "transformer_engine"  # the namespace of Transformer Engine's and lowprec's layers
 MAX_NAMES_SHOWN = 12
 MAX_CLOSEST = 3
 
@@ -36,7 +37,15 @@ def warn_sections_never_matched() -> None:
     if layers:
         _warn(specs, f"none of the {len(layers)} layers that called the debug API in the first step", layers)
     else:
-        _warn(specs, "no layer: none called the debug API in the first step (are its layers debuggable and named?)")
+        none = "no layer: none called the debug API in the first step (are its layers debuggable and named?"
+        te = [spec for spec in specs if TE_NAMESPACE in spec.extension_config]
+        _warn([spec for spec in specs if spec not in te], f"{none})")
+        # a plain PyTorch model's layers call no namespace: said here, as nvdlfw_inspect never imports lowprec
+        _warn(
+            te,
+            f"{none} {TE_NAMESPACE} features are called by Transformer Engine or lowprec layers: if the model is "
+            "plain PyTorch, convert it first with model = lowprec.convert(model))",
+        )
 
 
 def warn_features_in_namespaces_not_called() -> None:

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("pandas")  # imported before the memory is traced: read_stats needs it
 
 import nvdlfw_inspect  # noqa: E402
+import nvdlfw_inspect.api as debug_api  # noqa: E402
 from nvdlfw_inspect.cli import main  # noqa: E402
 from nvdlfw_inspect.reading import (  # noqa: E402
     RoutingRecord,
@@ -93,6 +94,22 @@ def test_read_stats_holds_a_large_log_in_less_than_its_size(log_dir):
 def routing(iteration: int, **fields: object) -> str:
     good = {"layer": "m.fc", "gemm": "wgrad", "tensor": "gradient", "decision": "high_precision", "feature": "Off"}
     return json.dumps(good | {"recipe": True, "iteration": iteration, "rank": 1} | fields)
+
+
+def test_a_routing_records_reason_is_written_only_when_given_and_read_back(log_dir):
+    stats = {"LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]}}
+    debug_api.initialize(
+        config_file={"s": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}} | stats}, log_dir=log_dir
+    )
+    fields = {"gemm": "fprop", "tensor": "weight", "decision": "high_precision", "feature": None, "recipe": True}
+    debug_api.log_routing(layer="m.attn", **fields, iteration=0, reason="not converted: fused attention")
+    debug_api.log_routing(layer="m.fc", **fields, iteration=0)
+    with pytest.raises(TypeError, match="reason must be a non-empty string or None, got 3"):
+        debug_api.log_routing(layer="m.fc", **fields, iteration=0, reason=3)
+    debug_api.end_debug()
+    lines = (log_dir / "nvdlfw_inspect_routing_jsonl" / "routing_globalrank-0.jsonl").read_text().splitlines()
+    assert ["reason" in json.loads(line) for line in lines] == [True, False]  # older lines keep their format
+    assert [record.reason for record in read_routing(log_dir)] == ["not converted: fused attention", None]
 
 
 def test_routing_records_are_read_bad_and_torn_lines_skipped_and_named(log_dir):

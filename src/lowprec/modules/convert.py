@@ -19,14 +19,15 @@ import torch
 from lowprec.errors import LowprecTypeError, LowprecValueError
 from lowprec.modules.base import NamedModule
 from lowprec.modules.conv1d import Conv1D
+from lowprec.modules.high_precision_gemms import FILTERED_OUT, register_converted
 from lowprec.modules.linear import Linear
 from lowprec.modules.moe import moe_plan
 from lowprec.modules.replaceable import replacement_blocker
+from nvdlfw_inspect.logging import say_once
 
 logger = logging.getLogger("lowprec")
 
 ModuleFilter = Callable[[str, torch.nn.Module], bool]
-FILTERED_OUT = "filtered out"
 
 # GEMM-bearing modules lowprec has no layer for; each is reported with its reason.
 _NOT_CONVERTED: tuple[tuple[type | tuple[type, ...], str], ...] = (
@@ -71,16 +72,22 @@ class Skipped(NamedTuple):
 class ConvertReport:
     """What ``convert_with_report`` did: the model to use from now on, the debug names of the layers
     it converted, and the modules it left in high precision (``reason == "filtered out"`` when the
-    user's filter kept them)."""
+    user's filter kept them), named in messages like the converted ones (``name``)."""
 
     model: torch.nn.Module
     converted: list[str] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    prefix: str = "model"
+
+    def name(self, path: str) -> str:
+        """The name of the module at ``path``: ``{prefix}.{path}``, as converted layers are named (``<root>`` for the
+        model itself without a prefix)."""
+        return ".".join(part for part in (self.prefix, path) if part) or "<root>"
 
     def __str__(self) -> str:
         lines = [f"lowprec.convert: {len(self.converted)} layers converted, {len(self.skipped)} modules left in high precision"]
         lines += [f"  converted {name}" for name in self.converted]
-        lines += [f"  skipped {s.path or '<root>'} ({s.type_name}): {s.reason}" for s in self.skipped]
+        lines += [f"  skipped {self.name(s.path)} ({s.type_name}): {s.reason}" for s in self.skipped]
         return "\n".join(lines)
 
 
@@ -95,8 +102,9 @@ def convert(
 ) -> torch.nn.Module:
     """Convert ``model``'s linear layers in place (see ``convert_with_report``) and return the model to use.
 
-    A bare layer passed in is returned converted. What was converted and skipped is logged to the
-    ``lowprec`` logger: INFO for conversions, WARNING for GEMM-bearing modules left in high precision.
+    A bare layer passed in is returned converted. Conversions and the modules the filters kept are logged to the
+    ``lowprec`` logger (INFO); GEMM-bearing modules left in high precision (and converting no layer) are said once
+    in the debug log and as a warning, each module named as a converted one would be, with the reason.
     """
     return convert_with_report(
         model, prefix, module_filter_fn=module_filter_fn, include=include, exclude=exclude, plain_linears=plain_linears
@@ -130,9 +138,10 @@ def convert_with_report(
     if not isinstance(prefix, str):
         raise LowprecTypeError(f"prefix must be a string, got {prefix!r}")
     selection = _Selection(module_filter_fn, _patterns("include", include), _patterns("exclude", exclude))
-    report = ConvertReport(model)
-    report.model = _Converter(prefix, selection, _plain_classes(plain_linears), report).visit(model, "")
+    report = ConvertReport(model, prefix=prefix)
+    report.model = _Converter(selection, _plain_classes(plain_linears), report).visit(model, "")
     _log(report)
+    register_converted(report.model, prefix, {report.name(s.path): (s.type_name, s.reason) for s in report.skipped})
     return report
 
 
@@ -194,8 +203,8 @@ class _Selection:
 class _Converter:
     """One walk over a model, converting in place and filling ``report``."""
 
-    def __init__(self, prefix: str, selection: _Selection, plain_linears: frozenset[type], report: ConvertReport):
-        self.prefix, self.selection, self.plain_linears, self.report = prefix, selection, plain_linears, report
+    def __init__(self, selection: _Selection, plain_linears: frozenset[type], report: ConvertReport):
+        self.selection, self.plain_linears, self.report = selection, plain_linears, report
         self.done: dict[int, torch.nn.Module] = {}  # a module registered twice is handled once
 
     def visit(self, module: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -208,7 +217,7 @@ class _Converter:
         plan = _plan(module, self.plain_linears)
         if callable(plan):
             if self.selection.keeps(path, module):
-                name = ".".join(part for part in (self.prefix, path) if part)
+                name = self.report.name(path)
                 self.report.converted.append(name)
                 return plan(name).train(module.training)
             plan = FILTERED_OUT
@@ -285,18 +294,20 @@ def _blocker(module: torch.nn.Module, forward: Callable) -> str | None:
 
 
 def _log(report: ConvertReport) -> None:
+    """Conversions and the user's filtering to the ``lowprec`` logger (INFO); no layer converted, and the modules
+    left in high precision with the reason, said once (debug log and warning)."""
     converted, skipped = report.converted, report.skipped
     if converted:
         logger.info("lowprec.convert: converted %d layers: %s", len(converted), ", ".join(converted))
     else:
-        logger.warning("lowprec.convert: converted no layer")
-    filtered = [s.path for s in skipped if s.reason == FILTERED_OUT]
+        say_once("lowprec.convert: converted no layer", call_site=__name__)
+    filtered = [report.name(s.path) for s in skipped if s.reason == FILTERED_OUT]
     if filtered:
         logger.info("lowprec.convert: filtered out (kept in high precision): %s", ", ".join(filtered))
     blocked = [s for s in skipped if s.reason != FILTERED_OUT]
     if blocked:
-        logger.warning(
-            "lowprec.convert: left %d modules with GEMMs in high precision: %s",
-            len(blocked),
-            "; ".join(f"{s.path or '<root>'} ({s.type_name}): {s.reason}" for s in blocked),
+        say_once(
+            f"lowprec.convert: left {len(blocked)} modules with GEMMs in high precision: "
+            + "; ".join(f"{report.name(s.path)} ({s.type_name}): {s.reason}" for s in blocked),
+            call_site=__name__,
         )

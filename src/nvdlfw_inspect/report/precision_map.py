@@ -13,7 +13,7 @@ from nvdlfw_inspect.reading import RoutingRecord
 TENSOR_ORDER = ("activation", "weight", "gradient", "output", "dgrad", "wgrad")
 _INPUTS = frozenset(("activation", "weight", "gradient"))
 
-Part = dict[str, Any]  # {"tensor", "decision", "feature", "recipe"}
+Part = dict[str, Any]  # {"tensor", "decision", "feature", "recipe"}, and "reason" when the record gives one
 Period = dict[str, Any]  # {"from": iteration, "parts": [Part, ...]}
 
 
@@ -28,13 +28,19 @@ def periods(records: Iterable[RoutingRecord]) -> list[Period]:
     for iteration in sorted(by_iteration):
         for record in by_iteration[iteration]:
             if record.tensor in _INPUTS or record.decision == "modified":
-                state[record.tensor] = {key: getattr(record, key) for key in ("tensor", "decision", "feature", "recipe")}
+                state[record.tensor] = _part(record)
             else:
                 state.pop(record.tensor, None)  # an output no longer modified: nothing to show
         parts = sorted(state.values(), key=lambda part: _tensor_rank(part["tensor"]))
         if not result or result[-1]["parts"] != parts:
             result.append({"from": iteration, "parts": parts})
     return result
+
+
+def _part(record: RoutingRecord) -> Part:
+    """What the page shows of a record; its reason only where it has one."""
+    part = {key: getattr(record, key) for key in ("tensor", "decision", "feature", "recipe")}
+    return part if record.reason is None else part | {"reason": record.reason}
 
 
 def _tensor_rank(tensor: str) -> tuple[int, str]:

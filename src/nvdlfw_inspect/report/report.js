@@ -160,7 +160,8 @@
     if (p.decision === "fp8") return "FP8";
     if (p.decision === "modified") return p.feature || "modified";
     if (!p.recipe) return "high precision (no recipe)";
-    return p.feature ? `high precision \u2014 ${p.feature}` : "high precision";
+    const why = p.feature || p.reason;
+    return why ? `high precision \u2014 ${why}` : "high precision";
   }
   // One line for the GEMM when its operands agree, else one per tensor ("activation: FakeQuant").
   function routeLines(parts) {
@@ -169,7 +170,7 @@
   }
   const ROUTE_LEGEND = [
     ["route-fp8", "FP8: the recipe's quantized operands"],
-    ["route-hp", "high precision \u2014 the feature that kept the GEMM unquantized"],
+    ["route-hp", "high precision \u2014 the feature that kept the GEMM unquantized, or why the framework did not run it (a module left unconverted)"],
     ["route-modified", "tensor: the feature whose modify_tensor made the operand"],
     ["route-norecipe", "high precision (no recipe): no FP8 recipe was active"],
   ];

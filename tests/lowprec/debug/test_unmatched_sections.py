@@ -103,3 +103,18 @@ def test_base_features_on_lowprec_layers_are_warned_about_naming_the_namespace_t
     assert [str(w.message) for w in recwarn if "quick_start_form" in str(w.message)] == namespace_warnings_in(err)
     debug_api.end_debug()
     assert set(nvdlfw_inspect.read_stats(log_dir).layer) == {"model.own", "model.2"}
+
+
+def test_a_transformer_engine_section_no_layer_called_names_lowprec_convert_for_a_plain_model(log_dir, recwarn):
+    start(section(STATS), log_dir)
+    plain = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+    train(plain, steps=2)
+    (warning,) = [str(w.message) for w in recwarn if "selects no layer" in str(w.message)]
+    assert warning == (
+        "config dict: section 'sec' selects no layer: its selectors {'layer_name_regex_pattern': '.*'} match no layer: "
+        "none called the debug API in the first step (are its layers debuggable and named? transformer_engine features "
+        "are called by Transformer Engine or lowprec layers: if the model is plain PyTorch, convert it first with "
+        "model = lowprec.convert(model)); its features do nothing"
+    )
+    debug_api.end_debug()
+    assert warning in (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()

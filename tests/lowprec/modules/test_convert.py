@@ -6,12 +6,14 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import warnings
 
 import pytest
 import torch
 from fp8ref import e4m3_both, e5m2_first, linear_grads
 
 import lowprec
+import nvdlfw_inspect.api as debug_api
 from lowprec.modules.convert import FILTERED_OUT, Skipped
 
 
@@ -102,7 +104,7 @@ def test_report_lists_converted_names_and_skipped_modules():
     assert report.skipped[0] == ("0.attention", "MultiheadAttention", report.skipped[0].reason)  # a plain tuple too
     text = str(report)
     assert text.splitlines()[0] == "lowprec.convert: 3 layers converted, 2 modules left in high precision"
-    assert "  converted net.0.mlp.2" in text and "  skipped 0.attention (MultiheadAttention): its projections" in text
+    assert "  converted net.0.mlp.2" in text and "  skipped net.0.attention (MultiheadAttention): its projections" in text
 
 
 def test_modules_inside_multihead_attention_stay_and_it_still_computes_the_same():
@@ -342,7 +344,8 @@ def test_a_filtered_out_bare_layer_is_returned_as_it_is():
     layer = torch.nn.Linear(4, 4)
     report = lowprec.convert_with_report(layer, module_filter_fn=lambda path, module: path != "")
     assert report.model is layer and report.skipped == [Skipped("", "Linear", FILTERED_OUT)]
-    assert "skipped <root> (Linear): filtered out" in str(report)
+    assert "skipped model (Linear): filtered out" in str(report)
+    assert "skipped <root> (Linear): filtered out" in str(lowprec.convert_with_report(layer, "", exclude=""))
 
 
 @pytest.mark.parametrize(
@@ -373,28 +376,42 @@ def test_model_must_be_a_module():
         lowprec.convert({"fc": torch.nn.Linear(2, 2)})
 
 
-def test_convert_logs_what_it_did(caplog):
+def start_session(log_dir) -> None:
+    """A debug session whose log says what convert says once."""
+    stats = {"LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]}}
+    section = {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": stats}
+    debug_api.initialize(config_file={"stats": section}, log_dir=log_dir)
+
+
+def test_convert_logs_what_it_did_naming_skipped_modules_as_converted_ones(caplog, log_dir):
+    start_session(log_dir)
     caplog.set_level(logging.INFO, logger="lowprec")
-    lowprec.convert(torch.nn.Sequential(Block(), torch.nn.Linear(16, 4)), exclude=r"^1$")
+    blocked = (
+        "lowprec.convert: left 1 modules with GEMMs in high precision: model.0.attention (MultiheadAttention): "
+        "its projections run in F.multi_head_attention_forward, which reads the weights directly"
+    )
+    with pytest.warns(UserWarning) as said:
+        lowprec.convert(torch.nn.Sequential(Block(), torch.nn.Linear(16, 4)), exclude=r"^1$")
+    assert [str(w.message) for w in said] == [blocked]
     records = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "lowprec"]
     assert records == [
         ("INFO", "lowprec.convert: converted 2 layers: model.0.mlp.0, model.0.mlp.2"),
-        ("INFO", "lowprec.convert: filtered out (kept in high precision): 1"),
-        (
-            "WARNING",
-            "lowprec.convert: left 1 modules with GEMMs in high precision: 0.attention (MultiheadAttention): "
-            "its projections run in F.multi_head_attention_forward, which reads the weights directly",
-        ),
+        ("INFO", "lowprec.convert: filtered out (kept in high precision): model.1"),
     ]
+    debug_api.end_debug()
+    assert blocked in (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
 
 
-def test_filtering_alone_warns_only_when_nothing_is_converted(caplog):
+def test_filtering_alone_warns_only_when_nothing_is_converted(caplog, log_dir):
+    start_session(log_dir)
     caplog.set_level(logging.INFO, logger="lowprec")
-    lowprec.convert(torch.nn.Sequential(torch.nn.Linear(2, 2)), exclude="0")
+    with pytest.warns(UserWarning, match="^lowprec.convert: converted no layer$"):
+        lowprec.convert(torch.nn.Sequential(torch.nn.Linear(2, 2)), exclude="0")
     assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "lowprec"] == [
-        ("WARNING", "lowprec.convert: converted no layer"),
-        ("INFO", "lowprec.convert: filtered out (kept in high precision): 0"),
+        ("INFO", "lowprec.convert: filtered out (kept in high precision): model.0"),
     ]
     caplog.clear()
-    lowprec.convert(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)), exclude="0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lowprec.convert(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)), exclude="0")
     assert all(r.levelno == logging.INFO for r in caplog.records if r.name == "lowprec")
