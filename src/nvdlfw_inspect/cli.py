@@ -25,8 +25,9 @@ from nvdlfw_inspect.config_yaml import config_line
 from nvdlfw_inspect.diagnose.command import add_arguments as diagnose_arguments
 from nvdlfw_inspect.errors import ConfigError, NvdlfwInspectError
 from nvdlfw_inspect.explain import ALL, explanation, feature_matches, suggestion
-from nvdlfw_inspect.reading import SkippedRecordsWarning, run_layers
+from nvdlfw_inspect.reading import SkippedRecordsWarning, read_routing, run_layers
 from nvdlfw_inspect.registry import Registry
+from nvdlfw_inspect.section_coverage import base_features_on_routed_layers
 from nvdlfw_inspect.section_overlaps import possible_overlaps
 
 
@@ -64,14 +65,18 @@ def config_errors(path: Path, feature_dirs: list[str], layers: Sequence[str] = (
     return config_check(path, feature_dirs, layers)[0]
 
 
-def config_check(path: Path, feature_dirs: list[str], layers: Sequence[str] = ()) -> tuple[list[ConfigError], list[str]]:
-    """The errors of ``config_errors`` and the warnings: those of loading, and sections that could both configure
-    one feature for a layer (``possible_overlaps``), which only a layer both select makes an error."""
+def config_check(
+    path: Path, feature_dirs: list[str], layers: Sequence[str] = (), routed: Sequence[str] = ()
+) -> tuple[list[ConfigError], list[str]]:
+    """The errors of ``config_errors`` and the warnings: those of loading, sections that could both configure
+    one feature for a layer (``possible_overlaps``), which only a layer both select makes an error, and
+    base-namespace features on ``routed`` layers (``base_features_on_routed_layers``)."""
     if not path.is_file():
         raise UserError(f"config file not found: {str(path)!r}")
     with loaded_features(feature_dirs):
         checked = check_config(path, Registry.data, Registry.unusable, layers)
-        return checked.errors, checked.warnings + possible_overlaps(checked.specs)
+        warned = checked.warnings + possible_overlaps(checked.specs)
+        return checked.errors, warned + base_features_on_routed_layers(checked.specs, routed)
 
 
 def print_config_errors(path: Path, errors: list[ConfigError]) -> None:
@@ -94,7 +99,8 @@ def validate(args: argparse.Namespace) -> int:
     """Check the config; with ``--layers-from``, also on the layer names that run logged."""
     path = Path(args.config)
     layers = _run_layers(args.layers_from) if args.layers_from else []
-    errors, warned = config_check(path, args.feature_dirs, layers)
+    routed = _routed_layers(args.layers_from) if args.layers_from else []
+    errors, warned = config_check(path, args.feature_dirs, layers, routed)
     if errors:
         print_config_errors(path, errors)
         return 1
@@ -117,6 +123,14 @@ def _run_layers(log_dir: str) -> list[str]:
     if not layers:
         raise UserError(f"no layer names are logged in '{log_dir}'")
     return layers
+
+
+def _routed_layers(log_dir: str) -> list[str]:
+    """The layers of the run in ``log_dir`` whose GEMMs a library routed: those of its routing records that a
+    feature or recipe decided (not a module the library left in high precision, which has a ``reason``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedRecordsWarning)  # _run_layers said them
+        return sorted({record.layer for record in read_routing(log_dir) if record.reason is None})
 
 
 def list_features(args: argparse.Namespace) -> int:

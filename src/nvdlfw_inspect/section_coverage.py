@@ -11,7 +11,7 @@ directly in the section is the ``base`` namespace's, which ``lowprec`` layers do
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from nvdlfw_inspect.config_manager import BASE_NAMESPACE, ConfigManager, ConfigSpec
 from nvdlfw_inspect.errors import short_repr
@@ -79,6 +79,28 @@ def _warn_namespace_not_called(spec: ConfigSpec, namespace: str, features: list[
         f"nothing for {'them' if len(missed) > 1 else 'it'}{fix}",
         call_site=__name__,
     )
+
+
+def base_features_on_routed_layers(specs: Sequence[ConfigSpec], routed: Collection[str]) -> list[str]:
+    """For ``validate --layers-from``: each section whose base-namespace features select layers of a run whose
+    GEMMs a library routed (``routed``: the layers of its routing records a feature or recipe decided). Such
+    layers call the library's namespace, so the features do nothing for them, as the run's own warning said."""
+    said = []
+    for spec in specs:
+        features = sorted(spec.extension_config.get(BASE_NAMESPACE, {}))
+        selected = [layer for layer in routed if spec.layer_spec.matches(layer)] if features else []
+        if not selected:
+            continue
+        homes = [ns for ns in Registry.data if ns != BASE_NAMESPACE and _has_features(ns, features)]
+        fix = f"write them under '{homes[0]}:' in the section" if homes else "write them under the library's namespace"
+        said.append(
+            f"section '{spec.name}' configures {features} of namespace '{BASE_NAMESPACE}' (written directly in the "
+            f"section), but {len(selected)} layer{'s' if len(selected) > 1 else ''} of the run it selects "
+            f"({_shown(dict.fromkeys(selected, ()))}) had {'their' if len(selected) > 1 else 'its'} GEMMs routed by "
+            f"a library, which calls its own namespace, not '{BASE_NAMESPACE}': these features do nothing for "
+            f"{'them' if len(selected) > 1 else 'it'}; {fix}"
+        )
+    return said
 
 
 def _has_features(namespace: str, features: list[str]) -> bool:

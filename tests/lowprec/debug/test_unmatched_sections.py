@@ -4,11 +4,13 @@ selectors: when ``infer_and_assign_layer_names`` names the model, else at the en
 from __future__ import annotations
 
 import torch
+import yaml
 from debugrun import section, start
 
 import lowprec
 import nvdlfw_inspect
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect import cli
 
 STATS = {"LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]}}
 
@@ -118,3 +120,34 @@ def test_a_transformer_engine_section_no_layer_called_names_lowprec_convert_for_
     )
     debug_api.end_debug()
     assert warning in (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+
+
+def test_validate_layers_from_says_base_features_do_nothing_for_the_runs_lowprec_layers(log_dir, tmp_path, capsys):
+    """What the run warned about, ``validate --layers-from`` says too: the routing records show which layers a
+    library routed (``model.0``, ``model.2``); ``model.own`` called ``base`` itself and is not named."""
+    config = {
+        "quick_start_form": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": r"model\.(0|own)$"},
+            "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]},
+        },
+        **section(STATS, {"exact_layer_names": ["model.2"]}),
+    }
+    start(config, log_dir, default_logging_enabled=True)
+    model = sequential()
+    model[0].name, model[2].name = "model.0", "model.2"
+    debug_api.log_tensor_stats("model.own", tensor=torch.ones(4), tensor_name="activation")
+    train(model, steps=1)
+    debug_api.end_debug()
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    capsys.readouterr()
+    assert cli.main(["validate", str(path), "--layers-from", str(log_dir)]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == f"{path}: valid (and on the 3 layers logged in {log_dir}), 1 warning"
+    assert err.splitlines() == [
+        f"{path}: warning: section 'quick_start_form' configures ['LogTensorStats'] of namespace 'base' (written "
+        "directly in the section), but 1 layer of the run it selects (model.0) had its GEMMs routed by a library, "
+        "which calls its own namespace, not 'base': these features do nothing for it; write them under "
+        "'transformer_engine:' in the section"
+    ]
