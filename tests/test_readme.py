@@ -87,7 +87,7 @@ C_ATTN_STATS = {f"model.transformer.h.{i}.attn.c_attn_activation_{stat}" for i i
 
 
 def check_convert(directory: Path, stdout: str) -> None:
-    assert "8 layers converted" in stdout and "skipped lm_head (Linear): filtered out" in stdout
+    assert "8 layers converted" in stdout and "skipped model.lm_head (Linear): filtered out" in stdout
     assert set(read_stats(directory / "convert_logs")) == {(name, iteration) for name in C_ATTN_STATS for iteration in range(3)}
 
 
