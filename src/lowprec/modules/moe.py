@@ -94,7 +94,7 @@ class GatedExperts(NamedModule):
         tokens, top_k = top_k_index.shape
         with torch.no_grad():
             expert_ids = top_k_index.reshape(-1)  # (token, slot) pairs
-            order = torch.sort(expert_ids, stable=True).indices  # the pairs grouped by expert
+            order = self._grouped_by_expert(top_k_index)
             counts = torch.bincount(expert_ids, minlength=self.num_experts)
         m_splits = counts.tolist()  # which rows each expert gets: read on the host, as every implementation does
         if len(m_splits) != self.num_experts:
@@ -116,6 +116,18 @@ class GatedExperts(NamedModule):
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         return h[inverse].view(tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
+
+    def _grouped_by_expert(self, top_k_index: torch.Tensor) -> torch.Tensor:
+        """The (token, slot) pairs (indices into ``top_k_index.reshape(-1)``) grouped by expert, in the order Hugging
+        Face's implementation feeds each expert's GEMM its rows: a row's result can differ in the last bit with its
+        position in the GEMM, so bit-exactness needs the same order. "eager" takes an expert's rows slot by slot,
+        token by token within a slot (its one-hot mask permuted to (expert, slot, token)); "grouped_mm" and
+        "batched_mm" take them as ``torch.sort(expert_ids)`` (not stable) leaves them."""
+        tokens, top_k = top_k_index.shape
+        if not self.sum_in_expert_order:
+            return torch.sort(top_k_index.reshape(-1)).indices
+        slot_major = torch.sort(top_k_index.t().reshape(-1), stable=True).indices  # into (slot, token) pairs
+        return (slot_major % tokens) * top_k + slot_major // tokens
 
     def debug_layers(self) -> list[tuple[str, tuple[str, ...]]]:
         """Its expert GEMMs, not the module itself, call the debug API."""
