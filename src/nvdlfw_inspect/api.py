@@ -87,6 +87,7 @@ def initialize(
             collective_timeout=kwargs.get("collective_timeout"),
         )
         manager.load_config()
+        manager.start()
     except BaseException as error:
         if not isinstance(error, KeyboardInterrupt):
             _log_failure(error)

@@ -24,6 +24,7 @@ from nvdlfw_inspect.logging import (
 from nvdlfw_inspect.registry import Registry
 from nvdlfw_inspect.section_coverage import warn_features_in_namespaces_not_called, warn_sections_never_matched
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
+from nvdlfw_inspect.step_watch import StepWatch
 
 
 class DebugManager:
@@ -57,6 +58,7 @@ class DebugManager:
         self._pause_lock = threading.Lock()
         self._initialize_loggers(statistics_logger, tb_writer, default_logging_enabled)
         self._load_namespace_apis_and_features(normalize_feature_dirs(feature_dirs))
+        self._step_watch: StepWatch | None = None  # from ``start``: a failed initialize leaves no hook behind
 
     def _initialize_loggers(self, statistics_logger: Any, tb_writer: Any, default_logging_enabled: bool) -> None:
         logger = get_logger()
@@ -97,6 +99,10 @@ class DebugManager:
         self._build_dispatch_table()
         for ns, data in Registry.data.items():
             get_logger().log_message(f"Registered {ns} namespace with features {sorted(data.features)}.", logging.DEBUG)
+
+    def start(self) -> None:
+        """The session runs (its config is loaded): watch for training steps that ``step()`` does not separate."""
+        self._step_watch = StepWatch(lambda: self._trainer_iteration_count, STATS_BUFFERS.fed)
 
     def load_config(self) -> None:
         logger = get_logger()
@@ -142,6 +148,8 @@ class DebugManager:
         with self._step_lock:
             finished = self._trainer_iteration_count
             self._trainer_iteration_count += 1
+            if self._step_watch is not None:
+                self._step_watch.debug_step()
             self._stepping = threading.get_ident()
             try:
                 STATS_BUFFERS.flush(step=finished, timeout=self.collective_timeout)
@@ -183,6 +191,7 @@ class DebugManager:
         ``os.fork()`` nothing is logged: the parent logs its own unfinished step."""
         with self._step_lock:
             self._closed = True
+            most_fed = STATS_BUFFERS.most_fed()  # before the flush resets the counts
             try:
                 if self._stepping == threading.get_ident():
                     say_once(
@@ -193,6 +202,8 @@ class DebugManager:
                 elif os.getpid() == self.owner_pid:  # not in a child of os.fork(): the step is the parent's
                     STATS_BUFFERS.flush(step=self._trainer_iteration_count, timeout=self.collective_timeout)
             finally:
+                if self._step_watch is not None:
+                    self._step_watch.close(most_fed)
                 STATS_BUFFERS.reset()
                 for api in self._namespace_apis.values():
                     api.end_debug()

@@ -20,12 +20,13 @@ import socket
 import sys
 import time
 import warnings
-from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterator
 from typing import Any
 
 from nvdlfw_inspect.distributed import get_distributed_rank, is_distributed
 from nvdlfw_inspect.errors import LogDirInUseError, UnsafeLogPathError
+from nvdlfw_inspect.statistics_logger import BaseLogger
+from nvdlfw_inspect.wandb_logger import WandbLogger
 
 MAIN_LOG_DIR = "nvdlfw_inspect_logs"
 STATISTICS_LOG_DIR = "nvdlfw_inspect_statistics_logs"
@@ -49,13 +50,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # where the platform has it; link_out_
 
 
 Statistic = tuple[str, str, str, float, int]  # (layer, tensor, stat, value, iteration)
-
-
-class BaseLogger(ABC):
-    """A statistics sink. Implement ``log_scalar`` and pass an instance as ``statistics_logger``."""
-
-    @abstractmethod
-    def log_scalar(self, name: str, value: float | int, iteration: int, **kwargs: Any) -> None: ...
 
 
 class MetricLogger:
@@ -195,6 +189,19 @@ class TensorboardLogger(BaseLogger):
 
 def wrap_tensorboard_writer(writer: Any) -> TensorboardLogger:
     return TensorboardLogger(writer)
+
+
+def wrap_wandb_logger(logger: Any) -> WandbLogger:
+    """A statistics logger writing to Weights & Biases: ``logger`` is a run from ``wandb.init`` or Lightning's
+    ``WandbLogger``, whose ``experiment`` is its run (NeMo's tensor-inspection callback passes that one, then
+    ``MetricLogger.add_logger``). The run stays the caller's: finishing the debug session does not finish it."""
+    run = getattr(logger, "experiment", logger)
+    if not all(callable(getattr(run, method, None)) for method in ("log", "define_metric")):
+        raise TypeError(
+            "wrap_wandb_logger needs a W&B run (wandb.init's result) or a Lightning WandbLogger (its .experiment is "
+            f"the run), got {type(logger).__name__}"
+        )
+    return WandbLogger(run)
 
 
 def _as_float(value: Any) -> float:

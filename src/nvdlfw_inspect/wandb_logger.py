@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nvdlfw_inspect.logging import BaseLogger
+from nvdlfw_inspect.statistics_logger import BaseLogger
 
 
 def _import_wandb() -> Any:

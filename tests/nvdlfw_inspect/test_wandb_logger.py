@@ -106,3 +106,41 @@ def test_nan_is_recorded_as_nan(wandb_dir):
     logger.finish()
     (row,) = history(run_dir(wandb_dir))
     assert row["layer/weight_max"] == math.inf and math.isnan(row["layer/weight_min"])
+
+
+def test_wrap_wandb_logger_takes_a_run_as_nemo_adds_it(wandb_dir, log_dir):
+    """NeMo's tensor-inspection callback: ``MetricLogger.add_logger(wrap_wandb_logger(logger))`` after initialize."""
+    from nvdlfw_inspect.logging import MetricLogger, wrap_wandb_logger
+
+    run = offline_run(wandb_dir)
+    debug_api.initialize(CONFIG, log_dir=log_dir)
+    MetricLogger.add_logger(wrap_wandb_logger(run))
+    debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([-2.0, 5.0]), tensor_name="activation")
+    debug_api.step()
+    debug_api.end_debug()
+    assert not run._is_finished  # the run stays the caller's
+    run.finish()
+    rows = [row for row in history(run_dir(wandb_dir)) if "debug_iteration" in row]
+    assert rows == [{"net.fc/activation_min": -2.0, "net.fc/activation_max": 5.0, "debug_iteration": 0}]
+
+
+def test_wrap_wandb_logger_takes_lightnings_wandb_logger(wandb_dir, log_dir):
+    loggers = pytest.importorskip("lightning.pytorch.loggers")
+    from nvdlfw_inspect.logging import wrap_wandb_logger
+
+    lightning_logger = loggers.WandbLogger(project="lowprec-tests", save_dir=str(wandb_dir), offline=True)
+    debug_api.initialize(CONFIG, log_dir=log_dir, statistics_logger=wrap_wandb_logger(lightning_logger))
+    debug_api.log_tensor_stats("net.fc", tensor=torch.tensor([1.0, 3.0]), tensor_name="gradient")
+    debug_api.end_debug()
+    lightning_logger.experiment.finish()
+    (row,) = [row for row in history(run_dir(wandb_dir)) if "debug_iteration" in row]
+    # Lightning's run syncs its own step into every row; the statistics keep their axis
+    assert row == {"net.fc/gradient_min": 1.0, "net.fc/gradient_max": 3.0, "debug_iteration": 0, "trainer/global_step": 0}
+    assert step_metrics(run_dir(wandb_dir))["net.fc/*"] == "debug_iteration"
+
+
+def test_wrap_wandb_logger_rejects_what_is_no_run():
+    from nvdlfw_inspect.logging import wrap_wandb_logger
+
+    with pytest.raises(TypeError, match="needs a W&B run .* or a Lightning WandbLogger .*, got SummaryWriter"):
+        wrap_wandb_logger(type("SummaryWriter", (), {"add_scalar": lambda *a: None})())

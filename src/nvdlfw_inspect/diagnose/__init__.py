@@ -40,7 +40,17 @@ def diagnose_run(
     text = remedy_config.to_yaml(config, reasons, source) if config else None
     iterations = [i for points in run.points.values() for i in (min(points), max(points)) if points]
     span = (min(iterations), max(iterations)) if iterations else None
-    return Diagnosis(findings, config, text, thresholds, span, not_measured(run), in_place, layers)
+    caution = one_iteration_caution(span[0]) if span is not None and span[0] == span[1] else None
+    return Diagnosis(findings, config, text, thresholds, span, not_measured(run), in_place, layers, caution)
+
+
+def one_iteration_caution(iteration: int) -> str:
+    """What a run whose every statistic is from one iteration cannot show, and its likely cause."""
+    return (
+        f"every statistic is from iteration {iteration} alone, so what persists or grows cannot be judged and no "
+        "finding is no all-clear; if the run trained more than one step, debug_api.step() was never called and "
+        "every step was merged into that iteration: call it once per training step, after optimizer.step()"
+    )
 
 
 def diagnose_statistics(

@@ -102,6 +102,8 @@ def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None, user_conf
     count = len(diagnosis.findings)
     found = f"{count or 'No'} finding{'s' if count != 1 else ''}"
     lines = [f"{found} in {log_dir} (iterations {first} to {last}; {_thresholds(diagnosis)})"]
+    if diagnosis.caution:
+        lines.append(f"caution: {diagnosis.caution}")
     if diagnosis.unmeasured:
         lines.append(f"not measured: {diagnosis.unmeasured}")
     if diagnosis.in_place:

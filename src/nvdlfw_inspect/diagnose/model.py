@@ -95,7 +95,8 @@ class Diagnosis:
     (empty when there is nothing to change) and the same as commented YAML (None then); ``unmeasured``:
     which checks had nothing logged to read (None when none), so that no finding is not read as no problem;
     ``in_place``: the remedies the run already had, each with whether it worked; ``layers``: the names of the run's
-    layers (its statistics' and routing records'), which a merged config is written for (not in ``as_dict``)."""
+    layers (its statistics' and routing records'), which a merged config is written for (not in ``as_dict``);
+    ``caution``: why no finding may still not be an all-clear (every statistic from one iteration), or None."""
 
     findings: list[Finding]
     config: dict[str, Any]
@@ -105,6 +106,7 @@ class Diagnosis:
     unmeasured: str | None = None
     in_place: list[InPlace] = field(default_factory=list)
     layers: list[str] = field(default_factory=list)
+    caution: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -115,4 +117,5 @@ class Diagnosis:
             "iterations": None if self.iterations is None else list(self.iterations),
             "unmeasured": self.unmeasured,
             "in_place": [entry.as_dict() for entry in self.in_place],
+            "caution": self.caution,
         }

@@ -91,6 +91,7 @@ def report_data(
         "findings": [finding.as_dict() for finding in diagnosis.findings],
         "config_yaml": diagnosis.config_yaml,
         "unmeasured": diagnosis.unmeasured,
+        "caution": diagnosis.caution,
         "in_place": [entry.as_dict() for entry in diagnosis.in_place],
         "thresholds": thresholds.as_dict(),
         "precision_map": precision_map(routing),

@@ -72,6 +72,9 @@
       `its peers'; a problem when over its threshold in ` +
       `${percent(t.persistence)} of the iterations after the first ${t.warmup} (warm-up), or in the median of the last ${percent(t.tail)}`;
     const unmeasured = data.unmeasured ? ` Not measured: ${data.unmeasured}.` : "";
+    const caution = document.getElementById("diagnosis-caution");
+    caution.textContent = data.caution ? `Caution: ${data.caution}.` : "";
+    caution.hidden = !data.caution;
     document.getElementById("diagnosis-summary").textContent = (data.findings.length
       ? `${data.findings.length} finding${data.findings.length > 1 ? "s" : ""}, the most severe first (${rule}).`
       : `No NaN or inf, and nothing persists over its threshold ${data.unmeasured ? "among what was logged " : ""}(${rule}).`) +

@@ -60,6 +60,7 @@ class StatsBuffer:
     device: torch.device
     row: int
     iteration: int | None = None  # the iteration fed since the last flush, None if not fed
+    feeds: int = 0  # tensors offered since the last flush (taken or not): a forgotten step() shows in it
     want_abs_min: bool = False
     derivations: tuple[str, ...] = ()  # each derivation its stats need, once
 
@@ -208,11 +209,22 @@ class StatsBuffers:
             return self._buffer((key, "iteration", iteration), iteration, device, skip_reduction, make)
         if buffer is None:
             buffer = self.buffers[key] = make(self._table(device).allocate())
+        buffer.feeds += 1
         if buffer.iteration is not None and not buffer.accumulate:
             return None
         buffer.iteration = iteration
         buffer.skip_reduction = skip_reduction
         return buffer
+
+    def fed(self) -> bool:
+        """Whether any request was fed since the last flush."""
+        return any(buffer.iteration is not None for buffer in self.buffers.values())
+
+    def most_fed(self) -> tuple[str, str, int] | None:
+        """The (layer, tensor, feeds) of the request offered the most tensors since the last flush, if any."""
+        fed = [buffer for buffer in self.buffers.values() if buffer.iteration is not None]
+        top = max(fed, key=lambda buffer: buffer.feeds, default=None)
+        return None if top is None else (top.layer_name, top.tensor_name, top.feeds)
 
     def one_launch(self, tensor: torch.Tensor) -> _OneLaunch:
         """A context in which every ``feed`` of ``tensor`` joins one operator call, run at its end. It holds
@@ -308,6 +320,7 @@ class StatsBuffers:
             return None
         for key in fed:
             self.buffers[key].iteration = None
+            self.buffers[key].feeds = 0
         rows = {device: table.take() for device, table in self._tables.items()}
         return _Snapshot(dict(self.buffers), rows, fed, self._groups(), step, timeout)
 
