@@ -176,3 +176,31 @@ def silent_rank(rank: int, world: int, log_dir: Path) -> None:
     outcome = _step_outcome(0)
     torch.save({"error": outcome[1], "seconds": time.monotonic() - start}, log_dir / "silent0.tmp")
     (log_dir / "silent0.tmp").rename(done)
+
+
+ZEROS = ["num_zeros", "num_zeros%", "num_zeros[1e-10]", "num_zeros[1e-10]%", "max"]
+
+
+def zeros_tensor(rank: int, micro_batch: int) -> torch.Tensor:
+    """Exact zeros (signed too), values at, under and over 1e-10, and a NaN: a different mix per rank and micro-batch."""
+    base = torch.tensor([0.0, -0.0, 1e-10, -5e-11, 2e-10, 3.0, float("nan")], dtype=torch.float64)
+    return base[: 4 + rank + micro_batch].float()
+
+
+def zeros_stats(rank: int, world: int, log_dir: Path) -> None:
+    """The num_zeros family of the base LogTensorStats: two micro-batches per rank, reduced over the world."""
+    import nvdlfw_inspect.api as debug_api
+
+    config = {
+        "all": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": ".*"},
+            "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ZEROS},
+        }
+    }
+    debug_api.initialize(config_file=config, log_dir=str(log_dir))
+    debug_api.set_tensor_reduction_group(dist.new_group(list(range(world))))
+    for micro_batch in range(2):
+        debug_api.log_tensor_stats(layer_name="zeros", tensor=zeros_tensor(rank, micro_batch), tensor_name="activation")
+    debug_api.step()
+    debug_api.end_debug()

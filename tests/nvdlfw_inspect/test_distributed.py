@@ -164,3 +164,19 @@ def test_two_packed_all_reduces_per_step_once_the_ranks_agree_on_the_order(tmp_p
             )
         else:
             assert only0 == set()
+
+
+@needs_gloo
+def test_the_num_zeros_family_is_exact_over_micro_batches_and_ranks(tmp_path):
+    log_dir = spawn("zeros_stats", 2, tmp_path)
+    every = torch.cat([dist_workers.zeros_tensor(rank, mb) for rank in range(2) for mb in range(2)])
+    exact = float((every == 0).sum())  # NaN is no zero
+    near = float((every.abs() <= 1e-10).sum())  # in the tensor's precision: float32(1e-10) is at the threshold
+    for rank in range(2):
+        stats = read_stats(log_dir, rank)
+        assert stats[("zeros_activation_num_zeros", 0)] == exact == 8
+        assert stats[("zeros_activation_num_zeros[1e-10]", 0)] == near == 16
+        assert stats[("zeros_activation_num_zeros%", 0)] == pytest.approx(100 * exact / every.numel(), abs=6e-5)
+        assert stats[("zeros_activation_num_zeros[1e-10]%", 0)] == pytest.approx(100 * near / every.numel(), abs=6e-5)
+        assert stats[("zeros_activation_num_zeros%", 0)] == 40.0  # 8 of 20 values: the NaN counts in the whole
+        assert stats[("zeros_activation_max", 0)] == 3.0  # the plain statistics of the same config beside them

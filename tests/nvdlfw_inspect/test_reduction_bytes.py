@@ -11,6 +11,7 @@ import pytest
 import spawning
 import torch.distributed as dist
 
+from nvdlfw_inspect.stats.fields import FIELDS
 from nvdlfw_inspect.stats.reduce import HEADER, MIN_WIDTH, SUM_WIDTH
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "stats_reduction.py"
@@ -37,6 +38,6 @@ def test_bytes_per_step_are_flat_in_the_world_size(tmp_path):
     for world in (2, 4, 8, 1024, 16384):
         sent, received = per_rank_traffic(packed, world)
         assert sent == received < 2 * payload  # flat: at most twice the payload, whatever the world
-    # the all-gather it replaced: (rows + 1) x 13 float64 from every other rank
-    assert all_gather_payload(REQUESTS) == (REQUESTS + 1) * 13 * 8
+    # the all-gather it replaced: (rows + 1) x one float64 per field from every other rank
+    assert all_gather_payload(REQUESTS) == (REQUESTS + 1) * len(FIELDS) * 8
     assert traffic("all_gather", all_gather_payload(REQUESTS), 16384)[1] > 1000 * per_rank_traffic(packed, 16384)[1]

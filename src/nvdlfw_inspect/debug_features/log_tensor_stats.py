@@ -15,6 +15,7 @@ from nvdlfw_inspect.distributed import get_distributed_world_size
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, is_int
 from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
+from nvdlfw_inspect.stats import zeros
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.catalog import TORCH_REDUCTIONS, derive_tensors
 from nvdlfw_inspect.stats.fields import empty_partials
@@ -115,9 +116,16 @@ class DerivedStats(Mapping):
     changes cannot be seen, an empty or integer tensor) it is derived from the partials taken at the call.
     The mapping holds the tensor until it is dropped."""
 
-    def __init__(self, tensor: torch.Tensor, partials: torch.Tensor, stats: list[str]):
+    def __init__(
+        self,
+        tensor: torch.Tensor,
+        partials: torch.Tensor | None,
+        stats: list[str],
+        zeros: Mapping[str, tuple[torch.Tensor, str]] | None = None,
+    ):
         self._tensor, self._version = tensor, _version(tensor)
-        self._partials, self._stats = partials, stats
+        self._partials, self._zeros = partials, dict(zeros or {})  # zeros: name -> (its partial, its derivation)
+        self._stats = [*stats, *self._zeros]
         self._values: dict[str, torch.Tensor] = {}
 
     def __getitem__(self, stat: str) -> torch.Tensor:
@@ -128,6 +136,9 @@ class DerivedStats(Mapping):
         return self._values[stat]
 
     def _compute(self, stat: str) -> torch.Tensor:
+        if stat in self._zeros:
+            partials, derivation = self._zeros[stat]
+            return derive_tensors(partials, [derivation])[derivation]
         tensor = self._tensor
         unchanged = self._version is not None and _version(tensor) == self._version
         if unchanged and tensor.is_floating_point() and tensor.numel() > 0:
@@ -149,7 +160,8 @@ class DerivedStats(Mapping):
 class LogTensorStats(GenericConfigAPIMapper):
     """Logs statistics of the tensors passed to ``debug_api.log_tensor_stats``.
 
-    Keys: ``stats`` (min, max, mean, std, l1_norm, l2_norm), ``tensors``/``tensors_struct``, and the
+    Keys: ``stats`` (min, max, mean, std, l1_norm, l2_norm, and the ``num_zeros`` family: ``num_zeros``,
+    ``num_zeros%``, ``num_zeros[1e-10]``, ``num_zeros[1e-10]%``, see ``stats.zeros``), ``tensors``/``tensors_struct``, and the
     window keys ``freq`` (default 1), ``start_step``, ``end_step`` (closed window; -1 no end),
     ``start_end_list`` (half-open [start, end) windows; overrides start/end).
 
@@ -180,6 +192,8 @@ class LogTensorStats(GenericConfigAPIMapper):
 
     def validate_tensor_config(self, config: dict, location: ConfigLocation) -> None:
         supported = sorted(self._get_supported_stats_list())
+        if not self._has_own_stats():
+            supported += zeros.FORMS
         collector = ErrorCollector()
         with collector.check():
             for i, stat in enumerate(stats_list(config, location, supported)):
@@ -200,9 +214,15 @@ class LogTensorStats(GenericConfigAPIMapper):
             if _takes_one_argument(self.check_if_stat_is_supported, stat):
                 _hook_accepts(self.check_if_stat_is_supported, stat, location)
         else:
-            own_list = type(self)._get_supported_stats_list is not LogTensorStats._get_supported_stats_list
-            if stat_name(stat, location, mappings=own_list).lower() not in supported:
+            name = stat_name(stat, location, mappings=self._has_own_stats()).lower()
+            if not self._has_own_stats() and _zeros_stat(name, location) is not None:
+                return
+            if name not in supported:
                 raise location.error("unsupported statistic", stat, supported)
+
+    def _has_own_stats(self) -> bool:
+        """Whether a subclass (Transformer Engine's) brings its own statistics list, without the ``num_zeros`` family."""
+        return type(self)._get_supported_stats_list is not LogTensorStats._get_supported_stats_list
 
     def _get_current_iteration(self, **kwargs: Any) -> int:
         if "iteration" in kwargs:
@@ -241,13 +261,16 @@ class LogTensorStats(GenericConfigAPIMapper):
             )
         return {"last_rank_only": True}
 
-    def _request(self, config: dict) -> tuple[list[str], tuple]:
-        """The config's statistics and the end of its buffer key (statistics, window), worked out once per config.
-        Kept in the instance's ``__dict__`` (subclasses such as Transformer Engine's need not call ``__init__``)."""
+    def _request(self, config: dict) -> tuple[list[str], list[zeros.ZerosStat], tuple]:
+        """The config's statistics (those of the ``num_zeros`` family apart) and the end of its buffer key
+        (statistics, window), worked out once per config. Kept in the instance's ``__dict__`` (subclasses such as
+        Transformer Engine's need not call ``__init__``)."""
 
-        def request(config: dict) -> tuple[list[str], tuple]:
+        def request(config: dict) -> tuple[list[str], list[zeros.ZerosStat], tuple]:
             stats = [s.lower() for s in config["stats"]]
-            return stats, ("base", tuple(stats), window_key(config))
+            family = [zeros.parse_zeros(s) for s in stats]
+            plain = [s for s, z in zip(stats, family, strict=True) if z is None]
+            return plain, [z for z in family if z is not None], ("base", tuple(stats), window_key(config))
 
         return vars(self).setdefault("_requests", PerConfig()).get(config, request)
 
@@ -269,24 +292,34 @@ class LogTensorStats(GenericConfigAPIMapper):
             )
         if not self._check_params(config, layer_name, **kwargs):
             return {}
-        stats, key_tail = self._request(config)
+        stats, zeros_stats, key_tail = self._request(config)
         tensor = kwargs["tensor"]
         readable = unreadable_reason(tensor) is None  # feed warns once about the others and skips them
         if readable:
             tensor = tensor.detach()
-        partials = empty_partials(tensor.device) if readable else None
-        taken = STATS_BUFFERS.feed(
-            (layer_name, tensor_name, *key_tail),
-            layer_name=layer_name,
-            tensor_name=tensor_name,
-            stats=stats,
-            iteration=self._get_current_iteration(**kwargs),
-            tensor=tensor,
-            call_out=partials,
-            accumulate=tensor_name != "weight",
+        partials = empty_partials(tensor.device) if readable and stats else None
+        key = (layer_name, tensor_name, *key_tail)
+        feed = {
+            "layer_name": layer_name,
+            "tensor_name": tensor_name,
+            "iteration": self._get_current_iteration(**kwargs),
+            "accumulate": tensor_name != "weight",
             **self._reduction(layer_name, **kwargs),
-        )
-        return DerivedStats(tensor, partials, stats) if taken else {}
+        }
+        taken = bool(stats) and STATS_BUFFERS.feed(key, stats=stats, tensor=tensor, call_out=partials, **feed)
+        zeros_taken = zeros.feed_zeros(zeros_stats, key, tensor, **feed) if zeros_stats else {}
+        if not taken and not zeros_taken:
+            return {}
+        returned = {z.name: (zeros_taken[z.threshold], z.derivation) for z in zeros_stats if z.threshold in zeros_taken}
+        return DerivedStats(tensor, partials, stats if taken else [], returned)
+
+
+def _zeros_stat(name: str, location: ConfigLocation) -> zeros.ZerosStat | None:
+    """``name`` as a statistic of the ``num_zeros`` family (None: not one); a malformed threshold raises."""
+    try:
+        return zeros.parse_zeros(name)
+    except ValueError as error:
+        raise location.error(f"unsupported statistic: {error}", name, zeros.FORMS) from None
 
 
 def _takes_one_argument(hook: Callable, stat: Any) -> bool:

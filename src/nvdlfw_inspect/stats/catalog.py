@@ -145,6 +145,9 @@ CATALOG: dict[str, Statistic] = {
             "mse", ("count", "sq_err"), _nan_if_empty(lambda p, ops: p["sq_err"] / ops.clamp_min(p["count"], 1.0)), "quantization"
         ),
         Statistic("max_blockwise_dynamic_range", ("count", "blockwise_dr"), _nan_if_empty(_field("blockwise_dr")), "feature"),
+        # values of magnitude at most a threshold (``stats.zeros``: the family's names carry the threshold)
+        Statistic("num_zeros", ("zeros",), _field("zeros"), "feature"),
+        Statistic("num_zeros%", ("count", "zeros"), _percent("zeros"), "feature"),
         # how many values were fed, summed over micro-batches and ranks (block_scale_stats' histogram bins)
         Statistic("count", ("count",), _field("count"), "feature"),
     )

@@ -49,6 +49,7 @@ LAYOUT: tuple[Field, ...] = (
     Field("scale_inv_min", "min", math.inf, "scale"),
     Field("scale_inv_max", "max", -math.inf, "scale"),
     Field("blockwise_dr", "max", -math.inf, "feature"),
+    Field("zeros", "sum", 0.0, "feature"),  # values of magnitude at most a request's threshold (``stats.zeros``)
 )
 FIELDS = tuple(field.name for field in LAYOUT)
 INDEX = {name: i for i, name in enumerate(FIELDS)}

@@ -213,3 +213,39 @@ def test_max_blockwise_dynamic_range(log_dir, block, dims):
 def test_blockwise_config_errors(log_dir, entry, message):
     with pytest.raises(ConfigError, match=message):
         start(stats_config(stats=["max", entry]), log_dir)
+
+
+def test_the_num_zeros_family_counts_over_micro_batches_and_weights_once(log_dir):
+    """``num_zeros`` (exact zeros), ``num_zeros[T]`` (|x| <= T) and their shares, in the transformer_engine namespace."""
+    collect = Collect()
+    stats = ["num_zeros", "num_zeros%", "num_zeros[0.5]", "num_zeros[0.5]%", "max"]
+    start(stats_config(tensors=["activation", "weight"], stats=stats), log_dir, statistics_logger=collect)
+    layer = make_linear()
+    with torch.no_grad():
+        layer.weight[:4] = 0.0  # 4 rows of 32 exact zeros
+    xs = [torch.randn(8, 32, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    xs[0][:, :5] = 0.0
+    xs[1][0, 0] = -0.0
+    for x in xs:
+        train_step(layer, x, torch.randn(8, 24))
+    debug_api.step()
+    x, w = torch.cat(xs), layer.weight.detach()
+    for name, t in (("activation", x), ("weight", w)):  # the weight once, though two micro-batches fed it
+        assert collect.values[(f"lin_{name}_num_zeros", 0)] == float((t == 0).sum())
+        assert collect.values[(f"lin_{name}_num_zeros%", 0)] == pytest.approx(100 * float((t == 0).sum()) / t.numel())
+        assert collect.values[(f"lin_{name}_num_zeros[0.5]", 0)] == float((t.abs() <= 0.5).sum())
+        assert collect.values[(f"lin_{name}_num_zeros[0.5]%", 0)] == pytest.approx(
+            100 * float((t.abs() <= 0.5).sum()) / t.numel()
+        )
+    assert collect.values[("lin_activation_num_zeros", 0)] == 8 * 5 + 1
+    assert collect.values[("lin_weight_num_zeros", 0)] == 4 * 32
+
+
+@pytest.mark.parametrize("entry", ["num_zeros[abc]%", "num_zeros[-1]", "num_zeros[nan]", "num_zeros[inf]%", "num_zeros[]"])
+def test_a_malformed_num_zeros_threshold_is_a_config_error(log_dir, entry):
+    with pytest.raises(ConfigError) as info:
+        start(stats_config(tensors=["activation"], stats=["max", entry]), log_dir)
+    message = str(info.value)
+    assert message.startswith("config dict: key 'sec.transformer_engine.LogTensorStats.stats.1': unsupported statistic: ")
+    assert f"the threshold of {entry!r} must be a finite number >= 0, such as 1e-10" in message
+    assert "'num_zeros', 'num_zeros%', 'num_zeros[T]', 'num_zeros[T]%'" in message

@@ -580,3 +580,44 @@ def test_yaml_config_error_names_the_file(log_dir, tmp_path):
     )
     with pytest.raises(ConfigError, match=rf"{path.name}.*key 'block\.LogTensorStats\.freq'.*got 0"):
         debug_api.initialize(config_file=str(path), log_dir=log_dir)
+
+
+def test_the_num_zeros_family_is_returned_and_logged(log_dir):
+    stats = ["num_zeros", "num_zeros%", "NUM_ZEROS[1E-3]", "num_zeros[1e-3]%", "mean"]
+    debug_api.initialize(config(stats=stats), log_dir=log_dir)
+    x = torch.tensor([0.0, -0.0, 1e-3, -2e-4, 0.5, float("nan"), float("inf"), 7.0])
+    returned = debug_api.log_tensor_stats("l1", tensor=x, tensor_name="activation")
+    assert {name: value.item() for name, value in returned.items() if "zeros" in name} == {
+        "num_zeros": 2.0,
+        "num_zeros%": 25.0,
+        "num_zeros[1e-3]": 4.0,  # the threshold included; NaN and inf are no zeros
+        "num_zeros[1e-3]%": 50.0,
+    }
+    debug_api.log_tensor_stats("l1", tensor=torch.zeros(2), tensor_name="activation")  # a second call accumulates
+    debug_api.step()
+    logged = read_stats(log_dir)
+    assert logged[("l1_activation_num_zeros", 0)] == 4.0 and logged[("l1_activation_num_zeros[1e-3]", 0)] == 6.0
+    assert logged[("l1_activation_num_zeros%", 0)] == 40.0 and logged[("l1_activation_num_zeros[1e-3]%", 0)] == 60.0
+
+
+def test_only_the_num_zeros_family_still_logs_and_returns(log_dir):
+    debug_api.initialize(config(stats=["num_zeros[0.1]"]), log_dir=log_dir)
+    returned = debug_api.log_tensor_stats("l1", tensor=torch.tensor([0.05, 0.2, 0.0]), tensor_name="activation")
+    assert dict(returned) == {"num_zeros[0.1]": torch.tensor(2.0)}
+    debug_api.step()
+    assert read_stats(log_dir) == {("l1_activation_num_zeros[0.1]", 0): 2.0}
+
+
+@pytest.mark.parametrize("entry", ["num_zeros[x]", "num_zeros[-0.5]%", "num_zeros[nan]"])
+def test_a_malformed_num_zeros_threshold_names_the_forms(log_dir, entry):
+    with pytest.raises(ConfigError) as info:
+        debug_api.initialize(config(stats=["min", entry]), log_dir=log_dir)
+    message = str(info.value)
+    assert message.startswith("config dict: key 'block.LogTensorStats.stats.1': unsupported statistic: the threshold of")
+    assert "allowed: 'num_zeros', 'num_zeros%', 'num_zeros[T]', 'num_zeros[T]%'" in message
+
+
+def test_the_explanation_lists_the_num_zeros_family():
+    from nvdlfw_inspect.debug_features.log_tensor_stats import LogTensorStats
+
+    assert "``num_zeros[1e-10]%``" in LogTensorStats.__doc__

@@ -14,7 +14,17 @@ from nvdlfw_inspect.stats.fields import FIELDS, INDEX, empty_partials
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 EVERY = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
-FP8 = ["underflows%", "overflows%", "mse", "scale_inv_min", "scale_inv_max", "max_blockwise_dynamic_range", "count"]
+FP8 = [
+    "underflows%",
+    "overflows%",
+    "mse",
+    "scale_inv_min",
+    "scale_inv_max",
+    "max_blockwise_dynamic_range",
+    "count",
+    "num_zeros",
+    "num_zeros%",
+]
 REL = 2e-6  # sums accumulate in float32
 
 
@@ -233,7 +243,7 @@ def test_groups_and_torch_reductions():
     assert all(stat.group in GROUPS and stat.name == name for name, stat in CATALOG.items())
     assert list(stats_of("tensor")) == EVERY == supported_stats()
     assert set(stats_of("quantization")) == {"underflows%", "overflows%", "mse", "scale_inv_min", "scale_inv_max"}
-    assert set(stats_of("feature")) == {"max_blockwise_dynamic_range", "count"}
+    assert set(stats_of("feature")) == {"max_blockwise_dynamic_range", "count", "num_zeros", "num_zeros%"}
     # the base namespace's LogTensorStats returns torch's own reductions: the six of the reference framework
     assert list(TORCH_REDUCTIONS) == ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
     x = torch.randn(1000, generator=torch.Generator().manual_seed(4)) * 3 + 1

@@ -21,10 +21,12 @@ from nvdlfw_inspect.debug_features.generic_feature_api import PerConfig
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, stats_list, validate_window, window_key
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, is_int
 from nvdlfw_inspect.registry import Registry, api_method
+from nvdlfw_inspect.stats import zeros
 from nvdlfw_inspect.stats.blockwise import max_blockwise_dynamic_range
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.catalog import BASE_STATS
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
+from nvdlfw_inspect.stats.zeros import ZerosStat
 
 T = TypeVar("T")
 STATS = BASE_STATS
@@ -60,11 +62,19 @@ class BlockwiseRange:
         return name + "_max_over_orientations" if both_orientations else name
 
 
-def parse_stat(entry: Any, location: ConfigLocation) -> str | BlockwiseRange:
-    """A ``stats`` entry: a statistic name (any case) or the blockwise mapping; anything else raises."""
-    allowed = [*STATS, f"{{{BLOCKWISE}: {{block_size: int, dims: 1|2}}}}"]
+def parse_stat(entry: Any, location: ConfigLocation) -> str | BlockwiseRange | ZerosStat:
+    """A ``stats`` entry: a statistic name (any case), one of the ``num_zeros`` family or the blockwise mapping;
+    anything else raises."""
+    allowed = [*STATS, *zeros.FORMS, f"{{{BLOCKWISE}: {{block_size: int, dims: 1|2}}}}"]
     if isinstance(entry, str) and entry.lower() in STATS:
         return entry.lower()
+    if isinstance(entry, str):
+        try:
+            family = zeros.parse_zeros(entry.lower())
+        except ValueError as error:
+            raise location.error(f"unsupported statistic: {error}", entry, allowed) from None
+        if family is not None:
+            return family
     if not (isinstance(entry, dict) and list(entry) == [BLOCKWISE]):
         raise location.error("unsupported statistic", entry, allowed)
     options = entry[BLOCKWISE] or {}
@@ -144,7 +154,9 @@ class LogTensorStats(ScheduledStats):
     """Logs statistics of high-precision tensors of the selected layers.
 
     Keys: ``tensors``/``tensors_struct`` (activation, gradient, weight, output, wgrad, dgrad), ``stats``
-    (min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range, and
+    (min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range, the ``num_zeros`` family (``num_zeros``,
+    ``num_zeros%``, ``num_zeros[1e-10]``, ``num_zeros[1e-10]%``: values of magnitude at most the threshold, 0 when
+    none is given), and
     ``{max_blockwise_dynamic_range: {block_size: 32, dims: 1}}``), ``freq`` (default 1),
     ``start_step``, ``end_step`` and ``start_end_list`` (closed windows ``[start, end]``; -1: no end).
     Weights are reduced over the layer's tensor-parallel group (``set_tensor_parallel_group``).
@@ -152,13 +164,15 @@ class LogTensorStats(ScheduledStats):
 
     parse_stats = staticmethod(parse_stats)
 
-    def _requests(self, config: dict) -> tuple[tuple[str, ...], list[BlockwiseRange], tuple]:
-        """The config's plain statistics, its blockwise ones and its window key, worked out once per config."""
+    def _requests(self, config: dict) -> tuple[tuple[str, ...], list[BlockwiseRange], list[ZerosStat], tuple]:
+        """The config's plain statistics, its blockwise ones, those of the ``num_zeros`` family and its window key,
+        worked out once per config."""
 
-        def parts(config: dict) -> tuple[tuple[str, ...], list[BlockwiseRange], tuple]:
+        def parts(config: dict) -> tuple[tuple[str, ...], list[BlockwiseRange], list[ZerosStat], tuple]:
             stats = self.parsed_stats(config)
             plain = tuple(stat for stat in stats if isinstance(stat, str))
-            return plain, [stat for stat in stats if isinstance(stat, BlockwiseRange)], window_key(config)
+            blockwise = [stat for stat in stats if isinstance(stat, BlockwiseRange)]
+            return plain, blockwise, [stat for stat in stats if isinstance(stat, ZerosStat)], window_key(config)
 
         return self._request_parts.get(config, parts)
 
@@ -175,12 +189,17 @@ class LogTensorStats(ScheduledStats):
                 level=logging.WARNING,
             )
             return
-        plain, blockwise, window = self._requests(config)
+        plain, blockwise, zeros_stats, window = self._requests(config)
         reduction = stats_reduction(tensor_name, kwargs.get("tp_group"), kwargs.get("tp_size", 1))
         if plain:
             key = (layer_name, tensor_name, "LogTensorStats", plain, window)
             STATS_BUFFERS.feed(
                 key, layer_name=layer_name, tensor_name=tensor_name, stats=plain, iteration=iteration, tensor=tensor, **reduction
+            )
+        if zeros_stats:
+            key = (layer_name, tensor_name, "LogTensorStats", window)
+            zeros.feed_zeros(
+                zeros_stats, key, tensor, layer_name=layer_name, tensor_name=tensor_name, iteration=iteration, **reduction
             )
         both = tensor_name in ("activation", "weight")  # these are read row- and columnwise by the GEMMs
         for stat in blockwise if tensor.numel() > 0 else ():
