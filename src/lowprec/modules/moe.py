@@ -119,8 +119,8 @@ class GatedExperts(NamedModule):
 
     def _grouped_by_expert(self, top_k_index: torch.Tensor) -> torch.Tensor:
         """The (token, slot) pairs (indices into ``top_k_index.reshape(-1)``) grouped by expert, in the order Hugging
-        Face's implementation feeds each expert's GEMM its rows: a row's result can differ in the last bit with its
-        position in the GEMM, so bit-exactness needs the same order. "eager" takes an expert's rows slot by slot,
+        Face's implementation feeds each expert's GEMM its rows: a GEMM may round a row by its position in the
+        matrix (MKL on AVX2 CPUs does), so bit-exactness needs the same order. "eager" takes an expert's rows slot by slot,
         token by token within a slot (its one-hot mask permuted to (expert, slot, token)); "grouped_mm" and
         "batched_mm" take them as ``torch.sort(expert_ids)`` (not stable) leaves them."""
         tokens, top_k = top_k_index.shape

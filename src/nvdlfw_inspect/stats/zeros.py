@@ -62,8 +62,11 @@ def parse_zeros(entry: str) -> ZerosStat | None:
 
 def zeros_partials(tensor: torch.Tensor, threshold: float) -> torch.Tensor:
     """A partial of ``tensor`` holding its count of values and of those whose magnitude is at most ``threshold``,
-    computed on its device (no host sync)."""
-    zeros = (tensor.abs() <= threshold).sum() if tensor.numel() else 0.0
+    computed on its device (no host sync). Integer, bool and 8-bit float values, which torch cannot compare as they
+    are, are compared as float32 (exact for all of them but integers beyond 2^24)."""
+    native = tensor.is_floating_point() and tensor.element_size() > 1
+    values = tensor if native else tensor.float()
+    zeros = (values.abs() <= threshold).sum() if tensor.numel() else 0.0
     return set_fields(empty_partials(tensor.device), {"count": tensor.numel(), "zeros": zeros})
 
 

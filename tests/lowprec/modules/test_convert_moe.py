@@ -109,8 +109,9 @@ def test_every_gemm_is_converted_and_computes_the_same(kind, implementation):
 @pytest.mark.parametrize("implementation", ["eager", "grouped_mm", "batched_mm"])
 def test_converted_experts_sum_as_the_configured_implementation(implementation, dtype):
     """Top-3 routing: the order in which each token's three contributions are added shows (float32 and bfloat16).
-    Bit-exact with "eager" (added into the output expert by expert) and "grouped_mm" (summed per token at once); the
-    same summation as "batched_mm", whose batched GEMM kernel rounds differently from F.linear."""
+    Bit-exact with "eager" (added into the output expert by expert) and "grouped_mm" (summed per token at once), each
+    expert's rows in the implementation's order (the next test); the same summation as "batched_mm", whose batched
+    GEMM kernel rounds differently from F.linear."""
     model = tiny("mixtral", implementation).to(dtype)
     hf_experts = copy.deepcopy(model.model.layers[0].mlp.experts)
     experts = lowprec.convert(model).model.layers[0].mlp.experts
@@ -123,6 +124,51 @@ def test_converted_experts_sum_as_the_configured_implementation(implementation, 
         torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-8)
     else:
         assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "grouped_mm"])
+def test_each_expert_gets_its_rows_in_the_configured_implementations_order(implementation, monkeypatch):
+    """A GEMM may round a row by where it sits in the matrix (MKL on AVX2 CPUs does), so bit-exactness needs each
+    expert's rows in the implementation's order: "eager" slot by slot (``torch.where`` over its mask), "grouped_mm"
+    as its unstable ``torch.sort`` leaves them. Checked on the rows themselves, whatever the CPU."""
+    model = tiny("mixtral", implementation)
+    hf_experts = copy.deepcopy(model.model.layers[0].mlp.experts)
+    experts = lowprec.convert(model).model.layers[0].mlp.experts
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(12, 64, generator=generator)
+    index = torch.topk(torch.rand(12, EXPERTS, generator=generator), 3, dim=-1).indices
+    weights = torch.rand(12, 3, generator=generator)
+    ours, theirs = [], []
+    grouped_forward = GroupedGemm.forward
+
+    def record_ours(self, layer_name, x, *args):
+        if layer_name.endswith("gate_up_proj"):
+            ours.append(x.detach().clone())
+        return grouped_forward(self, layer_name, x, *args)
+
+    monkeypatch.setattr(GroupedGemm, "forward", record_ours)
+    if implementation == "eager":  # one F.linear per expert and projection: keep the gate_up ones, in call order
+        linear = torch.nn.functional.linear
+
+        def record_theirs(x, weight, *args):
+            if weight.shape == hf_experts.gate_up_proj.shape[1:]:
+                theirs.append(x.detach().clone())
+            return linear(x, weight, *args)
+
+        monkeypatch.setattr(torch.nn.functional, "linear", record_theirs)
+    else:
+        hf_moe = pytest.importorskip("transformers.integrations.moe")
+        grouped_mm = hf_moe._grouped_mm
+        monkeypatch.setattr(
+            hf_moe, "_grouped_mm", lambda x, weight, offs: theirs.append(x.detach().clone()) or grouped_mm(x, weight, offs)
+        )
+    with torch.no_grad():
+        experts(hidden, index, weights)
+        theirs.clear()  # the converted experts' high-precision GEMMs run F.linear too
+        hf_experts(hidden, index, weights)
+    if implementation == "grouped_mm":
+        theirs = theirs[:1]  # its first grouped GEMM is gate_up, the second down
+    assert len(ours) == 1 and torch.equal(ours[0], torch.cat(theirs))
 
 
 class StackedExperts(torch.nn.Module):

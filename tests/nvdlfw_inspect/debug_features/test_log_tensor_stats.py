@@ -621,3 +621,19 @@ def test_the_explanation_lists_the_num_zeros_family():
     from nvdlfw_inspect.debug_features.log_tensor_stats import LogTensorStats
 
     assert "``num_zeros[1e-10]%``" in LogTensorStats.__doc__
+
+
+def test_num_zeros_of_integer_bool_and_fp8_tensors(log_dir):
+    """Tensors torch cannot compare as they are (bool, FP8) are compared as float32, not failed on."""
+    debug_api.initialize(config(stats=["num_zeros", "num_zeros[0.3]%"]), log_dir=log_dir)
+    tensors = {
+        "int": torch.tensor([0, 1, -2, 0]),
+        "bool": torch.tensor([True, False, False, True]),
+        "fp8": torch.tensor([0.0, -0.0, -1.0, 0.5]).to(torch.float8_e4m3fn),
+    }
+    for layer, t in tensors.items():
+        returned = debug_api.log_tensor_stats(layer, tensor=t, tensor_name="activation")
+        assert {name: value.item() for name, value in returned.items()} == {"num_zeros": 2.0, "num_zeros[0.3]%": 50.0}
+    debug_api.step()
+    logged = read_stats(log_dir)
+    assert all(logged[(f"{layer}_activation_num_zeros", 0)] == 2.0 for layer in tensors)
