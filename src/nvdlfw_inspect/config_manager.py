@@ -503,10 +503,10 @@ def _parse_section(
         if "layers" in section:
             layer_spec = LayerSpec(section["layers"], location.child("layers"))
     extension_config: dict[str, dict[str, dict]] = {}
-    for key in section:
+    for key, value in section.items():
         if key not in SECTION_KEYS:
             with collector.check():
-                _parse_section_key(extension_config, str(key), location.child(key), registry_data, unusable, section)
+                _parse_section_key(extension_config, str(key), value, location.child(key), registry_data, unusable, section)
     collector.raise_errors()
     if layer_spec.ignored_keys:
         warnings.append(
@@ -519,14 +519,14 @@ def _parse_section(
 def _parse_section_key(
     extension_config: dict,
     key: str,
+    value: Any,
     location: ConfigLocation,
     registry_data: dict,
     unusable: Mapping[str, str],
     section: dict,
 ) -> None:
-    """A section key besides ``enabled`` and ``layers`` (of ``section``): a namespace of features, or a
-    base-namespace feature."""
-    value = section[key] if key in section else None
+    """A section key besides ``enabled`` and ``layers`` (of ``section``), with its ``value``: a namespace of
+    features, or a base-namespace feature."""
     base_features = registry_data[BASE_NAMESPACE].features if BASE_NAMESPACE in registry_data else {}
     if key in registry_data:
         if not isinstance(value, dict) or not value:

@@ -820,3 +820,11 @@ def test_logging_of_loaded_sections(log_dir):
     init({"alpha": section(OK_LAYERS, LogTensorStats=lts()), "beta": {"enabled": False}}, log_dir)
     loaded = [m for level, m in read_messages(log_dir) if m.startswith("Loaded configs for")]
     assert len(loaded) == 1 and "'alpha'" in loaded[0] and "'beta'" in loaded[0]
+
+
+def test_a_section_key_that_is_no_string_is_judged_by_its_own_value(log_dir):
+    """A YAML key such as ``1:`` is named as text, and the hint still reads the mapping written under it."""
+    config = {"sec": {"enabled": True, "layers": {"layer_numbers": [1]}, 1: {"Feat": {"enabled": True}}}}
+    message = init_error(config, log_dir)
+    assert message.startswith("config dict: key 'sec.1': not a namespace nor a feature of the base namespace")
+    assert "(if it is a namespace, pass the directory of its features" in message
