@@ -2,9 +2,11 @@
 
 Writes the log in our structured format (one JSON record per statistic, as ``StatisticsFile`` does),
 then times each stage of ``nvdlfw-inspect report``: reading the records, building the page's data,
-rendering, writing; prints the sizes of the log and of the page; and, when Chromium is installed,
-the time headless Chromium takes to load the page and run its script (heatmaps, risk table, the
-first layers' charts).
+rendering, writing; prints the sizes of the log and of the page; the whole ``nvdlfw-inspect report`` and
+``nvdlfw-inspect diagnose`` commands as a user runs them (seconds and peak memory, each in a process of its
+own); and, when Chromium is installed, the time headless Chromium takes to load the page and run its
+script (heatmaps, risk table, the first layers' charts). The layers are named alike but for their index, as
+a mixture-of-experts model's are, so the diagnosis compares each with its peers.
 
 Run: ``python benchmarks/report_scale.py [--layers 1000] [--steps 1000] [--keep DIR]``.
 """
@@ -14,9 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,6 +63,20 @@ def timed(label: str, timings: list[tuple[str, float]], fn, *args):
     return result
 
 
+def command_cost(*args: str) -> tuple[float, float]:
+    """Seconds and peak resident MiB of ``nvdlfw-inspect ARGS`` run in a process of its own."""
+    start = time.perf_counter()
+    code = "import sys; from lowprec.cli import main; sys.exit(main())"
+    with tempfile.TemporaryFile() as errors:
+        process = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - start
+        if os.waitstatus_to_exitcode(status) != 0:
+            errors.seek(0)
+            raise RuntimeError(f"nvdlfw-inspect {' '.join(args)} failed: {errors.read().decode()[-2000:]}")
+    return seconds, usage.ru_maxrss / 1024
+
+
 def browser_load_seconds(page: Path) -> float | None:
     """Seconds for headless Chromium to load the page and finish its script (None without Chromium)."""
     chromium = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
@@ -87,6 +105,10 @@ def main() -> None:
     page = timed("render HTML", timings, render, data)
     output = folder / "report.html"
     timed("write HTML", timings, output.write_text, page, "utf-8")
+    commands = {
+        "report": command_cost("report", str(folder), "-o", str(folder / "command_report.html")),
+        "diagnose": command_cost("diagnose", str(folder)),
+    }
     load = browser_load_seconds(output)
 
     print(f"{args.layers} layers x {args.steps} steps x {len(STATS)} statistics = {len(statistics):,} records")
@@ -95,6 +117,8 @@ def main() -> None:
         print(f"{label:<28}{seconds:>10.2f}")
     report_seconds = sum(seconds for label, seconds in timings[1:])
     print(f"{'report total (read..write)':<28}{report_seconds:>10.2f}")
+    for name, (seconds, mib) in commands.items():
+        print(f"{'nvdlfw-inspect ' + name:<28}{seconds:>10.2f}   peak {mib:.0f} MiB")
     print(f"{'Chromium load + script':<28}{'n/a' if load is None else f'{load:.2f}':>10}")
     print(f"log size   {log.stat().st_size / 2**20:8.1f} MiB")
     print(f"page size  {output.stat().st_size / 2**20:8.1f} MiB")

@@ -10,6 +10,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from nvdlfw_inspect.diagnose.model import Finding
@@ -139,8 +140,9 @@ class Detector:
         for (kind, tensor, stat), members in groups.items():
             if len(members) <= MIN_PEERS:
                 continue
+            medians = _group_medians(members.values())
             for layer, points in members.items():
-                factors = _peer_factors(points, [p for name, p in members.items() if name != layer])
+                factors = _peer_factors(points, medians)
                 summary = self.problem(factors, self.thresholds.peer_ratio) if factors else None
                 if summary is not None:
                     message = (
@@ -184,16 +186,26 @@ def not_measured(run: Run) -> str | None:
     return f"{names} {verb} not logged: add LogFp8TensorStats to measure {pronoun}{notes}; {', '.join(checks)}"
 
 
-def _peer_factors(points: Points, peers: list[Points]) -> Points:
+def _group_medians(members: Iterable[Points]) -> Points:
+    """``{iteration: median}`` of the magnitudes of a group's positive finite values at each iteration where at
+    least ``MIN_PEERS + 1`` members have one: computed once per group, so the peer check is linear in the layers."""
+    magnitudes: dict[int, list[float]] = defaultdict(list)
+    for points in members:
+        for iteration, value in points.items():
+            if math.isfinite(value) and value != 0:
+                magnitudes[iteration].append(abs(value))
+    return {i: statistics.median(values) for i, values in magnitudes.items() if len(values) > MIN_PEERS}
+
+
+def _peer_factors(points: Points, medians: Points) -> Points:
     """``{iteration: max(v / m, m / v)}`` where ``m`` is the median magnitude of the tensor and its peers at that
     iteration (of at least ``MIN_PEERS`` peers; itself included, one odd layer cannot drag the median of three
     toward it), for positive finite values."""
     factors = {}
     for iteration, value in points.items():
         value = abs(value)
-        others = [abs(p[iteration]) for p in peers if iteration in p and math.isfinite(p[iteration]) and p[iteration] != 0]
-        if len(others) >= MIN_PEERS and math.isfinite(value) and value > 0:
-            median = statistics.median([value, *others])
+        median = medians.get(iteration)
+        if median is not None and math.isfinite(value) and value > 0:
             factors[iteration] = max(value / median, median / value)
     return factors
 
