@@ -18,9 +18,9 @@ import torch
 from logreader import main_log_path, read_messages, stats_log_path, stats_records_path
 
 import nvdlfw_inspect.api as debug_api
-from nvdlfw_inspect import logging as nvdlfw_logging
 from nvdlfw_inspect.cli import main
 from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, BaseLogger, MetricLogger
+from nvdlfw_inspect.logging import records as statistics_records
 from nvdlfw_inspect.reading import SkippedRecordsWarning, TornLineWarning, iter_statistics
 
 WORKER = str(Path(__file__).with_name("log_fault_worker.py"))
@@ -455,7 +455,7 @@ def test_ctrl_c_during_step_writes_the_step_whole_or_not_at_all(log_dir, monkeyp
     """A KeyboardInterrupt while step() formats its 120 records (here at the 40th) writes none of them."""
     debug_api.initialize(CONFIG, log_dir=log_dir)
     log_step(0, layers=60)
-    calls, json_number = [0], nvdlfw_logging._json_number
+    calls, json_number = [0], statistics_records._json_number
 
     def interrupted(value: float) -> str:
         calls[0] += 1
@@ -463,10 +463,10 @@ def test_ctrl_c_during_step_writes_the_step_whole_or_not_at_all(log_dir, monkeyp
             raise KeyboardInterrupt
         return json_number(value)
 
-    monkeypatch.setattr(nvdlfw_logging, "_json_number", interrupted)
+    monkeypatch.setattr(statistics_records, "_json_number", interrupted)
     with pytest.raises(KeyboardInterrupt):
         log_step(1, layers=60)
-    monkeypatch.setattr(nvdlfw_logging, "_json_number", json_number)
+    monkeypatch.setattr(statistics_records, "_json_number", json_number)
     log_step(2, layers=60)
     debug_api.end_debug()
     assert steps_read(log_dir) == ({0: 120, 2: 120}, [])
