@@ -148,6 +148,8 @@ class FileLogger(BaseLogger):
         """Whatever the log level: on stderr, and in the debug log (if it can be written now)."""
         lost = self.faults.summary()
         if lost is not None:
+            unnoted = self.stats_file.note_failure() if self.stats_file is not None else None
+            lost += f"; {unnoted}" if unnoted else ""
             print_warning(lost)
             self._main_log.handle(logging.makeLogRecord({"msg": lost, "levelno": logging.WARNING, "levelname": "WARNING"}))
 

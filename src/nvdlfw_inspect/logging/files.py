@@ -49,12 +49,14 @@ class WriteFaults:
         self.strict = strict
         self.first: OSError | None = None
         self.lost: dict[str, int] = {}
+        self.errors: dict[str, OSError] = {}  # each file's first error: the cause its loss note names
 
     def failed(self, path: str, lines: int, error: OSError) -> None:
         if self.strict:
             raise error
         if lines:
             self.lost[path] = self.lost.get(path, 0) + lines
+        self.errors.setdefault(path, error)
         if self.first is None:
             self.first = error
             print_warning(

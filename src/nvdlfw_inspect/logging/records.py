@@ -5,14 +5,17 @@ do the routing records (``ROUTING_RECORDS_DIR``: which GEMM read which tensor in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 import time
 from typing import Any
 
+from nvdlfw_inspect.files import replace_whole
 from nvdlfw_inspect.logging.files import LogFile, WriteFaults, _one_line
-from nvdlfw_inspect.logging.settings import _global_rank
+from nvdlfw_inspect.logging.settings import MAIN_LOG_DIR, _global_rank
 
 ROUTING_GEMMS = ("fprop", "dgrad", "wgrad")
 #: fp8: the recipe's quantized operand; high_precision: the GEMM reads the tensor unquantized; modified: a feature's
@@ -20,10 +23,35 @@ ROUTING_GEMMS = ("fprop", "dgrad", "wgrad")
 ROUTING_DECISIONS = ("fp8", "high_precision", "modified")
 
 Statistic = tuple[str, str, str, float, int]  # (layer, tensor, stat, value, iteration)
+LOSS_NOTE_SUFFIX = ".losses.json"
+
+
+def loss_note_path(log_dir: str | os.PathLike[str], stem: str) -> str:
+    """Where a rank's statistics files (``stem``: their name without suffix) note what write errors cost them:
+    beside the debug log, since the statistics directory may be the full one (and scripts read all its files)."""
+    return os.path.join(log_dir, MAIN_LOG_DIR, stem + LOSS_NOTE_SUFFIX)
+
+
+def read_loss_note(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The note's fields (``StatisticsFile._note_losses``); ``{}`` when there is none: nothing was lost. An
+    unreadable note raises (``OSError``, ``ValueError``)."""
+    try:
+        with open(path, "rb") as file:
+            note = json.loads(file.read())
+    except FileNotFoundError:
+        return {}
+    if not isinstance(note, dict):
+        raise ValueError(f"not a JSON object: {note!r:.80}")
+    return note
 
 
 def _as_float(value: Any) -> float:
     return float(value.item()) if hasattr(value, "item") else float(value)
+
+
+def text_name(layer: str, tensor: str, stat: str) -> str:
+    """A statistic's name in the text log: ``{layer}_{tensor}_{stat}``, one line (see ``_one_line``)."""
+    return _one_line(f"{layer}_{tensor}_{stat}")
 
 
 def _text_middle(iteration: int) -> str:
@@ -52,6 +80,18 @@ class StatisticsFile:
     def __init__(self, path: str, records_path: str, root: str, overwrite: bool, faults: WriteFaults):
         self._file = LogFile(path, root, overwrite, faults)
         self._records = LogFile(records_path, root, overwrite, faults)
+        self._root, self._faults = root, faults
+        self._note = loss_note_path(root, os.path.splitext(os.path.basename(records_path))[0])
+        self._lost_before = (0, 0)  # (records, text lines) an earlier run appended to lost
+        if overwrite:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._note)  # an earlier run's, about files now truncated
+        else:
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                note = read_loss_note(self._note)
+                self._lost_before = (int(note.get("lost_records", 0)), int(note.get("lost_log_lines", 0)))
+        self._noted = self._lost_before
+        self.note_error: OSError | None = None  # why the losses could not be noted (said at end_debug)
         self._rank = _global_rank()
         self._second = -1
         self._stamp = ""
@@ -74,7 +114,7 @@ class StatisticsFile:
     def _new_heads(self, names: tuple[str, str, str]) -> tuple[str, str]:
         """The text line's and the record's start for these names, encoded once per run."""
         record = ", ".join(f'"{key}": {json.dumps(name)}' for key, name in zip(("layer", "tensor", "stat"), names, strict=True))
-        heads = self._heads[names] = (_one_line("_".join(names)), "{" + record)
+        heads = self._heads[names] = (text_name(*names), "{" + record)
         return heads
 
     def write_record(self, layer: str, tensor: str, stat: str, value: float, iteration: int) -> None:
@@ -110,6 +150,44 @@ class StatisticsFile:
             self._file.commit()
         finally:
             self._records.commit()
+        self._note_losses()
+
+    def _note_losses(self) -> None:
+        """Write down how many records and text lines write errors cost, whenever that grew: ``read_stats`` then
+        says so and reads the iterations the records lack from the text log (a full records directory would
+        otherwise cost them without a word). The note may fail to be written too: kept for ``end_debug`` to say
+        with the lost lines, never raised; every later step tries again."""
+        if not self._faults.lost:
+            return
+        lost = (
+            self._lost_before[0] + self._faults.lost.get(self._records.path, 0),
+            self._lost_before[1] + self._faults.lost.get(self._file.path, 0),
+        )
+        if lost == self._noted:
+            return
+        error = self._faults.errors.get(self._records.path) or self._faults.errors.get(self._file.path)
+        note = {
+            "statistics_records": os.path.relpath(self._records.path, self._root),
+            "lost_records": lost[0],
+            "statistics_log": os.path.relpath(self._file.path, self._root),
+            "lost_log_lines": lost[1],
+            "error": str(error),
+        }
+        try:
+            replace_whole(self._note, lambda file: file.write(json.dumps(note).encode("utf-8") + b"\n"))
+        except OSError as failure:
+            self.note_error = failure
+            return
+        self._noted, self.note_error = lost, None
+
+    def note_failure(self) -> str | None:
+        """What an unwritten loss note costs the readers, or None when the losses are noted."""
+        if self.note_error is None:
+            return None
+        return (
+            f"the count of the statistics lost could not be written to {self._note} ({self.note_error}): read_stats "
+            "and the report will not say that statistics are missing"
+        )
 
     def drop_held(self) -> None:
         """Forget the lines queued since ``autoflush`` went off (a batch cut short)."""
@@ -121,6 +199,7 @@ class StatisticsFile:
             self._file.close()
         finally:
             self._records.close()
+        self._note_losses()
 
 
 def routing_record(
