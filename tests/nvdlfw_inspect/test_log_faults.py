@@ -517,6 +517,28 @@ def test_a_newline_in_a_layer_name_forges_no_line(log_dir):
     assert {s.layer for s in iter_statistics(log_dir)} == {FORGED}  # the records keep the name as it is
 
 
+def test_a_lone_surrogate_in_a_layer_name_costs_no_line(log_dir):
+    """A name holding a lone surrogate (``\\udcff``, as undecodable bytes give), which UTF-8 cannot hold: nothing
+    is raised into the training, the text logs write it escaped (``\\udcff``) and keep every layer's lines, and
+    the records keep the name as it is."""
+    odd = "net.fc\udcff"
+    layers = ["net.fc1", odd, "net.fc3"]
+    config = {"s": CONFIG["s"] | {"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}}}
+    debug_api.initialize(config, log_dir=log_dir)
+    for step in range(12):
+        for layer in layers:
+            debug_api.log_tensor_stats(layer, tensor=torch.tensor([-1.0, float(step)]), tensor_name="activation")
+        debug_api.log_message("seen", layer_name=odd)
+        debug_api.step()
+    debug_api.end_debug()
+    names = Counter(line.split(" - INFO - ", 1)[1].split(" ", 1)[0] for line in stats_log_path(log_dir).read_text().splitlines())
+    assert names == {"net.fc1_activation_max": 12, "net.fc\\udcff_activation_max": 12, "net.fc3_activation_max": 12}
+    assert ("INFO", "LAYER=net.fc\\udcff: seen") in read_messages(log_dir)
+    assert Counter(s.layer for s in iter_statistics(log_dir)) == dict.fromkeys(layers, 12)
+    stats_records_path(log_dir).unlink()  # the text log alone: the name as it is written there
+    assert Counter(s.layer for s in iter_statistics(log_dir)) == dict.fromkeys(["net.fc1", "net.fc\\udcff", "net.fc3"], 12)
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".log"])
 def test_a_real_ctrl_c_leaves_every_step_whole_or_absent(log_dir, suffix):
     """SIGINT to a real process logging steps of 3,000 records: whatever it interrupts (formatting, a write, the

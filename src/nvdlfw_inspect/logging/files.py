@@ -220,5 +220,7 @@ class LogFileHandler(logging.Handler):
 
 def _one_line(text: str) -> str:
     """``text`` with its line breaks escaped (``\\n``, ``\\r``): in a text log a record is a line, so that a name
-    holding a newline cannot forge a line of its own."""
-    return text.replace("\n", "\\n").replace("\r", "\\r")
+    holding a newline cannot forge a line of its own. Lone surrogates (``\\udcff``: what undecodable bytes of a
+    file name give), which UTF-8 cannot hold, are escaped as well, else the line's write would fail."""
+    text = text.replace("\n", "\\n").replace("\r", "\\r")
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
