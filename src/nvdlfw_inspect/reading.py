@@ -8,6 +8,9 @@ without that line, with a ``TornLineWarning``. Any other line that is no statist
 parse, or a field has the wrong type) is skipped: one ``SkippedRecordsWarning`` per file says how many and
 names the first by its line. A directory named like a statistics file is skipped with that warning too.
 The routing records (``read_routing``: which GEMM read which tensor in which precision) are read the same way.
+
+Records a run could not write (its records directory full, its text log not) are said once with a
+``LostRecordsWarning``, and the statistics they lack are read from the text log (to its 4 decimals).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import re
 import warnings
 from array import array
 from collections.abc import Callable, Iterator
-from itertools import islice
+from itertools import groupby, islice
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,6 +34,7 @@ from nvdlfw_inspect.logging import (
     STATISTICS_LOG_DIR,
     STATISTICS_RECORDS_DIR,
 )
+from nvdlfw_inspect.logging.records import loss_note_path, read_loss_note, text_name
 
 TENSOR_NAMES = ("activation", "gradient", "weight", "output", "wgrad", "dgrad")
 _TEXT_LINE = re.compile(r"^\S+ \S+ - \w+ - (\S+) \t\t\t\t iteration=(\d+) \t\t\t\t value=(\S+)$")
@@ -68,6 +73,11 @@ class SkippedRecordsWarning(UserWarning):
 
 class TornLineWarning(SkippedRecordsWarning):
     """A statistics file ends in an incomplete line, which was skipped."""
+
+
+class LostRecordsWarning(UserWarning):
+    """The run could not write some of its statistics (a full disk or quota, noted beside its debug log): the
+    records it lacks are read from the text log where that has them."""
 
 
 class AppendedRunsWarning(UserWarning):
@@ -277,7 +287,57 @@ def _shown(line: bytes) -> str:
 def iter_statistics(log_dir: str | Path) -> Iterator[Statistic]:
     """Every statistic of every rank of the run in ``log_dir``."""
     for path in statistics_files(log_dir):
-        yield from _warn_appended_runs(path, _from_records(path) if path.suffix == ".jsonl" else _from_text(path))
+        statistics = _from_records(path) if path.suffix == ".jsonl" else _from_text(path)
+        yield from _warn_appended_runs(path, _with_lost_lines(path, statistics))
+
+
+def _with_lost_lines(path: Path, statistics: Iterator[Statistic]) -> Iterator[Statistic]:
+    """``statistics`` of ``path``, said (once) to lack what the run's loss note counts; the records' missing
+    statistics filled in from the text log of the same rank."""
+    run = path.parent.parent
+    note_path = loss_note_path(run, path.stem)
+    try:
+        note = read_loss_note(note_path)
+    except (OSError, ValueError) as error:
+        warnings.warn(
+            f"{note_path}: unreadable ({error}): whether {path} lacks statistics is unknown", LostRecordsWarning, stacklevel=3
+        )
+        return statistics
+    lost, cause = note.get(f"lost_{'records' if path.suffix == '.jsonl' else 'log_lines'}"), note.get("error")
+    if type(lost) is not int or lost <= 0:
+        return statistics
+    what = "statistics records" if path.suffix == ".jsonl" else "lines of this statistics log"
+    text = run / STATISTICS_LOG_DIR / f"{path.stem}.log"
+    fill = path.suffix == ".jsonl" and text.is_file()
+    warnings.warn(
+        f"{path}: {lost} {what} were lost to write errors while the run wrote them ({cause}); "
+        + (f"the statistics they lack are read from the text log {text}, to its 4 decimals. " if fill else "")
+        + f"Free space in {path.parent} (or raise its quota) for the next run to keep them all.",
+        LostRecordsWarning,
+        stacklevel=3,
+    )
+    return _filled(statistics, _from_text(text)) if fill else statistics
+
+
+def _filled(records: Iterator[Statistic], text: Iterator[Statistic]) -> Iterator[Statistic]:
+    """The records, and in their place the text log's statistics they lack: both files hold the iterations in
+    order, so they are merged a step at a time (a step's records are compared by name as the text log splits it)."""
+    steps = groupby(text, attrgetter("iteration"))
+    pending = next(steps, None)
+    for iteration, group in groupby(records, attrgetter("iteration")):
+        while pending is not None and pending[0] < iteration:
+            yield from pending[1]  # a step whose every record was lost
+            pending = next(steps, None)
+        step = list(group)
+        if pending is not None and pending[0] == iteration:
+            names = {split_name(text_name(s.layer, s.tensor, s.stat)) for s in step}
+            step += [s for s in pending[1] if (s.layer, s.tensor, s.stat) not in names]
+            pending = next(steps, None)
+        yield from step
+    if pending is not None:
+        yield from pending[1]
+    for _, group in steps:
+        yield from group
 
 
 def _warn_appended_runs(path: Path, statistics: Iterator[Statistic]) -> Iterator[Statistic]:

@@ -18,9 +18,9 @@ import torch
 from logreader import main_log_path, read_messages, stats_log_path, stats_records_path
 
 import nvdlfw_inspect.api as debug_api
-from nvdlfw_inspect import logging as nvdlfw_logging
 from nvdlfw_inspect.cli import main
 from nvdlfw_inspect.logging import STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, BaseLogger, MetricLogger
+from nvdlfw_inspect.logging import records as statistics_records
 from nvdlfw_inspect.reading import SkippedRecordsWarning, TornLineWarning, iter_statistics
 
 WORKER = str(Path(__file__).with_name("log_fault_worker.py"))
@@ -455,7 +455,7 @@ def test_ctrl_c_during_step_writes_the_step_whole_or_not_at_all(log_dir, monkeyp
     """A KeyboardInterrupt while step() formats its 120 records (here at the 40th) writes none of them."""
     debug_api.initialize(CONFIG, log_dir=log_dir)
     log_step(0, layers=60)
-    calls, json_number = [0], nvdlfw_logging._json_number
+    calls, json_number = [0], statistics_records._json_number
 
     def interrupted(value: float) -> str:
         calls[0] += 1
@@ -463,10 +463,10 @@ def test_ctrl_c_during_step_writes_the_step_whole_or_not_at_all(log_dir, monkeyp
             raise KeyboardInterrupt
         return json_number(value)
 
-    monkeypatch.setattr(nvdlfw_logging, "_json_number", interrupted)
+    monkeypatch.setattr(statistics_records, "_json_number", interrupted)
     with pytest.raises(KeyboardInterrupt):
         log_step(1, layers=60)
-    monkeypatch.setattr(nvdlfw_logging, "_json_number", json_number)
+    monkeypatch.setattr(statistics_records, "_json_number", json_number)
     log_step(2, layers=60)
     debug_api.end_debug()
     assert steps_read(log_dir) == ({0: 120, 2: 120}, [])
@@ -515,6 +515,28 @@ def test_a_newline_in_a_layer_name_forges_no_line(log_dir):
     ]
     assert ("INFO", f"LAYER={escaped}: seen") in read_messages(log_dir)
     assert {s.layer for s in iter_statistics(log_dir)} == {FORGED}  # the records keep the name as it is
+
+
+def test_a_lone_surrogate_in_a_layer_name_costs_no_line(log_dir):
+    """A name holding a lone surrogate (``\\udcff``, as undecodable bytes give), which UTF-8 cannot hold: nothing
+    is raised into the training, the text logs write it escaped (``\\udcff``) and keep every layer's lines, and
+    the records keep the name as it is."""
+    odd = "net.fc\udcff"
+    layers = ["net.fc1", odd, "net.fc3"]
+    config = {"s": CONFIG["s"] | {"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}}}
+    debug_api.initialize(config, log_dir=log_dir)
+    for step in range(12):
+        for layer in layers:
+            debug_api.log_tensor_stats(layer, tensor=torch.tensor([-1.0, float(step)]), tensor_name="activation")
+        debug_api.log_message("seen", layer_name=odd)
+        debug_api.step()
+    debug_api.end_debug()
+    names = Counter(line.split(" - INFO - ", 1)[1].split(" ", 1)[0] for line in stats_log_path(log_dir).read_text().splitlines())
+    assert names == {"net.fc1_activation_max": 12, "net.fc\\udcff_activation_max": 12, "net.fc3_activation_max": 12}
+    assert ("INFO", "LAYER=net.fc\\udcff: seen") in read_messages(log_dir)
+    assert Counter(s.layer for s in iter_statistics(log_dir)) == dict.fromkeys(layers, 12)
+    stats_records_path(log_dir).unlink()  # the text log alone: the name as it is written there
+    assert Counter(s.layer for s in iter_statistics(log_dir)) == dict.fromkeys(["net.fc1", "net.fc\\udcff", "net.fc3"], 12)
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".log"])
