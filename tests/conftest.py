@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import re
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,8 @@ TESTS = Path(__file__).parent
 # helpers imported by bare name (``from logreader import read_stats``): tests/support holds the spawn,
 # log-reading and interpreter helpers, tests/references the float64 and bit-exact references
 sys.path[:0] = [str(TESTS), str(TESTS / "support"), str(TESTS / "references")]
+
+from tmpfs import mounted_tmpfs  # noqa: E402
 
 import nvdlfw_inspect.api as debug_api  # noqa: E402
 
@@ -38,3 +43,13 @@ def _clean_debug_state():
 @pytest.fixture
 def log_dir(tmp_path: Path) -> Path:
     return tmp_path / "logs"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """``small_tmpfs(size)``: a fresh directory on a real tmpfs of ``size`` (``64k``) that fills up as a disk does;
+    unmounted after the test, once the debug session whose logs are open on it has ended."""
+    numbers = itertools.count()
+    with contextlib.ExitStack() as mounts:
+        yield lambda size: mounts.enter_context(mounted_tmpfs(tmp_path / f"tmpfs{next(numbers)}", size))
+        debug_api.end_debug()

@@ -28,7 +28,8 @@ from lowprec.errors import LowprecValueError
 from lowprec.recipe import Recipe
 from nvdlfw_inspect import invocation
 from nvdlfw_inspect.errors import is_int
-from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR
+from nvdlfw_inspect.files import WriteError, file_system, write_text_atomic
+from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_RECORDS_DIR, get_logger
 
 DEMO_CONFIG = Path(__file__).resolve().parent / "demo_config.yaml"
 LOSS_FILE = "loss.json"
@@ -95,6 +96,24 @@ class GPT(torch.nn.Module):
         for layer in self.layers:
             h = layer(h)
         return self.head(self.norm(h))
+
+
+class RunNotSaved(WriteError):
+    """The run trained, but write errors (a full disk) cost part of what it writes: the message names the log
+    directory, its file system and each loss; ``result`` holds what ``run_demo`` returns, its ``report`` None
+    when none was written."""
+
+    def __init__(self, message: str, result: dict) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def not_saved(log_dir: Path, result: dict, unwritten: list[str]) -> str:
+    """Why a run that trained lacks some of its files: the write errors, then the disk to clear."""
+    return (
+        f"the run trained (loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}), but write errors cost part of "
+        f"its files in {str(log_dir)!r}: {'; '.join(unwritten)}. Free space on {file_system(log_dir)}, or give another log dir."
+    )
 
 
 def nothing_logged(config: str | Path, log_dir: Path, steps: int) -> str:
@@ -215,6 +234,8 @@ def run_demo(
     ``threads``: torch's CPU threads while training (``choose_threads``: by default from the free cores, so that a
     busy machine is not oversubscribed); the caller's setting is restored afterwards. ``learning_rate``: AdamW's
     peak rate (``DEMO_LEARNING_RATE``: high enough for the precision problem the demo exhibits).
+    A run that trained but could not write all its files (a full disk) raises ``RunNotSaved``, which names the
+    disk and holds the result; the training is never stopped by it.
     """
     if not is_int(seed) or seed < 0:
         raise LowprecValueError(f"seed must be a non-negative integer, got {seed!r}")
@@ -232,6 +253,7 @@ def run_demo(
     shape = SIZES[size]
     log_dir = Path(log_dir)
     debug_api.initialize(config_file=str(config or DEMO_CONFIG), feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+    write_faults = get_logger().faults  # still readable after end_debug: which log lines a full disk cost
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -275,17 +297,27 @@ def run_demo(
         torch.set_num_threads(previous_threads)
     from nvdlfw_inspect.report import write_report
 
-    (log_dir / LOSS_FILE).write_text(json.dumps({"loss": losses}))
-    try:
-        report = write_report(log_dir)
-    except ValueError as error:  # no statistics: raised again saying why, not as a bare ValueError
-        raise LowprecValueError(nothing_logged(config or DEMO_CONFIG, log_dir, steps)) from error
-    result = {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "report": report}
+    result = {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "report": None}
     result["losses"] = losses
     result["step_ms"], result["step_clock"] = step_ms, "process CPU time" if on_cpu else "wall time"
     result["statistics"] = log_dir / STATISTICS_LOG_DIR
     result["records"] = log_dir / STATISTICS_RECORDS_DIR
     result["debug_log"] = log_dir / MAIN_LOG_DIR
+    unwritten = [] if write_faults.first is None else [write_faults.summary() or f"a log write failed: {write_faults.first}"]
+    try:
+        write_text_atomic(log_dir / LOSS_FILE, json.dumps({"loss": losses}), "the losses")
+    except WriteError as error:
+        unwritten.append(str(error))
+    try:
+        result["report"] = report = write_report(log_dir)
+    except WriteError as error:
+        unwritten.append(str(error))
+    except ValueError as error:  # no statistics: the disk's doing when it lost lines, else the config's, said so
+        if not unwritten:
+            raise LowprecValueError(nothing_logged(config or DEMO_CONFIG, log_dir, steps)) from error
+        unwritten.append("no statistics could be read back, so no report was written")
+    if unwritten:
+        raise RunNotSaved(not_saved(log_dir, result, unwritten), result)
     print(f"loss {result['first_loss']:.3f} -> {result['last_loss']:.3f} in {time.perf_counter() - started:.0f}s on {device}")
     print(f"statistics: {result['statistics']}  (text .log per rank)")
     print(f"records:    {result['records']}  (structured .jsonl per rank)")

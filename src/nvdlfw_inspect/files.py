@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -51,3 +52,19 @@ def write_text_atomic(path: str | Path, text: str, what: str = "the file") -> Pa
         failure.errno = error.errno
         raise failure from None
     return path
+
+
+def file_system(path: str | Path) -> str:
+    """The file system ``path`` is on, by its mount point, and its free space now (``the file system at /data
+    (0 bytes free)``): a message about a full disk names the disk to clear, not only the file that failed."""
+    place = os.path.abspath(path)
+    while not os.path.exists(place) and place != os.path.dirname(place):
+        place = os.path.dirname(place)
+    mount = place
+    while not os.path.ismount(mount) and mount != os.path.dirname(mount):
+        mount = os.path.dirname(mount)
+    try:
+        free = f"{shutil.disk_usage(place).free} bytes free"
+    except OSError as error:
+        free = f"free space unknown: {error.strerror or error}"
+    return f"the file system at {mount} ({free})"

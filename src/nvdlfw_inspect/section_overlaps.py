@@ -13,12 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from nvdlfw_inspect.config_manager import ConfigSpec, LayerSpec, named_overlaps
-
-try:  # the parser of the re module: re._parser from Python 3.11, sre_parse before
-    from re import _parser as _regex_parser
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as _regex_parser  # type: ignore[no-redef]
+from nvdlfw_inspect.config_manager import ConfigSpec, LayerSpec, named_overlaps, regex_parser
 
 
 def possible_overlaps(specs: Sequence[ConfigSpec]) -> list[str]:
@@ -116,7 +111,7 @@ def regex_samples(pattern: re.Pattern) -> list[str]:
     one member, a repeat ``min`` and ``min + 1`` times, each alternative of a branch. Anchors, lookarounds and group
     references add nothing, so a sample need not match: callers check each with the pattern itself."""
     try:
-        tree = _regex_parser.parse(pattern.pattern, pattern.flags)
+        tree = regex_parser.parse(pattern.pattern, pattern.flags)
     except (re.error, RecursionError, OverflowError):
         return []
     return _sequence_samples(list(tree))
@@ -133,7 +128,7 @@ def _sequence_samples(items: list) -> list[str]:
 
 
 def _node_samples(op: Any, arg: Any) -> list[str]:
-    c = _regex_parser
+    c = regex_parser
     if op is c.LITERAL:
         return [chr(arg)]
     if op is c.NOT_LITERAL:
@@ -161,13 +156,13 @@ def _node_samples(op: Any, arg: Any) -> list[str]:
 
 def _class_candidates(items: list) -> list[str]:
     """The characters a class names first (its literals, the starts of its ranges), then ``_SAMPLE_CHARS``."""
-    c = _regex_parser
+    c = regex_parser
     named = [chr(arg if op is c.LITERAL else arg[0]) for op, arg in items if op in (c.LITERAL, c.RANGE)]
     return named + list(_SAMPLE_CHARS)
 
 
 def _in_class(ch: str, items: list) -> bool:
-    c = _regex_parser
+    c = regex_parser
     negate = bool(items) and items[0][0] is c.NEGATE
     found = False
     for op, arg in items:

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import yaml
 from inspect_ns_factory import write_namespace
 
 import nvdlfw_inspect.api as debug_api
@@ -99,6 +100,85 @@ def test_every_message_is_capped_keeping_its_start_and_end(error):
     assert len(message) < MAX_MESSAGE_CHARS + 100
     assert message.startswith("config file 'x.yaml': ") and message.endswith(" allowed: True, False")
     assert "characters cut" in message
+
+
+LTS = {"enabled": True, "tensors": ["activation"], "stats": ["max"]}
+
+
+# --------------------------------------------------------------------------------------------
+# 8b. layer regexes whose matching time explodes (catastrophic backtracking)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "pattern"),
+    [
+        ("layer_name_regex_pattern", r"^(\w+\.?)+fc1$"),  # froze the first call of a layer it does not match
+        ("layer_name_regex_pattern", r"(x+)+y"),
+        ("layer_name_regex_pattern", r"(?:x*)*y"),
+        ("layer_name_regex_pattern", r"(ab|ab)*c"),
+        ("layer_name_regex_pattern", r"(a|aa)+c"),
+        ("layer_name_regex_pattern", r"(x?x)+y"),
+        ("layer_name_regex_pattern", r"(\w+){8}!"),  # bounded, but a name of 31 letters takes it 2.6 s
+        ("layer_type_regex_pattern", r"(?i)(\w+_?)+linear$"),
+    ],
+)
+def test_a_backtracking_layer_regex_is_refused_at_initialize_naming_key_and_pattern(tmp_path, log_dir, key, pattern):
+    """A name the regex does not match took it longer than any training step (killed after 20 s), with no message."""
+    config = tmp_path / "slow.yaml"
+    layers = {key: pattern} if key == "layer_name_regex_pattern" else {key: pattern, "layer_numbers": "all"}
+    config.write_text(yaml.safe_dump({"sec": {"enabled": True, "layers": layers, "LogTensorStats": LTS}}))
+    began = time.perf_counter()
+    with pytest.raises(ConfigError) as info:
+        init(config, log_dir)
+    assert time.perf_counter() - began < 2
+    message = str(info.value)
+    assert f"config file '{config}': key 'sec.layers.{key}':" in message and f"got {pattern!r}" in message
+    assert "catastrophic backtracking" in message and r"'^[\w.]+fc1$'" in message and "possessive" in message
+    assert debug_api.DEBUG_MANAGER is None
+
+
+UPSTREAM_PATTERNS = [  # every layer regex of Transformer Engine's and nvidia-dlfw-inspect's configs, docs and tests
+    ".*",
+    ".*(fc1)",
+    ".*(fc2)",
+    ".*(qkv)",
+    ".*1",
+    ".*(attention).*",
+    ".*(mlp).*",
+    ".*(self_attention).*",
+    ".*(fc1|fc2)",
+    ".*(fc1|qkv)",
+    ".*(fc1|fc2|relu)",
+    ".*(fc1|self_attention).*",
+    r".*1\..*attn..*(proj|qkv)",
+    "self_attn.*",
+]
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        *UPSTREAM_PATTERNS,
+        r"^[\w.]+fc1$",  # the rewrite the error suggests
+        r"^model\.layers\.\d+\.mlp",
+        r"(q_proj|down_proj)$",
+        r"(?:proj|qkv|fc\d)+",  # alternatives that start apart: one way to match
+        r"(\.\d{2})*x",  # a repeat of a fixed-length part
+        r"(layers\.\d+)?\.fc1",  # an optional part is no repeat
+        r"^(\w+\.?)++fc1$",  # possessive: never backtracks
+        r"^(?>\w+\.?)+fc1$",  # atomic: each iteration's match is final
+    ],
+)
+def test_layer_regexes_that_match_in_bounded_time_are_accepted(log_dir, pattern):
+    init({"sec": {"enabled": True, "layers": {"layer_name_regex_pattern": pattern}, "LogTensorStats": LTS}}, log_dir)
+    assert debug_api.DEBUG_MANAGER is not None
+
+
+def test_a_regex_nested_too_deeply_for_python_is_a_config_error(log_dir):
+    pattern = "(" * 5000 + "x" + ")" * 5000
+    with pytest.raises(ConfigError, match=r"key 'sec.layers.layer_name_regex_pattern': .*nested too deeply"):
+        init({"sec": {"enabled": True, "layers": {"layer_name_regex_pattern": pattern}, "LogTensorStats": LTS}}, log_dir)
 
 
 # --------------------------------------------------------------------------------------------

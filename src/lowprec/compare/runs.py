@@ -16,7 +16,7 @@ import yaml
 from lowprec.compare.outliers import TOP, outliers, over_thresholds
 from lowprec.compare.page import render
 from lowprec.compare.recipes import DEFAULT_RECIPES, RECIPES, Entry, parse_recipes
-from lowprec.demo import SIZES, check_device, choose_threads, read_losses, run_demo, threads_line
+from lowprec.demo import SIZES, RunNotSaved, check_device, choose_threads, read_losses, run_demo, threads_line
 from lowprec.errors import LowprecValueError
 from nvdlfw_inspect.errors import is_int
 from nvdlfw_inspect.files import write_text_atomic
@@ -56,8 +56,7 @@ def _run(name: str, steps: int, size: str, seed: int, out: Path, device: str, fr
     entry = RECIPES[name]
     log_dir = out / name
     log_dir.mkdir(parents=True, exist_ok=True)
-    config = log_dir / CONFIG
-    config.write_text(yaml.safe_dump(statistics_config(entry, freq), sort_keys=False))
+    config = write_text_atomic(log_dir / CONFIG, yaml.safe_dump(statistics_config(entry, freq), sort_keys=False), "the config")
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_demo(
             steps, size, config, log_dir, device, recipe=entry.make(seed), seed=seed, autocast=entry.autocast, threads=threads
@@ -76,6 +75,12 @@ def _run(name: str, steps: int, size: str, seed: int, out: Path, device: str, fr
         "outliers": outliers(statistics, entry.prefix),
         "over_thresholds": over_thresholds(statistics, entry.prefix),
     }
+
+
+def loss_line(name: str, losses: list[float], run: dict) -> str:
+    """What a recipe that trained prints: its first and last loss and the cost of a step."""
+    cost = f"{run['step_ms']:.0f} ms of {run['step_clock']} per step"
+    return f"{name}: loss {losses[0]:.3f} -> {run['last_loss']:.3f} ({cost})"
 
 
 def compare_formats(
@@ -103,13 +108,16 @@ def compare_formats(
     for name in names:
         try:
             runs.append(_run(name, steps, size, seed, out, device, freq, threads))
+        except RunNotSaved as error:  # trained, but its logs are cut short: its losses, and the disk named
+            print(loss_line(name, error.result["losses"], error.result))
+            failed.append({"name": name, "label": RECIPES[name].label, "error": f"not compared: {error}"})
+            print(f"{name}: {failed[-1]['error']}")
+            continue
         except Exception as error:  # one recipe's failure (a full disk, a format the device lacks) costs only it
             failed.append({"name": name, "label": RECIPES[name].label, "error": f"{type(error).__name__}: {error}"})
             print(f"{name}: failed: {failed[-1]['error']}")
             continue
-        run = runs[-1]
-        cost = f"{run['step_ms']:.0f} ms of {run['step_clock']} per step"
-        print(f"{name}: loss {run['loss'][0]:.3f} -> {run['last_loss']:.3f} ({cost})")
+        print(loss_line(name, runs[-1]["loss"], runs[-1]))
     data = {
         "title": f"Formats compared: {', '.join(names)}",
         "setup": f"demo GPT, size {size}, {steps} steps, seed {seed}, statistics every {every}; logs in {out.resolve()}",

@@ -17,7 +17,7 @@ from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats import zeros
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.stats.catalog import TORCH_REDUCTIONS, derive_tensors
+from nvdlfw_inspect.stats.catalog import TORCH_REDUCTIONS, derive_tensors, reducible
 from nvdlfw_inspect.stats.fields import empty_partials
 from nvdlfw_inspect.stats.kernels import unreadable_reason
 from nvdlfw_inspect.utils import append_parent_docstring
@@ -111,9 +111,10 @@ def _version(tensor: torch.Tensor) -> int | None:
 
 class DerivedStats(Mapping):
     """One call's statistics as 0-dim float32 tensors on the tensor's device, each computed when first read:
-    most callers never read them. A value is torch's own reduction of the tensor (as the reference returns it)
-    while the tensor is unchanged since the call; otherwise (modified in place, an inference tensor whose
-    changes cannot be seen, an empty or integer tensor) it is derived from the partials taken at the call.
+    most callers never read them. A value is torch's own reduction of the tensor (as the reference returns it; of
+    its float32 upcast for 8-bit floats, which torch does not reduce) while the tensor is unchanged since the call;
+    otherwise (modified in place, an inference tensor whose changes cannot be seen, an empty or integer tensor) it
+    is derived from the partials taken at the call.
     The mapping holds the tensor until it is dropped."""
 
     def __init__(
@@ -142,7 +143,7 @@ class DerivedStats(Mapping):
         tensor = self._tensor
         unchanged = self._version is not None and _version(tensor) == self._version
         if unchanged and tensor.is_floating_point() and tensor.numel() > 0:
-            return TORCH_REDUCTIONS[stat](tensor)
+            return TORCH_REDUCTIONS[stat](reducible(tensor))
         return derive_tensors(self._partials, [stat])[stat]
 
     def __iter__(self) -> Iterator[str]:

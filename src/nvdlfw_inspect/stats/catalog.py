@@ -164,6 +164,13 @@ TORCH_REDUCTIONS = {name: stat.torch for name, stat in CATALOG.items() if stat.t
 STAT_PARTIALS = {name: tuple(f for f in stat.fields if f in OPTIONAL_FIELDS) for name, stat in CATALOG.items()}
 
 
+def reducible(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as torch's reductions and comparisons take it: a float of two bytes or more as it is; 8-bit floats,
+    integers and bool, which torch cannot reduce (``"min_all" not implemented for 'Float8_e4m3fn'``) or compare as
+    they are, as float32 (exact for all of them but integers beyond 2^24)."""
+    return tensor if tensor.is_floating_point() and tensor.element_size() > 1 else tensor.float()
+
+
 def supported_stats() -> list[str]:
     """The statistics computed from the tensor alone (FP8 and blockwise ones need their feature)."""
     return list(BASE_STATS)

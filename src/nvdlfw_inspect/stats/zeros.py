@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
+from nvdlfw_inspect.stats.catalog import reducible
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 from nvdlfw_inspect.stats.kernels import unreadable_reason, warn_skipped
 
@@ -62,11 +63,8 @@ def parse_zeros(entry: str) -> ZerosStat | None:
 
 def zeros_partials(tensor: torch.Tensor, threshold: float) -> torch.Tensor:
     """A partial of ``tensor`` holding its count of values and of those whose magnitude is at most ``threshold``,
-    computed on its device (no host sync). Integer, bool and 8-bit float values, which torch cannot compare as they
-    are, are compared as float32 (exact for all of them but integers beyond 2^24)."""
-    native = tensor.is_floating_point() and tensor.element_size() > 1
-    values = tensor if native else tensor.float()
-    zeros = (values.abs() <= threshold).sum() if tensor.numel() else 0.0
+    computed on its device (no host sync); integer, bool and 8-bit float values compared as float32 (``reducible``)."""
+    zeros = (reducible(tensor).abs() <= threshold).sum() if tensor.numel() else 0.0
     return set_fields(empty_partials(tensor.device), {"count": tensor.numel(), "zeros": zeros})
 
 

@@ -19,6 +19,7 @@ from lowprec.compare.outliers import outliers, settled
 from lowprec.compare.page import nice_ticks, tick_label
 from lowprec.compare.runs import CONFIG
 from lowprec.demo import read_losses, run_demo
+from nvdlfw_inspect.files import WriteError
 from nvdlfw_inspect.reading import Statistic
 
 STEPS, SEED = 4, 3
@@ -134,16 +135,17 @@ def test_outliers_rank_the_settled_value_and_relate_mse_to_the_variance():
 
 
 def test_a_recipe_that_fails_costs_only_itself(tmp_path, monkeypatch, capsys):
-    """The disk fills while bf16 writes its report: bf16 is named with its error, current still runs."""
+    """bf16's directory is on a full disk: its config cannot be written, bf16 is named with its error, current
+    still runs."""
     fill_disk(monkeypatch, lambda path: path.parent.name == "bf16")
     page = compare_formats(["bf16", "current"], steps=2, size="tiny", out=tmp_path, seed=SEED, device="cpu")
-    report = tmp_path / "bf16" / "report.html"
-    error = f"WriteError: cannot write the report to '{report}': {NO_SPACE}"
+    config = tmp_path / "bf16" / CONFIG
+    error = f"WriteError: cannot write the config to '{config}': {NO_SPACE}"
     assert f"bf16: failed: {error}" in capsys.readouterr().out
     data = page_data(page)
     assert data["failed"] == [{"name": "bf16", "label": RECIPES["bf16"].label, "error": error}]
     assert [run["name"] for run in data["runs"]] == ["current"] and len(data["runs"][0]["loss"]) == 2
-    assert "<h2>Failed recipes</h2>" in page.read_text() and not report.exists()
+    assert "<h2>Failed recipes</h2>" in page.read_text() and not config.exists()
 
 
 def test_the_cost_of_a_step_is_the_process_cpu_time_not_the_wall_time(compared, monkeypatch):
@@ -204,3 +206,19 @@ def test_a_person_sees_nvfp4s_underflows_in_red(compared, tmp_path):
     bands = 1 + sum(1 for a, b in zip(rows, rows[1:], strict=False) if b - a > 1) if rows else 0
     over = [run["name"] for run in data["runs"] if any(v.get("over") for v in run.get("over_thresholds", {}).values())]
     assert "nvfp4" in over and bands == page.read_text().count('<td class="over">') >= len(over)
+
+
+def test_a_real_full_disk_is_named_and_each_recipe_still_prints_its_losses(small_tmpfs, capsys):
+    """On a full tmpfs the fp32 recipe trained and was then said to have "failed: no statistics were logged ...
+    lowprec layers call the debug API of namespace transformer_engine": the config blamed for what the disk did.
+    Each recipe that trained prints its loss line, the disk is named, the next recipe runs; the page cannot be
+    written either, which is said naming it."""
+    out = small_tmpfs("128k")
+    with pytest.raises(WriteError, match=rf"cannot write the comparison page to '{re.escape(str(out))}/compare.html'"):
+        compare_formats(["fp32", "bf16"], steps=2, size="tiny", out=out, seed=SEED, device="cpu", threads=1)
+    printed = capsys.readouterr().out
+    assert "no statistics were logged" not in printed and "transformer_engine" not in printed
+    for name in ("fp32", "bf16"):
+        assert re.search(rf"^{name}: loss \d+\.\d+ -> \d+\.\d+ \(\d+ ms of process CPU time per step\)$", printed, re.M)
+        said = re.search(rf"^{name}: not compared: (.*)$", printed, re.M).group(1)
+        assert f"{out / name}" in said and NO_SPACE in said and f"the file system at {out}" in said

@@ -163,6 +163,25 @@ def test_debug_path_without_fp8_keeps_exact_gradients(log_dir):
     assert torch.allclose(dw, ref.weight.grad, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_tensors_log_the_statistics_of_their_float32_values(log_dir, dtype):
+    """A float8 tensor given to the namespace's API (torch reduces none) is logged as its exact float32 upcast."""
+    collect = Collect()
+    blockwise = {"max_blockwise_dynamic_range": {"block_size": 4, "dims": 1}}
+    start(stats_config(tensors=["gradient"], stats=[*ALL_STATS, blockwise]), log_dir, statistics_logger=collect)
+    t = (torch.randn(16, 40, generator=torch.Generator().manual_seed(5)) * 3).to(dtype)
+    assert (
+        debug_api.transformer_engine.inspect_tensor(
+            layer_name="lin", tensor_name="gradient", tensor=t, iteration=0, tp_group=None
+        )
+        is None
+    )
+    debug_api.step()
+    assert_stats(collect.values, "lin", "gradient", t.float())
+    name = "lin_gradient_max_blockwise_dynamic_range_block_size_4_dims_1"
+    assert collect.values[(name, 0)] == pytest.approx(block_range_ref(t.float(), 4, 1), rel=1e-5)
+
+
 def block_range_ref(t: torch.Tensor, block: int, dims: int) -> float:
     """Max over blocks of log2(max|x|) - log2(min non-zero |x|), block by block in Python (float64)."""
     x = t.double().reshape(-1, t.shape[-1])

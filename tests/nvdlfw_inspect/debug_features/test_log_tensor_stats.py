@@ -117,6 +117,25 @@ def test_every_stat_for_every_dtype_in_file_return_value_and_custom_logger(log_d
         assert stats[(f"model.fc1_activation_{stat}", 0)] == pytest.approx(ref[stat], abs=FILE_TOL, rel=REL), stat
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_tensors_return_and_log_the_statistics_of_their_float32_values(log_dir, dtype):
+    """torch reduces no float8 tensor: reading a returned statistic raised ``"min_all" not implemented for
+    'Float8_e4m3fn'`` into the caller, although the logged ones were right. Both are now those of the float32
+    upcast, which is exact."""
+    collect = Collect()
+    debug_api.initialize(config_file=config(), statistics_logger=collect, log_dir=log_dir)
+    t = (torch.randn(3, 333, generator=torch.Generator().manual_seed(11)) * 2.5 - 0.75).to(dtype)
+    upcast = t.float()
+    out = debug_api.log_tensor_stats(layer_name="model.fc1", tensor=t, tensor_name="activation")
+    assert set(out) == set(SIX) and repr(out).startswith("{'min': tensor(")  # every value read
+    for stat in SIX:
+        assert torch.equal(out[stat], torch_reductions(upcast)[stat]), stat
+    debug_api.step()
+    got = {name.removeprefix("model.fc1_activation_"): value for name, value, _ in collect.rows}
+    for stat, want in expected(upcast).items():
+        assert got[stat] == pytest.approx(want, rel=REL), stat
+
+
 def test_std_is_unbiased_and_norms_are_exact(log_dir):
     collect = Collect()
     debug_api.initialize(config_file=config(), statistics_logger=collect, log_dir=log_dir)

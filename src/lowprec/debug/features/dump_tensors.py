@@ -10,6 +10,7 @@ included) needs neither lowprec nor its version.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -55,15 +56,19 @@ def dump_path(root_log_dir: str, rank: int, iteration: int, layer_name: str, ten
 
 
 def write_whole(dump: dict[str, Any], path: str, root_log_dir: str) -> None:
-    """``torch.save`` through ``replace_whole``: the dump is there whole or not at all (a full disk leaves no
-    unreadable file), and a link planted at ``path`` is replaced, not followed. A directory
-    on the way that links out of ``log_dir`` is refused (``UnsafeLogPathError``)."""
+    """``torch.save`` into memory, then the bytes through ``replace_whole``: the dump is there whole or not at all
+    (a full disk leaves no unreadable file), and a link planted at ``path`` is replaced, not followed. A failed
+    write is an ``OSError``: written to a file, ``torch.save`` reports it as a ``RuntimeError`` ("unexpected pos")
+    when its zip writer goes on after the failure. A directory on the way that links out of ``log_dir`` is
+    refused (``UnsafeLogPathError``)."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     link = link_out_of(root_log_dir, directory)
     if link is not None:
         raise UnsafeLogPathError(f"the symbolic link {link} leads out of log_dir ({root_log_dir}); remove it")
-    replace_whole(path, lambda file: torch.save(dump, file))
+    serialized = io.BytesIO()
+    torch.save(dump, serialized)
+    replace_whole(path, lambda file: file.write(serialized.getbuffer()))
 
 
 def _block_part(part: BlockScaledData) -> dict[str, Any]:
