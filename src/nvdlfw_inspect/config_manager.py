@@ -14,11 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from nvdlfw_inspect.errors import ConfigError, ConfigLocation, ErrorCollector, is_int
-
-try:  # the parser of the re module: re._parser from Python 3.11, sre_parse before
-    from re import _parser as regex_parser
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as regex_parser  # type: ignore[no-redef]
+from nvdlfw_inspect.regex_safety import SAFE_FORMS, backtracks
 
 BASE_NAMESPACE = "base"
 SECTION_KEYS = ("enabled", "layers")
@@ -82,61 +78,6 @@ def _as_string_list(value: Any, location: ConfigLocation, what: str) -> list[str
     return items
 
 
-_REPEATS = ("MAX_REPEAT", "MIN_REPEAT")  # re's opcodes are compared by name: Python 3.11 added the atomic ones
-BACKTRACKING_ALLOWED = (
-    "a regex that repeats no part which can itself match in more than one way: no +, *, ? or {m,n} inside a "
-    r"repeated group, no repeated alternatives that can start alike; e.g. '^[\w.]+fc1$' for '^(\w+\.?)+fc1$', or a "
-    "possessive repeat ('++', '*+') or atomic group ('(?>...)', Python 3.11+), which never backtrack"
-)
-
-
-def _varies(items: list) -> bool:
-    """Whether a repeated part can match one text in more than one way: it holds a repeat of varying count
-    (``+``, ``*``, ``?``, ``{m,n}``) or alternatives not told apart by their first character. Possessive repeats and
-    atomic groups never give a character back, lookarounds match none."""
-    for op, arg in items:
-        name = op.name
-        if name in _REPEATS:
-            low, high, body = arg
-            if low != high or _varies(body):
-                return True
-        elif name == "SUBPATTERN":
-            if _varies(arg[-1]):
-                return True
-        elif name == "BRANCH":
-            firsts = [branch[0] for branch in arg[1] if branch]
-            if len(firsts) < len(arg[1]) or any(first.name != "LITERAL" for first, _ in firsts):
-                return True
-            if len({chr(code).casefold() for _, code in firsts}) < len(firsts) or any(_varies(b) for b in arg[1]):
-                return True
-        elif name == "GROUPREF_EXISTS":
-            return True
-    return False
-
-
-def _backtracks(items: list) -> bool:
-    r"""Whether matching ``items`` can take time exponential in the length of the name (or a power as high as a
-    repeat's count): a part repeated more than once that itself matches in more than one way, as ``(\w+\.?)+``,
-    ``(x*)*``, ``(a|aa)+``, ``(\w+){8}``; a regex tries each way on a name it does not match."""
-    for op, arg in items:
-        name = op.name
-        if name in _REPEATS:
-            if (arg[1] > 1 and _varies(arg[2])) or _backtracks(arg[2]):
-                return True
-        elif name in ("SUBPATTERN", "ASSERT", "ASSERT_NOT", "POSSESSIVE_REPEAT"):
-            if _backtracks(arg[-1]):
-                return True
-        elif name == "ATOMIC_GROUP":
-            if _backtracks(arg):
-                return True
-        elif name == "BRANCH":
-            if any(_backtracks(branch) for branch in arg[1]):
-                return True
-        elif name == "GROUPREF_EXISTS" and any(_backtracks(branch) for branch in arg[1:] if branch):
-            return True
-    return False
-
-
 def _compile(pattern: Any, location: ConfigLocation) -> re.Pattern:
     """A layer regex of the config, refused when invalid or when its matching time explodes with the name's
     length: Python's ``re`` has no time limit, and the first routing call of a layer would hang the training."""
@@ -144,18 +85,18 @@ def _compile(pattern: Any, location: ConfigLocation) -> re.Pattern:
         raise location.error("must be a regular expression string", pattern)
     try:
         compiled = re.compile(pattern)
-        backtracks = _backtracks(list(regex_parser.parse(pattern)))
+        explodes = backtracks(pattern)
     except re.error as err:
         raise location.error(f"invalid regular expression ({err})", pattern) from None
     except RecursionError:
         raise location.error("regular expression nested too deeply for Python's re", pattern) from None
-    if backtracks:
+    if explodes:
         raise location.error(
             "this regular expression can take time that explodes with the length of a layer name it does not match "
             "(catastrophic backtracking: it repeats a part that can itself match in more than one way, and Python's "
             "re tries every way), so the first call of such a layer would hang",
             pattern,
-            BACKTRACKING_ALLOWED,
+            SAFE_FORMS,
         )
     return compiled
 

@@ -13,7 +13,8 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from nvdlfw_inspect.config_manager import ConfigSpec, LayerSpec, named_overlaps, regex_parser
+from nvdlfw_inspect.config_manager import ConfigSpec, LayerSpec, named_overlaps
+from nvdlfw_inspect.regex_safety import regex_parser
 
 
 def possible_overlaps(specs: Sequence[ConfigSpec]) -> list[str]:

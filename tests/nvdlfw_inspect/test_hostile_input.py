@@ -3,6 +3,7 @@ windows that log nothing, a directory given as the config file, and feature file
 
 from __future__ import annotations
 
+import re
 import smtplib
 import sys
 import time
@@ -121,6 +122,8 @@ LTS = {"enabled": True, "tensors": ["activation"], "stats": ["max"]}
         ("layer_name_regex_pattern", r"(x?x)+y"),
         ("layer_name_regex_pattern", r"(\w+){8}!"),  # bounded, but a name of 31 letters takes it 2.6 s
         ("layer_type_regex_pattern", r"(?i)(\w+_?)+linear$"),
+        ("layer_name_regex_pattern", r"(\w+_)+linear"),  # \w swallows the delimiter
+        ("layer_name_regex_pattern", r"(a.*b)+c"),
     ],
 )
 def test_a_backtracking_layer_regex_is_refused_at_initialize_naming_key_and_pattern(tmp_path, log_dir, key, pattern):
@@ -168,11 +171,19 @@ UPSTREAM_PATTERNS = [  # every layer regex of Transformer Engine's and nvidia-dl
         r"(layers\.\d+)?\.fc1",  # an optional part is no repeat
         r"^(\w+\.?)++fc1$",  # possessive: never backtracks
         r"^(?>\w+\.?)+fc1$",  # atomic: each iteration's match is final
+        r"^(model\.layers\.\d+\.)+mlp",  # a delimited repeat inside a repeat: one way to split
+        r"(\.\d+)*\.fc1",
+        r"([a-z]+_)+linear",
+        r"(?i)(?:self_)?attn(\.\w+)?",
     ],
 )
 def test_layer_regexes_that_match_in_bounded_time_are_accepted(log_dir, pattern):
     init({"sec": {"enabled": True, "layers": {"layer_name_regex_pattern": pattern}, "LogTensorStats": LTS}}, log_dir)
     assert debug_api.DEBUG_MANAGER is not None
+    regex, began = re.compile(pattern), time.perf_counter()
+    for name in ("model.layers.1." * 40 + "x", "a_" * 40 + "!", "1" * 60, ".1" * 40, "x" * 40, "ab" * 40):
+        regex.search(name)
+    assert time.perf_counter() - began < 0.5  # names built to make a backtracking regex try every split
 
 
 def test_a_regex_nested_too_deeply_for_python_is_a_config_error(log_dir):
