@@ -24,6 +24,7 @@ from lowprec.modules.linear import Linear
 from lowprec.modules.moe import moe_plan
 from lowprec.modules.replaceable import replacement_blocker
 from nvdlfw_inspect.logging import say_once
+from nvdlfw_inspect.regex_safety import SAFE_FORMS, backtracks
 
 logger = logging.getLogger("lowprec")
 
@@ -171,6 +172,8 @@ def _patterns(arg: str, value: str | Sequence[str] | None) -> list[re.Pattern[st
             compiled.append(re.compile(item))
         except re.error as err:
             raise LowprecValueError(f"{arg}: {item!r} is not a valid regular expression ({err})") from None
+        if backtracks(item):  # convert searches every module path with it: a hang, not an error, otherwise
+            raise LowprecValueError(f"{arg}: {item!r} can take time that explodes with a path's length; use {SAFE_FORMS}")
     return compiled
 
 

@@ -353,6 +353,7 @@ def test_a_filtered_out_bare_layer_is_returned_as_it_is():
     [
         ({"include": "lm_(head"}, ValueError, "include: 'lm_(head' is not a valid regular expression (missing )"),
         ({"exclude": ["ok", "[a-"]}, ValueError, "exclude: '[a-' is not a valid regular expression (unterminated"),
+        ({"exclude": r"(\w+\.?)+head$"}, ValueError, r"exclude: '(\\w+\\.?)+head$' can take time that explodes"),
         ({"include": 5}, TypeError, "include must be a regex string or a list of regex strings, got 5"),
         ({"exclude": ["a", None]}, TypeError, "exclude must be a regex string or a list of regex strings, got ['a', None]"),
         ({"include": []}, ValueError, "include must hold at least one regex, got []; pass None to select every module"),
