@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the lint check and the whole test suite. Extra arguments go to pytest.
+# Runs the lint check and the whole test suite, on every core (pytest-xdist; PYTEST_WORKERS=0 runs it in this
+# process). Extra arguments go to pytest.
 EXTRAS=dev
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 # The report's browser tests need Chromium: install Debian's package when it is missing and we can.
@@ -11,4 +12,4 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
 fi
 "$VENV/bin/ruff" check src tests examples benchmarks
 "$VENV/bin/ruff" format --check src tests examples benchmarks
-"$PY" -m pytest -q "$@"
+"$PY" -m pytest -q -n "${PYTEST_WORKERS:-auto}" "$@"
