@@ -24,7 +24,8 @@ SIX = ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
 
 
 def base_log_tensor_stats(rank: int, world: int, log_dir: Path) -> None:
-    """Base LogTensorStats: default group, explicit global group, reduction_group kwarg, skip_reduction."""
+    """Base LogTensorStats: default group, explicit global group, reduction_group kwarg, skip_reduction. The last
+    two are different groups over every rank, fed in a different order on odd ranks."""
     import nvdlfw_inspect.api as debug_api
 
     config = {
@@ -38,10 +39,11 @@ def base_log_tensor_stats(rank: int, world: int, log_dir: Path) -> None:
     t = rank_tensor(rank)
     debug_api.log_tensor_stats(layer_name="default", tensor=t, tensor_name="activation")
     debug_api.log_tensor_stats(layer_name="skipped", tensor=t, tensor_name="activation", skip_reduction=True)
-    group = dist.new_group(list(range(world)))
-    debug_api.log_tensor_stats(layer_name="kwarg", tensor=t, tensor_name="activation", reduction_group=group)
-    debug_api.set_tensor_reduction_group(group)
-    debug_api.log_tensor_stats(layer_name="global", tensor=t, tensor_name="activation")
+    groups = [dist.new_group(list(range(world))) for _ in range(2)]
+    debug_api.set_tensor_reduction_group(groups[1])
+    feeds = [("kwarg", {"reduction_group": groups[0]}), ("global", {})]
+    for layer, kwargs in feeds if rank % 2 == 0 else feeds[::-1]:
+        debug_api.log_tensor_stats(layer_name=layer, tensor=t, tensor_name="activation", **kwargs)
     debug_api.step()
 
 

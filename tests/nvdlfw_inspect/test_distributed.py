@@ -91,7 +91,8 @@ def test_base_log_tensor_stats_reduces_partials_over_ranks(tmp_path, world):
     check(per_rank[-1], "default", together)
     for rank in range(world - 1):
         assert not any(name.startswith("default_") for name, _ in per_rank[rank])
-    # an explicit group, by kwarg or set globally: every member logs the concatenation's statistics
+    # an explicit group, by kwarg or set globally (two groups, which odd ranks fed first in the other order: the
+    # ranks still reduce them in one order): every member logs the concatenation's statistics
     for rank in range(world):
         check(per_rank[rank], "kwarg", together)
         check(per_rank[rank], "global", together)

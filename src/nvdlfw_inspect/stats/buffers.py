@@ -202,6 +202,7 @@ class StatsBuffers:
         self._tables: dict[torch.device, _Table] = {}
         self._layouts: dict[Any, _Layout] = {}
         self._own: dict[tuple[int, ...], OwnGroup] = {}  # the tool's own group over each rank set reduced over
+        self._session = 0  # resets so far: debug sessions of this process, which name the own groups
         self._launch: _Launch | None = None
         self._lock = threading.RLock()  # the requests, tables and launch: every feed, and a flush's snapshot
         # One flush at a time, so that steps reach the loggers in order; reentrant for end_debug's reset from a
@@ -343,7 +344,7 @@ class StatsBuffers:
         """The rows of every group, reduced over it where it is reduced, in one host table (each device's table is
         copied to the host once, before the reductions); the row of each request this rank logs; and the desync
         errors of the groups that could not be reduced."""
-        devices = list(snapshot.rows)
+        devices = list(dict.fromkeys(buffer.device for buffer in snapshot.buffers.values()))  # not a table no row is in
         host = [snapshot.rows[device].cpu() for device in devices]
         starts = dict(zip(devices, itertools.accumulate((table.shape[0] for table in host), initial=0), strict=False))
         table = host[0] if len(host) == 1 else torch.cat(host)
@@ -403,7 +404,7 @@ class StatsBuffers:
         ranks = group_ranks(group)
         own = self._own.get(tuple(ranks))
         if own is None:
-            own = self._own[tuple(ranks)] = OwnGroup(ranks)
+            own = self._own[tuple(ranks)] = OwnGroup(ranks, self._session)
         step = NO_ITERATION if snapshot.step is None else snapshot.step
         newest = max((snapshot.fed[key] for key in mine if key in snapshot.fed), default=NO_ITERATION)
         return own.run(partial(self._reduction, own, group, mine, step, newest), rows, snapshot.step, snapshot.timeout)
@@ -473,6 +474,7 @@ class StatsBuffers:
             for own in self._own.values():
                 own.release()
             self._own.clear()
+            self._session += 1
             self._launch = None
 
 

@@ -48,7 +48,6 @@ _MARK_AFTER = 0.25  # the share of the timeout after which a rank still waiting 
 # rank is then taken for gone): torch's default process group timeout.
 _OWN_TIMEOUT = dist.default_pg_timeout if dist.is_available() else datetime.timedelta(minutes=30)
 _GONE_GRACE_S = 2.0  # without a collective_timeout: how long a rank whose collective failed waits for the others' marks
-_MADE: dict[tuple[int, ...], int] = {}  # own groups made per rank set in this process: each its own store prefix
 _KEPT: list[OwnGroup] = []  # released with a collective under way: deleting their backend would wait for it
 
 Reduction = Callable[[Any], Generator[Any, None, Any]]  # (this step's rows, or None: empty ones) -> works, then a result
@@ -157,14 +156,14 @@ class OwnGroup:
 
     ``run`` first finishes the reductions this rank stopped waiting for at earlier steps, each started with empty
     rows (its statistics were dropped when it timed out: it runs only so that every rank's collectives stay in one
-    order), then this step's. Every rank of the group makes its groups over the same ranks in the same order (at the
-    same steps), so the n-th group over a rank set has one store prefix on all of them.
+    order), then this step's. One is made per rank set and debug session (``initialize`` to ``end_debug``), named by
+    both: its members share the name (its store prefix) when each ran as many sessions before, as ranks running one
+    script do; nothing else is asked of the ranks, members or not.
     """
 
-    def __init__(self, ranks: list[int]) -> None:
+    def __init__(self, ranks: list[int], session: int) -> None:
         self.ranks = ranks
-        made = _MADE[tuple(ranks)] = _MADE.get(tuple(ranks), 0) + 1
-        self.name = f"{hashlib.sha256(repr(ranks).encode()).hexdigest()[:16]}/{made}"
+        self.name = f"{hashlib.sha256(repr(ranks).encode()).hexdigest()[:16]}/{session}"
         self.lost = False  # a collective failed: this rank reduces nothing more over the group
         self._owed: deque[_Owed] = deque()
         self._count = 0  # collectives posted; the set-up is number 0
