@@ -205,20 +205,25 @@ def lost_rank(rank: int, world: int, log_dir: Path) -> None:
 
 
 def late_rank(rank: int, world: int, log_dir: Path) -> None:
-    """Rank 1 comes to the step of iteration 1 2.5 s late (collective timeout 1.5 s); after each step both ranks run
-    the training's own collectives on the default group (a barrier and a sum), each bounded by 10 s. Saves every
-    step's outcome and sum."""
+    """Rank 1 comes to the step of iteration 1 once rank 0 gave up waiting for it (collective timeout 1.5 s); after
+    each step both ranks run the training's own collectives on the default group (a barrier and a sum), each bounded
+    by 10 s. Saves every step's outcome and sum."""
     import nvdlfw_inspect.api as debug_api
 
     debug_api.initialize(config_file=MEAN_CONFIG, log_dir=str(log_dir), collective_timeout=1.5)
     debug_api.set_tensor_reduction_group(dist.group.WORLD)
     dist.barrier()
+    gave_up = log_dir / "rank0_gave_up"
     outcomes, sums = [], []
     for iteration in range(4):
         debug_api.log_tensor_stats(layer_name="a", tensor=rank_tensor(rank) + iteration, tensor_name="activation")
         if rank == 1 and iteration == 1:
-            time.sleep(2.5)
+            deadline = time.monotonic() + 30
+            while not gave_up.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
         outcomes.append(_step_outcome(iteration))
+        if rank == 0 and iteration == 1:
+            gave_up.touch()
         dist.barrier(async_op=True).wait(datetime.timedelta(seconds=10))
         value = torch.tensor([rank + 1.0])
         dist.all_reduce(value, async_op=True).wait(datetime.timedelta(seconds=10))

@@ -46,7 +46,7 @@ NO_ITERATION = -math.inf  # in a stamp: no step given, or no request of the grou
 _MARK_AFTER = 0.25  # the share of the timeout after which a rank still waiting marks itself in the store
 # How long the group's set-up waits for its members, and its collectives for a late rank, before they fail (the
 # rank is then taken for gone): torch's default process group timeout.
-_OWN_TIMEOUT = dist.default_pg_timeout if dist.is_available() else datetime.timedelta(minutes=30)
+_OWN_TIMEOUT = datetime.timedelta(minutes=30)
 _GONE_GRACE_S = 2.0  # without a collective_timeout: how long a rank whose collective failed waits for the others' marks
 _KEPT: list[OwnGroup] = []  # released with a collective under way: deleting their backend would wait for it
 
@@ -222,7 +222,7 @@ class OwnGroup:
             if not self._ready.wait(timeout):
                 raise self._late(current, step, timeout)
             if self._failure is not None:
-                raise _Failed(self._failure)
+                raise _Failed(f"{type(self._failure).__name__}: {self._failure}")
             while self._owed:
                 owed = self._owed[0]
                 if owed.generator is None:

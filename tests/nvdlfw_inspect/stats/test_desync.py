@@ -13,6 +13,8 @@ import torch.distributed as dist
 from logreader import read_stats
 
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.errors import DistributedDesyncWarning
+from nvdlfw_inspect.stats.desync import OwnGroup
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dist_workers  # noqa: E402
@@ -99,6 +101,15 @@ def test_a_late_rank_costs_one_step_of_statistics_and_the_trainings_collectives_
             every = torch.cat([dist_workers.rank_tensor(r) + iteration for r in range(WORLD)]).double()
             assert stats[("a_activation_mean", iteration)] == pytest.approx(every.mean().item(), abs=6e-5)
         assert ("a_activation_mean", 1) not in stats
+
+
+def test_a_group_that_cannot_be_set_up_is_said_once_and_reduces_nothing():
+    group = OwnGroup([0, 1], session=0)  # no default process group here: its gloo group cannot be set up
+    said = r"the statistics reduction group over the ranks \[0, 1\] could not be set up \(.+\): from iteration 3 on"
+    with pytest.warns(DistributedDesyncWarning, match=said):
+        assert group.run(lambda rows: iter(()), None, 3, timeout=5) is None  # the caller logs its own rows
+    assert group.lost
+    assert group.run(lambda rows: iter(()), None, 4, timeout=5) is None
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), True, "3"])
