@@ -1,7 +1,7 @@
 """Bytes each rank sends and receives per ``debug_api.step()`` to reduce the statistics, against the world size.
 
 Runs ``--requests`` statistics requests (the issue's Llama-8B-like case: 32 layers x 7 GEMM layers x 3 tensors
-= 672) on 2, 4 and 8 gloo processes of this machine, records every collective the statistics buffers issue and
+= 672) on 2, 4 and 8 gloo processes of this machine, records every collective the statistics issue on their own group and
 its payload, and turns the payloads into per-rank traffic with the ring algorithms' known costs (an all-reduce
 of B bytes: 2(p-1)/p B sent and received; an all-gather of B bytes per rank: (p-1) B). The last rows
 extrapolate to 1,024 and 16,384 ranks with the payload measured at the largest world (it does not depend on
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import sys
 import tempfile
 import time
@@ -39,25 +38,25 @@ def traffic(op: str, payload: int, world: int) -> tuple[float, float]:
     if op == "all_reduce":
         moved = 2 * (world - 1) / world * payload
         return moved, moved
-    return (world - 1) * payload, (world - 1) * payload  # all_gather, all_gather_object
+    return (world - 1) * payload, (world - 1) * payload  # all_gather
 
 
-def record_collectives(module) -> list[tuple[str, int]]:
-    """Wrap ``module.dist``'s collectives to record ``(op, payload bytes of this rank)`` for each call."""
+def record_collectives(group_class: type) -> list[tuple[str, int]]:
+    """Wrap the collectives of ``group_class`` (the statistics' own group, ``OwnGroup``) to record ``(op, payload
+    bytes of this rank)`` for each call; its object gather is two all-gathers (of the sizes, of the bytes)."""
     calls: list[tuple[str, int]] = []
 
-    def wrap(name: str, payload) -> None:
-        original = getattr(module.dist, name)
+    def wrap(name: str) -> None:
+        original = getattr(group_class, name)
 
-        def recorded(*args, **kwargs):
-            calls.append((name, payload(*args)))
-            return original(*args, **kwargs)
+        def recorded(self, tensor, *args, **kwargs):
+            calls.append((name, tensor.numel() * tensor.element_size()))
+            return original(self, tensor, *args, **kwargs)
 
-        setattr(module.dist, name, recorded)
+        setattr(group_class, name, recorded)
 
-    wrap("all_reduce", lambda tensor, *_: tensor.numel() * tensor.element_size())
-    wrap("all_gather", lambda out, tensor, *_: tensor.numel() * tensor.element_size())
-    wrap("all_gather_object", lambda out, obj, *_: len(pickle.dumps(obj)))
+    wrap("all_reduce")
+    wrap("all_gather")
     return calls
 
 
@@ -66,9 +65,9 @@ def worker(rank: int, world: int, out_dir: Path, requests: int = 24, steps: int 
     every rank; saves, per step, the collectives issued and their payloads (``bytes{rank}.json``)."""
     import nvdlfw_inspect.api as debug_api
     from nvdlfw_inspect.logging import BaseLogger
-    from nvdlfw_inspect.stats import buffers
+    from nvdlfw_inspect.stats.desync import OwnGroup
 
-    calls = record_collectives(buffers)
+    calls = record_collectives(OwnGroup)
 
     class Drop(BaseLogger):
         def log_scalar(self, name, value, iteration):

@@ -63,7 +63,8 @@ def initialize(
     ``default_logging_enabled`` (also write statistics to the file log when another logger is given),
     ``strict_logging`` (a log write error such as a full disk raises ``OSError`` instead of being counted),
     ``collective_timeout`` (seconds each collective of ``step()`` waits for the other ranks before raising
-    ``DistributedDesyncError`` naming those that did not answer; default None, the process group's own timeout).
+    ``DistributedDesyncError`` naming those that did not answer; default None: torch's default process group timeout,
+    30 minutes; the statistics are reduced on a gloo group of the tool's own, see ``docs/statistics.md``).
     Other keywords are ignored with one warning naming them. A failure leaves the process as if ``initialize``
     had never been called.
     """

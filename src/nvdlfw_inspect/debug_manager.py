@@ -210,12 +210,12 @@ class DebugManager:
 
 
 def _checked_timeout(seconds: object) -> float | None:
-    """``collective_timeout``: None (the process group's own timeout) or a positive, finite number of seconds."""
+    """``collective_timeout``: None (torch's default timeout) or a positive, finite number of seconds."""
     if seconds is None:
         return None
     if not is_number(seconds) or not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(
-            f"collective_timeout must be a positive number of seconds (or None for the process group's own timeout), "
+            f"collective_timeout must be a positive number of seconds (or None for torch's default timeout, 30 minutes), "
             f"got {seconds!r}"
         )
     return float(seconds)

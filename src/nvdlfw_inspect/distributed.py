@@ -3,6 +3,7 @@ without one there is a single process, and no collective runs."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import torch
@@ -25,6 +26,26 @@ def get_distributed_rank(group: Any = None) -> int:
 def group_ranks(group: Any) -> list[int]:
     """The global ranks of ``group`` (None: the default group), in group-rank order."""
     return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+
+
+def default_store() -> Any:
+    """The default group's store; None when it cannot be had."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def own_gloo_group(ranks: list[int], prefix: str, timeout: datetime.timedelta) -> Any:
+    """A gloo group over the global ``ranks`` for the tool alone, set up by its members only (waiting for them up to
+    ``timeout``) in the default store under ``prefix``, which its members must share and use once.
+
+    Not ``dist.new_group``: that needs every rank of the default group, members or not, to call it in the order of
+    the training's own ``new_group`` calls (it numbers groups with one counter), and the training's
+    ``destroy_process_group`` would destroy it. Its collectives are the backend's own (``allreduce``, ``allgather``).
+    """
+    store = dist.PrefixStore(prefix, default_store())
+    return dist.ProcessGroupGloo(store, ranks.index(dist.get_rank()), len(ranks), timeout)
 
 
 def gather_along_first_dim(tensor: torch.Tensor, process_group: Any = None) -> tuple[torch.Tensor, None]:

@@ -197,6 +197,11 @@ class DistributedDesyncError(NvdlfwInspectError, RuntimeError):
     or repeated it, or did not answer within ``collective_timeout``. Names the ranks and iterations."""
 
 
+class DistributedDesyncWarning(UserWarning):
+    """A rank of a statistics reduction group went away: warned, not raised, as the run goes on without it (the
+    other ranks log their own statistics of that group from then on). Names the ranks."""
+
+
 class UnsafeLogPathError(NvdlfwInspectError, OSError):
     """A log file's path goes through a symbolic link out of ``log_dir`` (or is a link itself): following it
     would truncate and overwrite a file outside the log directory. Names the link and its target."""

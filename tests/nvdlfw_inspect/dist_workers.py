@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+import os
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -21,7 +24,8 @@ SIX = ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
 
 
 def base_log_tensor_stats(rank: int, world: int, log_dir: Path) -> None:
-    """Base LogTensorStats: default group, explicit global group, reduction_group kwarg, skip_reduction."""
+    """Base LogTensorStats: default group, explicit global group, reduction_group kwarg, skip_reduction. The last
+    two are different groups over every rank, fed in a different order on odd ranks."""
     import nvdlfw_inspect.api as debug_api
 
     config = {
@@ -35,10 +39,11 @@ def base_log_tensor_stats(rank: int, world: int, log_dir: Path) -> None:
     t = rank_tensor(rank)
     debug_api.log_tensor_stats(layer_name="default", tensor=t, tensor_name="activation")
     debug_api.log_tensor_stats(layer_name="skipped", tensor=t, tensor_name="activation", skip_reduction=True)
-    group = dist.new_group(list(range(world)))
-    debug_api.log_tensor_stats(layer_name="kwarg", tensor=t, tensor_name="activation", reduction_group=group)
-    debug_api.set_tensor_reduction_group(group)
-    debug_api.log_tensor_stats(layer_name="global", tensor=t, tensor_name="activation")
+    groups = [dist.new_group(list(range(world))) for _ in range(2)]
+    debug_api.set_tensor_reduction_group(groups[1])
+    feeds = [("kwarg", {"reduction_group": groups[0]}), ("global", {})]
+    for layer, kwargs in feeds if rank % 2 == 0 else feeds[::-1]:
+        debug_api.log_tensor_stats(layer_name=layer, tensor=t, tensor_name="activation", **kwargs)
     debug_api.step()
 
 
@@ -71,20 +76,20 @@ def te_stats(rank: int, world: int, log_dir: Path) -> None:
 
 def packed_gather(rank: int, world: int, log_dir: Path) -> None:
     """Five steps of base statistics; at step 3 rank 0 adds a layer of its own. Saves, per step, the
-    collectives the statistics ran and what was logged."""
+    collectives the statistics ran on the tool's own group and what was logged."""
     import nvdlfw_inspect.api as debug_api
     from nvdlfw_inspect.logging import BaseLogger
-    from nvdlfw_inspect.stats import buffers
+    from nvdlfw_inspect.stats.desync import OwnGroup
 
     calls: list[str] = []
-    for name in ("all_gather", "all_gather_object", "all_reduce"):
-        original = getattr(dist, name)
+    for name in ("all_gather", "gather_objects", "all_reduce"):
+        original = getattr(OwnGroup, name)
 
         def counted(*args, _original=original, _name=name, **kwargs):
             calls.append(_name)
             return _original(*args, **kwargs)
 
-        setattr(buffers.dist, name, counted)
+        setattr(OwnGroup, name, counted)
 
     logged: dict = {}
 
@@ -176,6 +181,65 @@ def silent_rank(rank: int, world: int, log_dir: Path) -> None:
     outcome = _step_outcome(0)
     torch.save({"error": outcome[1], "seconds": time.monotonic() - start}, log_dir / "silent0.tmp")
     (log_dir / "silent0.tmp").rename(done)
+
+
+def lost_rank(rank: int, world: int, log_dir: Path) -> None:
+    """Rank 1 goes away before the step of iteration 2 (its process ends, as a crash ends it); rank 0 steps on
+    through iteration 5 with a 2 s collective timeout. Rank 0 saves each step's outcome and time, and its warnings."""
+    import nvdlfw_inspect.api as debug_api
+
+    debug_api.initialize(config_file=MEAN_CONFIG, log_dir=str(log_dir), collective_timeout=2)
+    debug_api.set_tensor_reduction_group(dist.group.WORLD)
+    dist.barrier()  # the ranks start the steps together: the first step's wait measures no start-up skew
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcomes = []
+        for iteration in range(6):
+            if rank == 1 and iteration == 2:
+                os._exit(0)
+            debug_api.log_tensor_stats(layer_name="a", tensor=rank_tensor(rank) + iteration, tensor_name="activation")
+            start = time.monotonic()
+            outcomes.append((*_step_outcome(iteration), time.monotonic() - start))
+    said = [str(warning.message) for warning in caught]
+    torch.save({"outcomes": outcomes, "warnings": said}, log_dir / f"lost{rank}.pt")
+
+
+def late_rank(rank: int, world: int, log_dir: Path) -> None:
+    """Rank 1 comes to the step of iteration 1 once rank 0 gave up waiting for it (collective timeout 1.5 s); after
+    each step both ranks run the training's own collectives on the default group (a barrier and a sum), each bounded
+    by 10 s. Saves every step's outcome and sum."""
+    import nvdlfw_inspect.api as debug_api
+
+    debug_api.initialize(config_file=MEAN_CONFIG, log_dir=str(log_dir), collective_timeout=1.5)
+    debug_api.set_tensor_reduction_group(dist.group.WORLD)
+    dist.barrier()
+    gave_up = log_dir / "rank0_gave_up"
+    outcomes, sums = [], []
+    for iteration in range(4):
+        debug_api.log_tensor_stats(layer_name="a", tensor=rank_tensor(rank) + iteration, tensor_name="activation")
+        if rank == 1 and iteration == 1:
+            deadline = time.monotonic() + 30
+            while not gave_up.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        outcomes.append(_step_outcome(iteration))
+        if rank == 0 and iteration == 1:
+            gave_up.touch()
+        dist.barrier(async_op=True).wait(datetime.timedelta(seconds=10))
+        value = torch.tensor([rank + 1.0])
+        dist.all_reduce(value, async_op=True).wait(datetime.timedelta(seconds=10))
+        sums.append(value.item())
+    torch.save({"outcomes": outcomes, "sums": sums}, log_dir / f"late{rank}.pt")
+
+
+def pipeline_stages(rank: int, world: int, log_dir: Path) -> None:
+    """Two pipeline stages and no reduction group: the last rank holds layer "stage1", the others (data parallel)
+    layer "stage0"."""
+    import nvdlfw_inspect.api as debug_api
+
+    debug_api.initialize(config_file=MEAN_CONFIG, log_dir=str(log_dir))
+    layer = "stage1" if rank == world - 1 else "stage0"
+    debug_api.log_tensor_stats(layer_name=layer, tensor=rank_tensor(rank), tensor_name="activation")
+    debug_api.step()
 
 
 ZEROS = ["num_zeros", "num_zeros%", "num_zeros[1e-10]", "num_zeros[1e-10]%", "max"]

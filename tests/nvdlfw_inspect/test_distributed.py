@@ -91,13 +91,30 @@ def test_base_log_tensor_stats_reduces_partials_over_ranks(tmp_path, world):
     check(per_rank[-1], "default", together)
     for rank in range(world - 1):
         assert not any(name.startswith("default_") for name, _ in per_rank[rank])
-    # an explicit group, by kwarg or set globally: every member logs the concatenation's statistics
+    # an explicit group, by kwarg or set globally (two groups, which odd ranks fed first in the other order: the
+    # ranks still reduce them in one order): every member logs the concatenation's statistics
     for rank in range(world):
         check(per_rank[rank], "kwarg", together)
         check(per_rank[rank], "global", together)
         # skip_reduction: each rank its own tensor
         check(per_rank[rank], "skipped", reference(tensors[rank]))
     assert all(stats_log_path(log_dir, rank).exists() for rank in range(world))
+
+
+@needs_gloo
+def test_pipeline_stages_without_a_reduction_group_are_each_logged_on_the_last_rank_of_their_stage(tmp_path):
+    world = 3
+    log_dir = spawn("pipeline_stages", world, tmp_path)
+    stage0 = torch.cat([dist_workers.rank_tensor(rank) for rank in range(world - 1)])
+    per_rank = [read_stats(log_dir, rank) for rank in range(world)]
+
+    assert per_rank[0] == {}  # a stage's statistics once, reduced over the stage's ranks
+    assert per_rank[1] == {("stage0_activation_mean", 0): pytest.approx(stage0.double().mean().item(), abs=6e-5)}
+    assert per_rank[2] == {
+        ("stage1_activation_mean", 0): pytest.approx(dist_workers.rank_tensor(2).double().mean().item(), abs=6e-5)
+    }
+    debug_log = (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    assert "logged on one rank only, the last rank that logs the same layer and tensor" in debug_log
 
 
 def fp8_underflows_and_mse(x: torch.Tensor) -> tuple[float, float]:
@@ -141,7 +158,7 @@ def test_two_packed_all_reduces_per_step_once_the_ranks_agree_on_the_order(tmp_p
         # two all-reduces a step; the first checks that every rank is there and in step, and tells whether the
         # order of the rows must be agreed: at the first step, and when rank 0 has a new request at step 3
         packed = ["all_reduce", "all_reduce"]
-        agree = ["all_reduce", "all_gather_object", *packed]
+        agree = ["all_reduce", "gather_objects", "all_gather", "all_gather", *packed]  # the sizes, then the bytes
         assert saved["calls"] == [agree, packed, packed, agree, packed]
         debug_log = (log_dir / "nvdlfw_inspect_logs" / f"nvdlfw_inspect_globalrank-{rank}.log").read_text()
         others = ", ".join(f"rank {r} lacks 1" for r in range(1, world))  # only0's request (its mean and std)

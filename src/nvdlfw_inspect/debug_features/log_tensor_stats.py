@@ -255,8 +255,10 @@ class LogTensorStats(GenericConfigAPIMapper):
         if get_distributed_world_size() > 1:
             debug_api.log_message(
                 "No `reduction_group` given and `skip_reduction` is False: statistics are reduced over all ranks "
-                "of the default process group and logged on its last rank only. Pass `reduction_group` (or set "
-                "one with debug_api.set_tensor_reduction_group) or `skip_reduction=True` for per-rank statistics.",
+                "of the default process group and logged on one rank only, the last rank that logs the same layer and "
+                "tensor (the default group's last rank when every rank holds the layer; a pipeline stage's last rank "
+                "otherwise). Pass `reduction_group` (or set one with debug_api.set_tensor_reduction_group) or "
+                "`skip_reduction=True` for per-rank statistics.",
                 layer_name,
                 level=logging.WARNING,
             )

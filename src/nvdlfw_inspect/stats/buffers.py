@@ -5,11 +5,11 @@ allocated once: feeding a tensor runs the statistics operator (``kernels.tensor_
 the tensor's partials straight into the rows of every request it serves, in one launch per tensor
 (``one_launch``). Nothing is read back to the host inside a step.
 
-``flush`` (at ``step()``) reduces every row of one process group with two packed all-reduces whose size
-does not grow with the number of ranks (``reduce``; the rows are packed in an order all ranks agreed on
-once, and an object gather runs only when some rank's set of requests changed), copies every result to the
-host at once, derives every statistic as a column at once, hands them to the statistics loggers as
-``{layer}_{tensor}_{stat}``, and resets the tables.
+``flush`` (at ``step()``) copies each device's table to the host once, reduces every row of one process group
+with two packed all-reduces whose size does not grow with the number of ranks (``reduce``; the rows are packed
+in an order all ranks agreed on once, and an object gather runs only when some rank's set of requests changed)
+on a gloo group of the tool's own over the group's ranks (``desync.OwnGroup``), derives every statistic as a
+column at once, hands them to the statistics loggers as ``{layer}_{tensor}_{stat}``, and resets the tables.
 
 Threads: feeds and flushes may come from several threads. One lock guards the requests and tables; a
 flush holds it only to take the tables (fresh ones take the feeds that follow), so a call lands whole
@@ -18,30 +18,34 @@ in the flush under way or in the next, and never waits for a collective. Flushes
 Ranks: the first all-reduce carries the minimum and maximum over the ranks of each one's step counter and
 newest iteration fed; ranks that disagree (then their stamps are gathered to name them), or that do not
 answer within the timeout, raise ``DistributedDesyncError`` naming them (after the other groups are reduced
-and logged, so that no peer waits for this rank).
+and logged, so that no peer waits for this rank); a rank that went away is named once in a warning, and the
+others log their own rows of that group from then on. Groups are reduced in an order every rank shares.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import threading
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from nvdlfw_inspect.distributed import get_distributed_rank, get_distributed_world_size, group_ranks, is_distributed
+from nvdlfw_inspect.distributed import get_distributed_world_size, group_ranks, is_distributed
 from nvdlfw_inspect.errors import DistributedDesyncError
 from nvdlfw_inspect.logging import MetricLogger, say_once
 from nvdlfw_inspect.stats.catalog import derive_floats, fields_for
-from nvdlfw_inspect.stats.desync import NO_ITERATION, check_stamps, wait_or_raise
+from nvdlfw_inspect.stats.desync import NO_ITERATION, OwnGroup, check_stamps
 from nvdlfw_inspect.stats.fields import identity_partials, merge_partials
 from nvdlfw_inspect.stats.kernels import Grid, tensor_stats, unreadable_partials_reason, unreadable_reason, warn_skipped
 from nvdlfw_inspect.stats.reduce import combine, pack_min, pack_sum, unpack_min
 
+_CPU = torch.device("cpu")
 Stat = tuple[str, str]  # (name in the log, derivation)
 Quantization = tuple[torch.Tensor, Grid]  # (scale, grid) of a cast whose statistics a request wants
 
@@ -137,12 +141,22 @@ class _Launch:
 @dataclass
 class _Layout:
     """The agreed order of one group's rows: the union of every rank's requests when it was agreed, this
-    rank's requests then, and the union's signature (the same on every rank that agreed)."""
+    rank's requests then, the union's signature (the same on every rank that agreed), where each row of the union
+    is in this rank's rows (0: in none, the identity goes there), and the requests of this rank it logs."""
 
     mine: tuple | None  # None: no order agreed yet
     union: list[Hashable]
     signature: float
     index: torch.Tensor
+    logs: frozenset
+
+
+def _logs_here(every_rank: list[tuple], me: int, buffers: dict[Hashable, StatsBuffer]) -> frozenset:
+    """The requests of group rank ``me`` that it logs: all but those logged on one rank only (no reduction group
+    given), which the last rank holding each logs: the default group's last rank when every rank holds it, else
+    (pipeline stages) the last rank of the stage that holds the layer."""
+    last = {key: rank for rank, keys in enumerate(every_rank) for key in keys}
+    return frozenset(key for key in every_rank[me] if not buffers[key].last_rank_only or last[key] == me)
 
 
 def _signature(keys: tuple) -> float:
@@ -175,7 +189,7 @@ class _Snapshot:
     buffers: dict[Hashable, StatsBuffer]
     rows: dict[torch.device, torch.Tensor]
     fed: dict[Hashable, int]  # every request fed since the last flush -> the iteration it was fed at
-    groups: dict[tuple[Any, torch.device], list[Hashable]]
+    groups: dict[Any, list[Hashable]]
     step: int | None
     timeout: float | None
 
@@ -186,13 +200,14 @@ class StatsBuffers:
     def __init__(self) -> None:
         self.buffers: dict[Hashable, StatsBuffer] = {}
         self._tables: dict[torch.device, _Table] = {}
-        self._layouts: dict[tuple[Any, torch.device], _Layout] = {}
+        self._layouts: dict[Any, _Layout] = {}
+        self._own: dict[tuple[int, ...], OwnGroup] = {}  # the tool's own group over each rank set reduced over
+        self._session = 0  # resets so far: debug sessions of this process, which name the own groups
         self._launch: _Launch | None = None
         self._lock = threading.RLock()  # the requests, tables and launch: every feed, and a flush's snapshot
         # One flush at a time, so that steps reach the loggers in order; reentrant for end_debug's reset from a
         # signal handler that interrupted this thread's flush.
         self._flush_lock = threading.RLock()
-        self._timed_count: dict[str, int] = {}  # timed collectives per group name, kept over runs: markers stay unique
 
     def _table(self, device: torch.device) -> _Table:
         if device not in self._tables:
@@ -295,17 +310,18 @@ class StatsBuffers:
         """Log every request fed since the last flush; returns ``{(layer, tensor, stat, iteration): value}``.
 
         ``step`` is the caller's step counter, the same on every rank of a reduction group; ``timeout``
-        bounds each of the group's collectives in seconds (None: the group's own timeout). A group whose
-        ranks are out of step or do not answer raises ``DistributedDesyncError`` once the other groups
-        are reduced (their peers must not wait for this rank) and logged; its statistics are dropped.
+        bounds each of the group's collectives in seconds (None: the tool's group's own timeout, torch's default).
+        A group whose ranks are out of step or do not answer raises ``DistributedDesyncError`` once the other groups
+        are reduced (their peers must not wait for this rank) and logged; its statistics are dropped. A group a rank
+        went away from is said once (``DistributedDesyncWarning``); this rank's own statistics of it are logged.
         """
         with self._flush_lock:
             with self._lock:
                 snapshot = self._take(step, timeout)
             if snapshot is None:
                 return {}
-            host, where, errors = self._collect(snapshot)
-            logged = self._derive(host, where, snapshot)
+            table, where, errors = self._collect(snapshot)
+            logged = self._derive(table, where, snapshot)
             if logged:
                 with MetricLogger.batch():
                     MetricLogger.log_statistics([(*name, value, iteration) for (*name, iteration), value in logged.items()])
@@ -324,128 +340,141 @@ class StatsBuffers:
         rows = {device: table.take() for device, table in self._tables.items()}
         return _Snapshot(dict(self.buffers), rows, fed, self._groups(), step, timeout)
 
-    def _collect(self, snapshot: _Snapshot) -> tuple[dict[torch.device, torch.Tensor], dict[Hashable, tuple], list]:
-        """Every group's rows reduced and copied to the host (one copy per device), where each request's
-        row is, and the desync errors of the groups that could not be reduced."""
-        pieces: dict[torch.device, list[torch.Tensor]] = {}
-        where: dict[Hashable, tuple[torch.device, int]] = {}
+    def _collect(self, snapshot: _Snapshot) -> tuple[torch.Tensor, dict[Hashable, int], list[DistributedDesyncError]]:
+        """The rows of every group, reduced over it where it is reduced, in one host table (each device's table is
+        copied to the host once, before the reductions); the row of each request this rank logs; and the desync
+        errors of the groups that could not be reduced."""
+        devices = list(dict.fromkeys(buffer.device for buffer in snapshot.buffers.values()))  # not a table no row is in
+        host = [snapshot.rows[device].cpu() for device in devices]
+        starts = dict(zip(devices, itertools.accumulate((table.shape[0] for table in host), initial=0), strict=False))
+        table = host[0] if len(host) == 1 else torch.cat(host)
+        pieces: list[torch.Tensor] = []
+        where: dict[Hashable, int] = {}
         errors: list[DistributedDesyncError] = []
-        for (group, device), keys in snapshot.groups.items():
-            local = group == "local"
-            try:
-                rows = snapshot.rows[device] if local else self._reduce(group, device, keys, snapshot)
-            except DistributedDesyncError as error:
-                errors.append(error)
-                continue
-            offset = sum(piece.shape[0] for piece in pieces.get(device, []))
-            for i, key in enumerate(keys):
-                where[key] = (device, offset + (snapshot.buffers[key].row if local else i))
-            pieces.setdefault(device, []).append(rows)
-        host = {device: (rows[0] if len(rows) == 1 else torch.cat(rows)).cpu() for device, rows in pieces.items()}
-        return host, where, errors
+        for group, keys in snapshot.groups.items():
+            rows = table[[starts[snapshot.buffers[key].device] + snapshot.buffers[key].row for key in keys]]
+            logs: Iterable[Hashable] = keys
+            if group != "local":
+                try:
+                    reduced = self._reduced(group, tuple(keys), rows, snapshot)
+                except DistributedDesyncError as error:
+                    errors.append(error)
+                    continue
+                if reduced is not None:
+                    rows, logs = reduced
+            offset = sum(piece.shape[0] for piece in pieces)
+            logged = set(logs)
+            where.update((key, offset + i) for i, key in enumerate(keys) if key in logged)
+            pieces.append(rows)
+        return (torch.cat(pieces) if pieces else table[:0]), where, errors
 
-    def _derive(self, host: dict[torch.device, torch.Tensor], where: dict[Hashable, tuple], snapshot: _Snapshot) -> dict:
-        """Every fed request's statistics from the host rows, ordered by iteration then feeding order."""
-        last_rank = get_distributed_rank() == get_distributed_world_size() - 1
+    def _derive(self, table: torch.Tensor, where: dict[Hashable, int], snapshot: _Snapshot) -> dict:
+        """Every logged request's statistics from the host rows, ordered by iteration then feeding order."""
         fed = sorted((key for key in snapshot.fed if key in where), key=snapshot.fed.__getitem__)
-        tables = {device: rows.tolist() for device, rows in host.items()}  # Python floats: see derive_floats
+        rows = table.tolist()  # Python floats: see derive_floats
         logged: dict[tuple[str, str, str, int], float] = {}
         for key in fed:
             buffer = snapshot.buffers[key]
-            if buffer.last_rank_only and not last_rank:
-                continue
-            device, index = where[key]
-            values = derive_floats(tables[device][index], buffer.derivations)
+            values = derive_floats(rows[where[key]], buffer.derivations)
             iteration = snapshot.fed[key]
             for name, derivation in buffer.stats:
                 logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = values[derivation]
         return logged
 
-    def _groups(self) -> dict[tuple[Any, torch.device], list[Hashable]]:
-        """Keys of every request by (process group it reduces over, or ``"local"``; its device)."""
-        groups: dict[tuple[Any, torch.device], list[Hashable]] = {}
+    def _groups(self) -> dict[Any, list[Hashable]]:
+        """Keys of every request by the process group it reduces over (``"local"``: none), the groups in an order
+        every rank shares (by their ranks, then names), so that ranks in several groups reduce them in one order."""
+        groups: dict[Any, list[Hashable]] = {}
         distributed = is_distributed()
         for key, buffer in self.buffers.items():
             local = not distributed or buffer.skip_reduction or get_distributed_world_size(buffer.reduction_group) == 1
-            groups.setdefault(("local" if local else buffer.reduction_group, buffer.device), []).append(key)
-        return groups
+            groups.setdefault("local" if local else buffer.reduction_group, []).append(key)
 
-    def _reduce(self, group: Any, device: torch.device, keys: list[Hashable], snapshot: _Snapshot) -> torch.Tensor:
-        """The rows of ``keys`` merged over ``group``, in ``keys`` order, by two packed all-reduces (``reduce``).
-        When the first shows that some rank's requests changed since the ranks agreed on the order of the rows
-        (or that none was agreed yet), an object gather agrees on a new one and both run again."""
-        mine = tuple(keys)
-        layout = self._layouts.get((group, device)) or _Layout(None, [], -1.0, torch.empty(0))
-        merged = self._all_reduce(group, device, layout, mine, snapshot)
+        def order(group: Any) -> tuple:
+            if group == "local":
+                return (0, (), "")
+            return (1, tuple(group_ranks(group)), "" if group is None else group.group_name)
+
+        return dict(sorted(groups.items(), key=lambda item: order(item[0])))
+
+    def _reduced(self, group: Any, mine: tuple, rows: torch.Tensor, snapshot: _Snapshot) -> tuple[torch.Tensor, frozenset] | None:
+        """The rows of ``mine`` merged over ``group`` (on the tool's own group over its ranks), in ``mine`` order, and
+        the requests this rank logs; None when that group is lost (a rank went away, said once): this rank's rows
+        are then logged as they are."""
+        ranks = group_ranks(group)
+        own = self._own.get(tuple(ranks))
+        if own is None:
+            own = self._own[tuple(ranks)] = OwnGroup(ranks, self._session)
+        step = NO_ITERATION if snapshot.step is None else snapshot.step
+        newest = max((snapshot.fed[key] for key in mine if key in snapshot.fed), default=NO_ITERATION)
+        return own.run(partial(self._reduction, own, group, mine, step, newest), rows, snapshot.step, snapshot.timeout)
+
+    def _reduction(
+        self, own: OwnGroup, group: Any, mine: tuple, step: float, newest: float, rows: torch.Tensor | None
+    ) -> Generator[Any, None, tuple[torch.Tensor, frozenset]]:
+        """The collectives of one group's reduction, each yielded for ``OwnGroup.run`` to wait for: two packed
+        all-reduces (``_all_reduce``), and, when the first shows that some rank's requests changed since the ranks
+        agreed on the order of the rows (or that none was agreed yet), a gather of every rank's requests that agrees
+        on a new one, after which both run again. ``rows`` None: empty ones (a reduction run late, only to keep the
+        ranks' collectives in one order)."""
+        if rows is None:
+            rows = identity_partials(_CPU).expand(len(mine), -1)
+        layout = self._layouts.get(group) or _Layout(None, [], -1.0, torch.empty(0, dtype=torch.long), frozenset())
+        merged = yield from self._all_reduce(own, layout, mine, rows, step, newest)
         if merged is not None:
-            return merged
-        every_rank: list[tuple] = [() for _ in range(get_distributed_world_size(group))]
-        dist.all_gather_object(every_rank, mine, group=group)
+            return merged, layout.logs
+        every_rank = yield from own.gather_objects(mine)
         union = list(dict.fromkeys(key for keys_of_rank in every_rank for key in keys_of_rank))
-        _say_differences(every_rank, union, group_ranks(group))
-        layout = self._layouts[(group, device)] = _Layout(mine, union, _signature(tuple(union)), torch.empty(0))
-        merged = self._all_reduce(group, device, layout, mine, snapshot)
+        _say_differences(every_rank, union, own.ranks)
+        position = {key: i + 1 for i, key in enumerate(mine)}
+        index = torch.tensor([position.get(key, 0) for key in union], dtype=torch.long)
+        logs = _logs_here(every_rank, own.ranks.index(dist.get_rank()), self.buffers)
+        layout = self._layouts[group] = _Layout(mine, union, _signature(tuple(union)), index, logs)
+        merged = yield from self._all_reduce(own, layout, mine, rows, step, newest)
         if merged is None:  # every rank took the same union from one gather: only a bug gets here
-            raise DistributedDesyncError(f"the ranks {group_ranks(group)} could not agree on the order of their statistics")
-        return merged
+            raise DistributedDesyncError(f"the ranks {own.ranks} could not agree on the order of their statistics")
+        return merged, layout.logs
 
     def _all_reduce(
-        self, group: Any, device: torch.device, layout: _Layout, mine: tuple, snapshot: _Snapshot
-    ) -> torch.Tensor | None:
+        self, own: OwnGroup, layout: _Layout, mine: tuple, rows: torch.Tensor, step: float, newest: float
+    ) -> Generator[Any, None, torch.Tensor | None]:
         """This rank's rows in the agreed order through a MIN all-reduce (extremes, and a stamp: the order's
         signature, step and newest iteration fed) and a SUM one (sums, mean and M2 around a shared shift). None
         when some rank's requests changed since the order was agreed (it sends the identity and signature -1);
-        ``DistributedDesyncError`` naming the ranks when they are not in step."""
+        ``DistributedDesyncError`` naming the ranks when they are not in step (their stamps gathered only then)."""
         n = len(layout.union)
+        identity = identity_partials(_CPU)
         if layout.mine == mine:
-            if layout.index.device != device or layout.index.numel() != n:
-                position = {key: snapshot.buffers[key].row for key in mine}
-                layout.index = torch.tensor([position.get(key, 0) for key in layout.union], device=device)
-            rows, signature = snapshot.rows[device].index_select(0, layout.index), layout.signature
+            ordered = torch.cat([identity.unsqueeze(0), rows]).index_select(0, layout.index)
+            signature = layout.signature
         else:
-            rows, signature = identity_partials(device).expand(n, -1), -1.0
-        step = NO_ITERATION if snapshot.step is None else snapshot.step
-        newest = max((snapshot.fed[key] for key in mine if key in snapshot.fed), default=NO_ITERATION)
-        backend_device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-        rows = rows.to(backend_device)
-        first = pack_min(rows, signature, step, newest)
-        self._timed(dist.all_reduce, group, snapshot, first, op=dist.ReduceOp.MIN)
+            ordered, signature = identity.expand(n, -1), -1.0
+        first = pack_min(ordered, signature, step, newest)
+        yield own.all_reduce(first, dist.ReduceOp.MIN)
         stamp, extremes, shift = unpack_min(first, n)
         if not stamp.in_step:
-            self._name_out_of_step(group, backend_device, step, newest, snapshot)
+            work, stamps = own.all_gather(torch.tensor([step, newest], dtype=torch.float64))
+            yield work
+            steps, newest_fed = torch.stack(stamps).T.tolist()
+            check_stamps(steps, newest_fed, own.ranks)
+            raise DistributedDesyncError(f"the ranks {own.ranks} of a statistics reduction group are out of step")
         if not stamp.agreed:
             return None
-        second = pack_sum(rows, shift)
-        self._timed(dist.all_reduce, group, snapshot, second, op=dist.ReduceOp.SUM)
-        merged = combine(extremes, shift, second, n).to(device)
+        second = pack_sum(ordered, shift)
+        yield own.all_reduce(second, dist.ReduceOp.SUM)
+        merged = combine(extremes, shift, second, n)
         order = {key: i for i, key in enumerate(layout.union)}
         return merged[[order[key] for key in mine]] if mine else merged[:0]
-
-    def _name_out_of_step(self, group: Any, backend_device: Any, step: float, newest: float, snapshot: _Snapshot) -> None:
-        """Raise ``DistributedDesyncError`` naming which ranks hold which step and iteration: the stamps of every
-        rank, gathered only now that the all-reduce showed they differ."""
-        mine = torch.tensor([step, newest], dtype=torch.float64, device=backend_device)
-        gathered = [torch.empty_like(mine) for _ in range(get_distributed_world_size(group))]
-        self._timed(dist.all_gather, group, snapshot, gathered, mine)
-        steps, newest_fed = torch.stack(gathered).T.tolist()
-        check_stamps(steps, newest_fed, group_ranks(group))
-        raise DistributedDesyncError(f"the ranks {group_ranks(group)} of a statistics reduction group are out of step")
-
-    def _timed(self, collective: Callable, group: Any, snapshot: _Snapshot, *args: Any, **kwargs: Any) -> None:
-        """Run ``collective(*args, group=group, **kwargs)``, waiting at most ``snapshot.timeout`` seconds."""
-        if snapshot.timeout is None:
-            collective(*args, group=group, **kwargs)
-            return
-        named = group if group is not None else dist.group.WORLD
-        count = self._timed_count[named.group_name] = self._timed_count.get(named.group_name, 0) + 1
-        work = collective(*args, group=group, async_op=True, **kwargs)
-        wait_or_raise(work, named, snapshot.timeout, count, snapshot.step)
 
     def reset(self) -> None:
         with self._flush_lock, self._lock:
             self.buffers.clear()
             self._tables.clear()
             self._layouts.clear()
+            for own in self._own.values():
+                own.release()
+            self._own.clear()
+            self._session += 1
             self._launch = None
 
 

@@ -3,6 +3,7 @@ iterations instead of silently mixing steps, and a timeout naming a rank that ne
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,11 @@ import torch.distributed as dist
 from logreader import read_stats
 
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.errors import DistributedDesyncWarning
+from nvdlfw_inspect.stats.desync import OwnGroup
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import dist_workers  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
@@ -57,6 +63,53 @@ def test_a_rank_that_never_steps_is_named_within_the_collective_timeout(tmp_path
     assert "ranks [1] did not answer" in result["error"]
     assert "waited 3 s (collective_timeout)" in result["error"]
     assert 3.0 <= result["seconds"] < 8.0
+
+
+def test_a_rank_that_goes_away_is_named_once_and_the_survivor_logs_its_own_statistics(tmp_path):
+    log_dir = spawning.spawn(WORKERS, "lost_rank", WORLD, tmp_path, limit_s=60)
+    saved = torch.load(log_dir / "lost0.pt")
+
+    assert [error for _, error, _ in saved["outcomes"]] == [None] * 6, "a lost rank is said, not raised: training goes on"
+    assert max(seconds for _, _, seconds in saved["outcomes"]) < 2.0  # no step waits a timeout for a rank that is gone
+    lost = [message for message in saved["warnings"] if "went away" in message]
+    assert len(lost) == 1, saved["warnings"]
+    assert "the ranks [1] of the statistics reduction group [0, 1] went away at iteration 2" in lost[0]
+    assert "this rank logs its own statistics of that group only" in lost[0]
+    debug_log = (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    assert lost[0] in debug_log
+    stats = read_stats(log_dir, 0)
+    for iteration in range(6):
+        tensors = [dist_workers.rank_tensor(rank) + iteration for rank in (range(WORLD) if iteration < 2 else [0])]
+        assert stats[("a_activation_mean", iteration)] == pytest.approx(torch.cat(tensors).double().mean().item(), abs=6e-5)
+
+
+def test_a_late_rank_costs_one_step_of_statistics_and_the_trainings_collectives_go_on(tmp_path):
+    log_dir = spawning.spawn(WORKERS, "late_rank", WORLD, tmp_path, limit_s=60)
+    saved = [torch.load(log_dir / f"late{rank}.pt") for rank in range(WORLD)]
+
+    for rank in range(WORLD):
+        assert saved[rank]["sums"] == [3.0] * 4, "the training's own collectives after the statistics timed out"
+        errors = [error for _, error in saved[rank]["outcomes"]]
+        assert errors[0] is None and errors[2:] == [None, None], errors
+    assert "ranks [1] did not answer" in saved[0]["outcomes"][1][1]
+    late = saved[1]["outcomes"][1][1]
+    assert "ranks [0] gave up waiting for this rank (1) at iteration 1" in late, late
+    assert "did not answer" not in late
+    for rank in range(WORLD):
+        stats = read_stats(log_dir, rank)
+        for iteration in (0, 2, 3):
+            every = torch.cat([dist_workers.rank_tensor(r) + iteration for r in range(WORLD)]).double()
+            assert stats[("a_activation_mean", iteration)] == pytest.approx(every.mean().item(), abs=6e-5)
+        assert ("a_activation_mean", 1) not in stats
+
+
+def test_a_group_that_cannot_be_set_up_is_said_once_and_reduces_nothing():
+    group = OwnGroup([0, 1], session=0)  # no default process group here: its gloo group cannot be set up
+    said = r"the statistics reduction group over the ranks \[0, 1\] could not be set up \(.+\): from iteration 3 on"
+    with pytest.warns(DistributedDesyncWarning, match=said):
+        assert group.run(lambda rows: iter(()), None, 3, timeout=5) is None  # the caller logs its own rows
+    assert group.lost
+    assert group.run(lambda rows: iter(()), None, 4, timeout=5) is None
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), True, "3"])
