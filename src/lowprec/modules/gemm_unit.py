@@ -53,6 +53,10 @@ def runs_eagerly(recipe: Recipe | None) -> bool:
 class GemmUnit:
     """Quantizers, routing state and the forward of one debuggable linear transformation."""
 
+    #: what a process holds only while it runs the layer: the weight's cast, the forwards whose backward is due, the
+    #: routing memory of the debug session (which holds the session)
+    _TRANSIENT = frozenset({"debug", "weight_cache", "forwards", "reentrant_forwards"})
+
     def __init__(self, layer_types: tuple[str, ...]):
         self.layer_types = layer_types
         self.tp_group: Any = None  # set by NamedModule.set_tensor_parallel_group
@@ -62,6 +66,16 @@ class GemmUnit:
         self.weight_cache = WeightCache()
         self.forwards = ForwardHistory()
         self.reentrant_forwards = ReentrantForwards()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickled layer keeps (``torch.save(model)``, a model handed to a spawned process): the recipe's
+        quantizers with their state (delayed scaling's amax history and scales, a stochastic-rounding stream's
+        position), so the copy computes what the layer would; not the transient state, rebuilt empty."""
+        return {name: value for name, value in vars(self).items() if name not in self._TRANSIENT}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["layer_types"])
+        vars(self).update(state)
 
     def quantizers(self, recipe: Recipe | None, layer_name: str) -> dict[str, Quantizer]:
         if recipe is None:
