@@ -8,8 +8,8 @@ thread autograd runs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 

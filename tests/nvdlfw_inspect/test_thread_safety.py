@@ -1,4 +1,6 @@
-"""Threads logging statistics while another calls ``debug_api.step()``: every call is logged exactly once."""
+"""Threads logging statistics while another calls ``debug_api.step()``: every call is logged exactly once. A training
+thread racing ``end_debug()`` on another thread never fails: each call completes against the session or behaves as
+before ``initialize``."""
 
 from __future__ import annotations
 
@@ -107,3 +109,58 @@ def test_lowprec_layers_in_threads_while_another_thread_steps(tmp_path):
     want = (every.abs().sum().item(), every.square().sum().item())
     for thread in range(FEEDERS):
         assert records.sums(f"t{thread}", "activation") == pytest.approx(want, rel=1e-5), thread
+
+
+RACES = 10
+TE_FEATURES = {
+    "LogTensorStats": {"enabled": True, "tensors": ["activation", "gradient", "weight"], "stats": ["max", "l1_norm"]},
+    "LogFp8TensorStats": {"enabled": True, "tensors": ["activation", "gradient"], "stats": ["underflows%"]},
+    "DisableFP8GEMM": {"enabled": True, "gemms": ["wgrad"]},
+}
+RACE_CONFIG = {
+    "layers": {"enabled": True, "layers": {"exact_layer_names": ["lin"]}, "transformer_engine": TE_FEATURES},
+    "tensors": {
+        "enabled": True,
+        "layers": {"exact_layer_names": ["stats"]},
+        "LogTensorStats": {"enabled": True, "tensors": ["x"], "stats": ["max"]},
+    },
+}
+
+
+def train_until_ended(layer: lowprec.Linear, running: threading.Event, ended: threading.Event, errors: list) -> None:
+    """Training steps (FP8 forward and backward, a statistics call, ``step()``) until 3 after ``ended``; ``running``
+    once 2 are done; an exception goes to ``errors``."""
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    try:
+        iteration = after_end = 0
+        while after_end < 3:
+            after_end += ended.is_set()
+            with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+                y = layer(x)
+            y.square().mean().backward()
+            debug_api.log_tensor_stats(layer_name="stats", tensor=y.detach(), tensor_name="x")
+            debug_api.step()
+            iteration += 1
+            if iteration == 2:
+                running.set()
+    except BaseException as error:  # reported by the test
+        errors.append(error)
+        running.set()
+
+
+def test_a_training_thread_racing_end_debug_on_another_thread_never_fails(tmp_path):
+    """The issue's run: NotInitializedError in 6 of 8 runs, once an AttributeError on None. Each race ends the session
+    while the training thread is at a point of its loop that chance decides (a forward, a backward, a step, a
+    statistics call), and the thread goes on after the end."""
+    layer = lowprec.Linear(16, 16, name="lin")
+    for race in range(RACES):
+        debug_api.initialize(config_file=RACE_CONFIG, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(tmp_path / str(race)))
+        running, ended, errors = threading.Event(), threading.Event(), []
+        thread = threading.Thread(target=train_until_ended, args=(layer, running, ended, errors))
+        thread.start()
+        assert running.wait(JOIN_S)
+        debug_api.end_debug()
+        ended.set()
+        thread.join(JOIN_S)
+        assert not thread.is_alive(), "the training thread did not finish in time"
+        assert errors == [], f"race {race}"

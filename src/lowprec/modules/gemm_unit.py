@@ -107,7 +107,9 @@ class GemmUnit:
             return F.linear(x, weight, bias)
         quantizers = self.quantizers(recipe, layer_name)
         if plan is not None:
-            processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group, inspected=TENSORS if inspect else ())
+            processing = DebugProcessing(
+                layer_name, quantizers, plan, self.debug.session, self.tp_group, inspected=TENSORS if inspect else ()
+            )
         else:
             processing = PlainProcessing(quantizers, None if traced else self.weight_cache)
         checkpoint = None if traced or torch.is_grad_enabled() else reentrant_checkpoint()
@@ -135,7 +137,9 @@ class GemmUnit:
                 self.quantizers(original.recipe, layer_name), getattr(original.node, "cast_states", {})
             )
             if original.plan is not None:
-                processing = DebugProcessing(layer_name, quantizers, original.plan, self.tp_group, inspected=())
+                processing = DebugProcessing(
+                    layer_name, quantizers, original.plan, self.debug.session, self.tp_group, inspected=()
+                )
             else:
                 processing = PlainProcessing(quantizers)
             out = apply_linear(x, weight, bias, processing)
@@ -151,7 +155,9 @@ class GemmUnit:
         tensors are inspected here (the original forward inspected the forward ones)."""
         quantizers = replay_quantizers(replay.quantizers, replay.cast_states, names=("activation", "weight"))
         if replay.plan is not None:
-            processing = DebugProcessing(layer_name, quantizers, replay.plan, self.tp_group, inspected=BACKWARD_TENSORS)
+            processing = DebugProcessing(
+                layer_name, quantizers, replay.plan, self.debug.session, self.tp_group, inspected=BACKWARD_TENSORS
+            )
         else:
             processing = PlainProcessing(quantizers)
         out = apply_linear(x, weight, bias, processing)
