@@ -4,7 +4,7 @@ Besides the functions below, attribute access dispatches to namespaces: ``debug_
 and, for APIs of the base namespace, ``debug_api.<api>(layer_name, ...)``.
 
 The calls a training step makes (``step``, ``log_tensor_stats``, ``log_message``, ``log_routing``, and a framework's
-layers inside ``Held``) may race an ``end_debug()`` on another thread: each reads the session once, and either
+layers inside ``held``) may race an ``end_debug()`` on another thread: each reads the session once, and either
 completes against it (``end_debug`` waits for it) or behaves as before ``initialize``.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from nvdlfw_inspect.config_manager import ConfigManager
-from nvdlfw_inspect.debug_manager import DebugManager, Held
+from nvdlfw_inspect.debug_manager import DebugManager, held
 from nvdlfw_inspect.distributed import get_distributed_world_size
 from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError, is_int
 from nvdlfw_inspect.explain import feature_matches, plain_text, suggestion
@@ -223,7 +223,7 @@ def log_message(
     extra_cachable_args: Hashable = None,
 ) -> None:
     """Write ``msg`` to the debug log once per call site, layer, ``extra_cachable_args`` and message text."""
-    with Held(DEBUG_MANAGER) as open_:
+    with held(DEBUG_MANAGER) as open_:
         if not open_:
             raise NotInitializedError(_NOT_INITIALIZED)
         frame = sys._getframe(1)
@@ -252,7 +252,7 @@ def log_routing(
     decision changes. Arguments are checked (``ValueError``, ``TypeError``); before ``initialize`` nothing is
     written."""
     record = routing_record(layer, gemm, tensor, decision, feature, recipe, iteration, reason)
-    with Held(DEBUG_MANAGER) as open_:
+    with held(DEBUG_MANAGER) as open_:
         if open_:
             get_logger().log_routing(record)
 
@@ -370,7 +370,7 @@ def _before_initialize(name: str) -> dict:
 def _step_api(manager: DebugManager | None, name: str, *args: Any, **kwargs: Any) -> Any:
     """A statistics call of a training step against ``manager``'s session, or as before ``initialize`` without one
     (none, or ``end_debug()`` begun on another thread meanwhile)."""
-    with Held(manager) as open_:
+    with held(manager) as open_:
         if open_:
             return manager.get_extension_api(name)(*args, **kwargs)
     if manager is not None:

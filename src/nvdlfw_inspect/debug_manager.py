@@ -31,36 +31,46 @@ CALLS_DRAIN_S = 60.0
 
 
 class SessionCalls:
-    """The calls into one debug session under way, per thread. ``close`` refuses new ones from then on and waits for
-    those of other threads, so that each call either completes against the session or sees none, as before
-    ``initialize``. A thread already inside a call may call again (a feature logging a message)."""
+    """The calls into one debug session under way, per thread: ``with held(manager) as open_:`` around each. ``close``
+    refuses new ones from then on and waits for those of other threads, so that each call either completes against
+    the session or sees none, as before ``initialize``. A thread already inside a call may call again (a feature
+    logging a message).
+
+    A call takes no lock: each thread writes only its own entry of ``_depth``, before it reads ``_closing``, and
+    ``close`` sets ``_closing`` before it reads ``_depth``; under the GIL one of the two sees the other (a call is
+    either waited for or refused). Only a call ending while the session closes takes the lock, to wake ``close``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._drained = threading.Condition(self._lock)
-        self._depth: dict[int, int] = {}  # thread -> calls under way on it
+        self._depth: dict[int, int] = {}  # thread -> calls under way on it (none: no entry)
         self._closing = False
         self._closer: int | None = None  # the thread running end_debug()
         self._ended = threading.Event()  # end_debug() has returned the process to its state before initialize
 
-    def enter(self) -> bool:
+    def __enter__(self) -> bool:
         """Start a call on this thread; False (nothing started) once the session is closing."""
         thread = threading.get_ident()
-        with self._lock:
-            depth = self._depth.get(thread, 0)
-            if self._closing and depth == 0:
-                return False
-            self._depth[thread] = depth + 1
-            return True
+        depth = self._depth.get(thread, 0)
+        self._depth[thread] = depth + 1  # first: a close that has not seen it yet sees _closing set below
+        if self._closing and depth == 0:
+            self._leave(thread, 0)
+            return False
+        return True
 
-    def exit(self) -> None:
-        """End the call ``enter`` started."""
+    def __exit__(self, *exc_info: object) -> None:
         thread = threading.get_ident()
-        with self._lock:
-            depth = self._depth.pop(thread) - 1
-            if depth:
-                self._depth[thread] = depth
-            elif self._closing:
+        depth = self._depth.get(thread)
+        if depth is not None:  # else refused: nothing started
+            self._leave(thread, depth - 1)
+
+    def _leave(self, thread: int, depth: int) -> None:
+        if depth:
+            self._depth[thread] = depth
+            return
+        del self._depth[thread]
+        if self._closing:
+            with self._lock:
                 self._drained.notify_all()
 
     def close(self, timeout: float = CALLS_DRAIN_S) -> int:
@@ -83,24 +93,24 @@ class SessionCalls:
             self._ended.wait(CALLS_DRAIN_S)
 
 
-class Held:
-    """``with Held(manager) as open_:`` runs the block inside ``manager``'s session: an ``end_debug()`` on another
-    thread waits for it to end. ``open_`` is False without a session (``manager`` None, or its ``end_debug()`` has
-    begun): the block then does what it does before ``initialize``."""
-
-    __slots__ = ("_calls", "_entered")
-
-    def __init__(self, manager: DebugManager | None):
-        self._calls = manager.calls if manager is not None else None
-        self._entered = False
+class _NoSession:
+    """``held(None)``: no session to run the block in."""
 
     def __enter__(self) -> bool:
-        self._entered = self._calls is not None and self._calls.enter()
-        return self._entered
+        return False
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._entered:
-            self._calls.exit()
+        pass
+
+
+_NO_SESSION = _NoSession()
+
+
+def held(manager: DebugManager | None) -> SessionCalls | _NoSession:
+    """``with held(manager) as open_:`` runs the block inside ``manager``'s session: an ``end_debug()`` on another
+    thread waits for it to end. ``open_`` is False without a session (``manager`` None, or its ``end_debug()`` has
+    begun): the block then does what it does before ``initialize``."""
+    return _NO_SESSION if manager is None else manager.calls
 
 
 class DebugManager:
@@ -132,7 +142,7 @@ class DebugManager:
         self._first_step_done = False
         self._pauses = 0  # debug_api.paused() blocks open now, in any thread
         self._pause_lock = threading.Lock()
-        self.calls = SessionCalls()  # held by each call that must complete against the session (``Held``)
+        self.calls = SessionCalls()  # held by each call that must complete against the session (``held``)
         self._initialize_loggers(statistics_logger, tb_writer, default_logging_enabled)
         self._load_namespace_apis_and_features(normalize_feature_dirs(feature_dirs))
         self._step_watch: StepWatch | None = None  # from ``start``: a failed initialize leaves no hook behind

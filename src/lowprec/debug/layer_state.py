@@ -10,7 +10,7 @@ from __future__ import annotations
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.plan import LayerPlan, Memory, Routing, TensorPlan, build_plan, log_plan
 from nvdlfw_inspect.config_manager import ConfigManager
-from nvdlfw_inspect.debug_manager import DebugManager, Held
+from nvdlfw_inspect.debug_manager import DebugManager, held
 
 
 class DebugLayerState:
@@ -38,7 +38,9 @@ class DebugLayerState:
         manager = debug_api.DEBUG_MANAGER
         if manager is None:
             return None
-        with Held(manager) as open_:
+        if manager is self._session and (manager._trainer_iteration_count, fp8) == self._key:
+            return self._plan  # this iteration's plan: asking nothing of the session, it does not hold it
+        with held(manager) as open_:
             return self._plan_in(manager, layer_name, fp8, layer_types) if open_ else None
 
     def _plan_in(self, manager: DebugManager, layer_name: str, fp8: bool, layer_types: tuple[str, ...]) -> LayerPlan | None:
@@ -46,10 +48,7 @@ class DebugLayerState:
             self.__init__()
             self._session = manager
         iteration = manager._trainer_iteration_count
-        key = (iteration, fp8)
-        if key == self._key:
-            return self._plan
-        self._key = key
+        self._key = (iteration, fp8)
         due = self._next_iteration is not None and iteration >= self._next_iteration
         if due or fp8 != self._fp8:
             if layer_types:

@@ -5,7 +5,7 @@ the recipe's FP8 tensor (one cast shared by both GEMMs), the high-precision tens
 ``modify_tensor`` returns; then ``inspect_tensor`` sees the high-precision tensor and both operands.
 Outputs (output, dgrad, wgrad) can be modified and inspected after their GEMM.
 
-Each tensor is processed inside the layer's debug session (``Held``): an ``end_debug()`` on another thread waits for
+Each tensor is processed inside the layer's debug session (``held``): an ``end_debug()`` on another thread waits for
 it. Once the session has ended (between a forward and its backward, say), a tensor gets the plan's precisions but
 neither modification nor inspection, as a layer without a session.
 """
@@ -22,7 +22,7 @@ from lowprec.debug.names import TENSOR_GEMMS, TENSORS
 from lowprec.debug.plan import LayerPlan, Precision
 from lowprec.gemm import Operand
 from lowprec.quant.protocol import Quantizer
-from nvdlfw_inspect.debug_manager import DebugManager, Held
+from nvdlfw_inspect.debug_manager import DebugManager, held
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.utils import get_distributed_world_size
 
@@ -57,8 +57,16 @@ class DebugProcessing:
 
     def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
         """``(operand for the tensor's first GEMM, operand for its second GEMM)``."""
-        with Held(self.session) as open_:
+        if not self._calls_features(tensor_name):
+            return self._input(tensor_name, tensor, transpose, False)
+        with held(self.session) as open_:
             return self._input(tensor_name, tensor, transpose, open_)
+
+    def _calls_features(self, tensor_name: str) -> bool:
+        """Whether a feature runs on the tensor (modifies or inspects it): only then is the session held."""
+        plan = self.plan.tensors[tensor_name]
+        inspects = tensor_name in self.inspected and (plan.inspect or any(plan.inspect_postquantize.values()))
+        return inspects or Precision.MODIFY in plan.gemms.values()
 
     def _input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool, open_: bool) -> tuple[Operand, Operand]:
         plan = self.plan.tensors[tensor_name]
@@ -103,7 +111,9 @@ class DebugProcessing:
 
     def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The GEMM result ``tensor_name`` (output, dgrad or wgrad), modified and inspected as planned."""
-        with Held(self.session) as open_:
+        if not self._calls_features(tensor_name):
+            return tensor
+        with held(self.session) as open_:
             return self._output(tensor_name, tensor) if open_ else tensor
 
     def _output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:

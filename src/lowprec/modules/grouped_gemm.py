@@ -20,7 +20,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import active_recipe
 from lowprec.modules.gemm_unit import GemmUnit, autocast_dtype, run_eagerly
 from lowprec.modules.recompute import in_backward
-from nvdlfw_inspect.debug_manager import Held
+from nvdlfw_inspect.debug_manager import held
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
@@ -78,7 +78,7 @@ def _log_tokens(unit: GemmUnit, name: str, rows: torch.Tensor) -> None:
     if plan is None or not any(tensor.inspect for tensor in plan.tensors.values()):
         return
     manager = unit.debug.session
-    with Held(manager) as open_:
+    with held(manager) as open_:
         if not open_:  # end_debug() on another thread since the plan: nothing to count into
             return
         partials = set_fields(empty_partials(rows.device), {"count": float(rows.shape[0])})  # a host number: no sync
