@@ -73,7 +73,7 @@ class SessionCalls:
             with self._lock:
                 self._drained.notify_all()
 
-    def close(self, timeout: float = CALLS_DRAIN_S) -> int:
+    def close(self, timeout: float) -> int:
         """Refuse new calls, wait up to ``timeout`` seconds for other threads' calls to end; how many threads are
         still inside one (this thread's own calls, as in a signal handler, cannot be waited for)."""
         me = threading.get_ident()
@@ -279,10 +279,10 @@ class DebugManager:
         step being logged is dropped, with a warning, and the steps logged before stay whole. In a child of
         ``os.fork()`` nothing is logged: the parent logs its own unfinished step. First it waits for the calls of
         other threads under way (``SessionCalls``): they are part of that step."""
-        still_running = self.calls.close()
+        still_running = self.calls.close(CALLS_DRAIN_S)
         if still_running:
             say_once(
-                f"end_debug() waited {CALLS_DRAIN_S:.0f} s for debug calls of {still_running} other thread(s) still under "
+                f"end_debug() waited {CALLS_DRAIN_S:g} s for debug calls of {still_running} other thread(s) still under "
                 "way and closed the run without them: what they log is lost, and they may fail"
             )
         with self._step_lock:

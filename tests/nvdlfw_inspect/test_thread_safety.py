@@ -12,6 +12,8 @@ import torch
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect import debug_manager
+from nvdlfw_inspect.debug_manager import held
 from nvdlfw_inspect.logging import BaseLogger
 
 FEEDERS = 4
@@ -164,3 +166,57 @@ def test_a_training_thread_racing_end_debug_on_another_thread_never_fails(tmp_pa
         thread.join(JOIN_S)
         assert not thread.is_alive(), "the training thread did not finish in time"
         assert errors == [], f"race {race}"
+
+
+def test_end_debug_waits_for_a_call_under_way_on_another_thread_which_completes_against_the_session(tmp_path):
+    """A call that began before ``end_debug()`` completes against the session, its statistics in the final step;
+    ``end_debug`` returns only after it."""
+    records = Records()
+    stats = {"enabled": True, "tensors": ["x"], "stats": ["max"]}
+    config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "LogTensorStats": stats}}
+    debug_api.initialize(config_file=config, log_dir=str(tmp_path), statistics_logger=records)
+    inside, release = threading.Event(), threading.Event()
+
+    def call_under_way() -> None:
+        with held(debug_api.DEBUG_MANAGER) as open_:
+            assert open_
+            inside.set()
+            assert release.wait(JOIN_S)
+            debug_api.log_tensor_stats(layer_name="late", tensor=torch.tensor([7.0]), tensor_name="x")
+
+    caller = threading.Thread(target=call_under_way)
+    closer = threading.Thread(target=debug_api.end_debug)
+    caller.start()
+    assert inside.wait(JOIN_S)
+    closer.start()
+    closer.join(0.5)
+    assert closer.is_alive()  # waiting for the call
+    release.set()
+    for thread in (caller, closer):
+        thread.join(JOIN_S)
+        assert not thread.is_alive()
+    assert debug_api.DEBUG_MANAGER is None
+    assert ("late_x_max", 7.0, 0) in records.rows
+
+
+def test_end_debug_closes_without_a_call_that_does_not_end_and_says_so(tmp_path, monkeypatch):
+    """A call stuck in another thread cannot keep ``end_debug()`` from returning the process to a clean state."""
+    monkeypatch.setattr(debug_manager, "CALLS_DRAIN_S", 0.2)
+    debug_api.initialize(config_file="", log_dir=str(tmp_path))
+    inside, release = threading.Event(), threading.Event()
+
+    def stuck_call() -> None:
+        with held(debug_api.DEBUG_MANAGER):
+            inside.set()
+            assert release.wait(JOIN_S)
+
+    caller = threading.Thread(target=stuck_call)
+    caller.start()
+    try:
+        assert inside.wait(JOIN_S)
+        with pytest.warns(UserWarning, match=r"waited 0.2 s for debug calls of 1 other thread\(s\) still under way"):
+            debug_api.end_debug()
+        assert debug_api.DEBUG_MANAGER is None
+    finally:
+        release.set()
+        caller.join(JOIN_S)
