@@ -1,7 +1,14 @@
-"""``lowprec.fp8_autocast`` / ``lowprec.autocast``: which recipe the layers run under, if any."""
+"""``lowprec.fp8_autocast`` / ``lowprec.autocast``: which recipe the layers run under, if any.
+
+The recipe in force is per thread, as ``torch.autocast``'s dtype is: a thread that enters no autocast runs its
+layers in high precision whatever other threads do, and a new thread starts outside any autocast. A backward
+casts with the recipe its forward ran under (the autograd function keeps the forward's quantizers), on whichever
+thread autograd runs it.
+"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,7 +23,13 @@ class AutocastState:
     recipe: Recipe | None = None
 
 
-_stack: list[AutocastState] = [AutocastState()]
+class _ThreadState(threading.local):
+    """The autocast in force on each thread: outside any, until the thread enters one."""
+
+    current = AutocastState()
+
+
+_thread = _ThreadState()
 
 EntryWatch = Callable[[], Callable[[], None] | None]
 _entry_watch: EntryWatch | None = None
@@ -31,8 +44,8 @@ def set_entry_watch(watch: EntryWatch) -> None:
 
 
 def active_recipe() -> Recipe | None:
-    """The recipe layers should quantize with now, or None for high precision."""
-    state = _stack[-1]
+    """The recipe this thread's layers should quantize with now, or None for high precision."""
+    state = _thread.current
     return state.recipe if state.enabled else None
 
 
@@ -51,16 +64,17 @@ def checked_recipe(recipe: Recipe | None, what: str = "autocast recipe") -> Reci
 def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[None]:
     """Run ``lowprec`` layers inside the block in FP8 with ``recipe`` (default: delayed scaling, HYBRID).
 
-    ``enabled=False`` runs them in high precision, also inside an enclosing autocast.
+    ``enabled=False`` runs them in high precision, also inside an enclosing autocast. It holds on this thread only
+    (as ``torch.autocast``): other threads keep their own.
     """
     if not isinstance(enabled, bool):
         raise LowprecTypeError(f"autocast(enabled=...) must be a bool, got {enabled!r}")
-    _stack.append(AutocastState(enabled, checked_recipe(recipe)))
+    outer, _thread.current = _thread.current, AutocastState(enabled, checked_recipe(recipe))
     at_exit = _entry_watch() if enabled and _entry_watch is not None else None
     try:
         yield
     finally:
-        _stack.pop()
+        _thread.current = outer
         if at_exit is not None:
             at_exit()
 

@@ -2,6 +2,10 @@
 
 Besides the functions below, attribute access dispatches to namespaces: ``debug_api.<namespace>.<api>(...)``
 and, for APIs of the base namespace, ``debug_api.<api>(layer_name, ...)``.
+
+The calls a training step makes (``step``, ``log_tensor_stats``, ``log_message``, ``log_routing``, and a framework's
+layers inside ``held``) may race an ``end_debug()`` on another thread: each reads the session once, and either
+completes against it (``end_debug`` waits for it) or behaves as before ``initialize``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 import torch
 
 from nvdlfw_inspect.config_manager import ConfigManager
-from nvdlfw_inspect.debug_manager import DebugManager
+from nvdlfw_inspect.debug_manager import DebugManager, held
 from nvdlfw_inspect.distributed import get_distributed_world_size
 from nvdlfw_inspect.errors import AlreadyInitializedError, NotInitializedError, is_int
 from nvdlfw_inspect.explain import feature_matches, plain_text, suggestion
@@ -133,29 +137,35 @@ def step() -> None:
     """Advance the iteration counter by one, log the finished iteration's statistics (reduced over ranks)
     and let every namespace flush its per-step work. Raises ``DistributedDesyncError`` when the ranks of a
     reduction group are at different iterations or do not answer within ``collective_timeout``."""
-    if DEBUG_MANAGER is not None:
-        DEBUG_MANAGER.step()
+    manager = DEBUG_MANAGER
+    if manager is not None:
+        manager.step()
 
 
 def initialize_training_step(train_step: int) -> None:
     """Set the iteration counter, e.g. when resuming from a checkpoint (does not replace ``step``)."""
-    if DEBUG_MANAGER is not None:
+    manager = DEBUG_MANAGER
+    if manager is not None:
         if not is_int(train_step) or train_step < 0:
             raise ValueError(f"train_step must be a non-negative integer, got {train_step!r}")
-        DEBUG_MANAGER.set_iteration(train_step)
+        manager.set_iteration(train_step)
 
 
 def end_debug() -> None:
     """Close the run: namespace hooks, logs, registry, config, caches; ``initialize`` may then run again."""
     global DEBUG_MANAGER
-    if DEBUG_MANAGER is None:
+    manager = DEBUG_MANAGER
+    if manager is None:
         return
     try:
-        DEBUG_MANAGER.close()
+        manager.close()  # first waits for the calls of other threads under way, and refuses new ones
     finally:
-        DEBUG_MANAGER = None
-        atexit.unregister(_end_debug_at_exit)
-        _reset_process_state()
+        try:
+            DEBUG_MANAGER = None
+            atexit.unregister(_end_debug_at_exit)
+            _reset_process_state()
+        finally:
+            manager.calls.end()
 
 
 @contextmanager
@@ -201,9 +211,10 @@ def _end_debug_at_exit() -> None:
 
 
 def _require_manager() -> DebugManager:
-    if DEBUG_MANAGER is None:
+    manager = DEBUG_MANAGER
+    if manager is None:
         raise NotInitializedError(_NOT_INITIALIZED)
-    return DEBUG_MANAGER
+    return manager
 
 
 def log_message(
@@ -213,11 +224,13 @@ def log_message(
     extra_cachable_args: Hashable = None,
 ) -> None:
     """Write ``msg`` to the debug log once per call site, layer, ``extra_cachable_args`` and message text."""
-    _require_manager()
-    frame = sys._getframe(1)
-    site = f"{frame.f_code.co_filename}.{frame.f_lineno}"
-    del frame
-    SingleMessageLogger.log_message_once(msg, layer_name, level, extra_cachable_args, call_site=site)
+    with held(DEBUG_MANAGER) as open_:
+        if not open_:
+            raise NotInitializedError(_NOT_INITIALIZED)
+        frame = sys._getframe(1)
+        site = f"{frame.f_code.co_filename}.{frame.f_lineno}"
+        del frame
+        SingleMessageLogger.log_message_once(msg, layer_name, level, extra_cachable_args, call_site=site)
 
 
 def log_routing(
@@ -240,8 +253,9 @@ def log_routing(
     decision changes. Arguments are checked (``ValueError``, ``TypeError``); before ``initialize`` nothing is
     written."""
     record = routing_record(layer, gemm, tensor, decision, feature, recipe, iteration, reason)
-    if DEBUG_MANAGER is not None:
-        get_logger().log_routing(record)
+    with held(DEBUG_MANAGER) as open_:
+        if open_:
+            get_logger().log_routing(record)
 
 
 def list_features() -> list[str]:
@@ -342,7 +356,7 @@ def get_tensor_reduction_group() -> Any:
     return _require_manager()._tensor_reduction_group
 
 
-def _before_initialize(name: str, *args: Any, **kwargs: Any) -> dict:
+def _before_initialize(name: str) -> dict:
     """A statistics call of a training step before ``initialize``: a script whose debugging is optional makes it
     unconditionally, as it calls ``step()``; it logs nothing, and says so once per API (a forgotten
     ``initialize`` is not silent)."""
@@ -354,11 +368,26 @@ def _before_initialize(name: str, *args: Any, **kwargs: Any) -> dict:
     return {}
 
 
+def _step_api(manager: DebugManager | None, name: str, *args: Any, **kwargs: Any) -> Any:
+    """A statistics call of a training step against ``manager``'s session, or as before ``initialize`` without one
+    (none, or ``end_debug()`` begun on another thread meanwhile)."""
+    with held(manager) as open_:
+        if open_:
+            return manager.get_extension_api(name)(*args, **kwargs)
+    if manager is not None:
+        manager.calls.wait_ended()  # refused by an end_debug() under way: as after it
+    return _before_initialize(name)
+
+
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
-    if DEBUG_MANAGER is None and name in _STEP_APIS:
-        return partial(_before_initialize, name)
-    manager = _require_manager()
+    manager = DEBUG_MANAGER
+    if name in _STEP_APIS:
+        if manager is not None:
+            APICacheIdentifier.save_call_details()
+        return partial(_step_api, manager, name)
+    if manager is None:
+        raise NotInitializedError(_NOT_INITIALIZED)
     APICacheIdentifier.save_call_details()
     return manager.get_extension_api(name)

@@ -26,6 +26,92 @@ from nvdlfw_inspect.section_coverage import warn_features_in_namespaces_not_call
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.step_watch import StepWatch
 
+CALLS_DRAIN_S = 60.0
+"""How long ``end_debug()`` waits for the calls of other threads still under way in the session it closes."""
+
+
+class SessionCalls:
+    """The calls into one debug session under way, per thread: ``with held(manager) as open_:`` around each. ``close``
+    refuses new ones from then on and waits for those of other threads, so that each call either completes against
+    the session or sees none, as before ``initialize``. A thread already inside a call may call again (a feature
+    logging a message).
+
+    A call takes no lock: each thread writes only its own entry of ``_depth``, before it reads ``_closing``, and
+    ``close`` sets ``_closing`` before it reads ``_depth``; under the GIL one of the two sees the other (a call is
+    either waited for or refused). Only a call ending while the session closes takes the lock, to wake ``close``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)
+        self._depth: dict[int, int] = {}  # thread -> calls under way on it (none: no entry)
+        self._closing = False
+        self._closer: int | None = None  # the thread running end_debug()
+        self._ended = threading.Event()  # end_debug() has returned the process to its state before initialize
+
+    def __enter__(self) -> bool:
+        """Start a call on this thread; False (nothing started) once the session is closing."""
+        thread = threading.get_ident()
+        depth = self._depth.get(thread, 0)
+        self._depth[thread] = depth + 1  # first: a close that has not seen it yet sees _closing set below
+        if self._closing and depth == 0:
+            self._leave(thread, 0)
+            return False
+        return True
+
+    def __exit__(self, *exc_info: object) -> None:
+        thread = threading.get_ident()
+        depth = self._depth.get(thread)
+        if depth is not None:  # else refused: nothing started
+            self._leave(thread, depth - 1)
+
+    def _leave(self, thread: int, depth: int) -> None:
+        if depth:
+            self._depth[thread] = depth
+            return
+        del self._depth[thread]
+        if self._closing:
+            with self._lock:
+                self._drained.notify_all()
+
+    def close(self, timeout: float) -> int:
+        """Refuse new calls, wait up to ``timeout`` seconds for other threads' calls to end; how many threads are
+        still inside one (this thread's own calls, as in a signal handler, cannot be waited for)."""
+        me = threading.get_ident()
+        with self._lock:
+            self._closing, self._closer = True, me
+            self._drained.wait_for(lambda: self._depth.keys() <= {me}, timeout)
+            return len(self._depth.keys() - {me})
+
+    def end(self) -> None:
+        """``end_debug()`` has finished: the calls that ``wait_ended`` go on, as after it."""
+        self._ended.set()
+
+    def wait_ended(self) -> None:
+        """A call refused while ``end_debug()`` runs on another thread waits (at most ``CALLS_DRAIN_S``) until it has
+        finished, so that what the call then does before ``initialize`` (say so once) meets no half-closed log."""
+        if threading.get_ident() != self._closer:
+            self._ended.wait(CALLS_DRAIN_S)
+
+
+class _NoSession:
+    """``held(None)``: no session to run the block in."""
+
+    def __enter__(self) -> bool:
+        return False
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+_NO_SESSION = _NoSession()
+
+
+def held(manager: DebugManager | None) -> SessionCalls | _NoSession:
+    """``with held(manager) as open_:`` runs the block inside ``manager``'s session: an ``end_debug()`` on another
+    thread waits for it to end. ``open_`` is False without a session (``manager`` None, or its ``end_debug()`` has
+    begun): the block then does what it does before ``initialize``."""
+    return _NO_SESSION if manager is None else manager.calls
+
 
 class DebugManager:
     """Built by ``debug_api.initialize``; ``close`` undoes everything it set up."""
@@ -56,6 +142,7 @@ class DebugManager:
         self._first_step_done = False
         self._pauses = 0  # debug_api.paused() blocks open now, in any thread
         self._pause_lock = threading.Lock()
+        self.calls = SessionCalls()  # held by each call that must complete against the session (``held``)
         self._initialize_loggers(statistics_logger, tb_writer, default_logging_enabled)
         self._load_namespace_apis_and_features(normalize_feature_dirs(feature_dirs))
         self._step_watch: StepWatch | None = None  # from ``start``: a failed initialize leaves no hook behind
@@ -146,6 +233,8 @@ class DebugManager:
         step ends with a warning about each config section that no layer matched, and each whose features are in
         a namespace its layers do not call."""
         with self._step_lock:
+            if self._closed:  # a step racing end_debug() on another thread: as before initialize, nothing
+                return
             finished = self._trainer_iteration_count
             self._trainer_iteration_count += 1
             if self._step_watch is not None:
@@ -188,7 +277,14 @@ class DebugManager:
         """Log the statistics of the unfinished step, run every namespace's ``end_debug`` hook, drop the buffers.
         Called by a signal handler that interrupted this thread's ``step()``, it cannot wait for that step: the
         step being logged is dropped, with a warning, and the steps logged before stay whole. In a child of
-        ``os.fork()`` nothing is logged: the parent logs its own unfinished step."""
+        ``os.fork()`` nothing is logged: the parent logs its own unfinished step. First it waits for the calls of
+        other threads under way (``SessionCalls``): they are part of that step."""
+        still_running = self.calls.close(CALLS_DRAIN_S)
+        if still_running:
+            say_once(
+                f"end_debug() waited {CALLS_DRAIN_S:g} s for debug calls of {still_running} other thread(s) still under "
+                "way and closed the run without them: what they log is lost, and they may fail"
+            )
         with self._step_lock:
             self._closed = True
             most_fed = STATS_BUFFERS.most_fed()  # before the flush resets the counts

@@ -10,13 +10,14 @@ from __future__ import annotations
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.plan import LayerPlan, Memory, Routing, TensorPlan, build_plan, log_plan
 from nvdlfw_inspect.config_manager import ConfigManager
+from nvdlfw_inspect.debug_manager import DebugManager, held
 
 
 class DebugLayerState:
     """Per-layer routing memory; ``plan_for`` answers None when the layer can take its plain path."""
 
     def __init__(self) -> None:
-        self._session: object = None
+        self._session: DebugManager | None = None
         self._key: tuple[int, bool] | None = None
         self._plan: LayerPlan | None = None
         self._next_iteration: int | None = 0
@@ -25,20 +26,29 @@ class DebugLayerState:
         self._said: dict[str, TensorPlan] | None = None  # the tensors of the plan last said (log_plan)
         self._written: dict[tuple[str, str], Routing] = {}  # the routing records written, per (tensor, GEMM)
 
+    @property
+    def session(self) -> DebugManager | None:
+        """The debug session the plans are of (None before the first)."""
+        return self._session
+
     def plan_for(self, layer_name: str, fp8: bool, layer_types: tuple[str, ...] = ()) -> LayerPlan | None:
-        """The plan of this forward, or None for the plain path. ``layer_types`` are the type names that
-        config ``layer_types`` selectors match besides substrings of the name."""
+        """The plan of this forward, or None for the plain path (also when ``end_debug()`` runs meanwhile on another
+        thread). ``layer_types`` are the type names that config ``layer_types`` selectors match besides substrings of
+        the name."""
         manager = debug_api.DEBUG_MANAGER
         if manager is None:
             return None
+        if manager is self._session and (manager._trainer_iteration_count, fp8) == self._key:
+            return self._plan  # this iteration's plan: asking nothing of the session, it does not hold it
+        with held(manager) as open_:
+            return self._plan_in(manager, layer_name, fp8, layer_types) if open_ else None
+
+    def _plan_in(self, manager: DebugManager, layer_name: str, fp8: bool, layer_types: tuple[str, ...]) -> LayerPlan | None:
         if manager is not self._session:
             self.__init__()
             self._session = manager
         iteration = manager._trainer_iteration_count
-        key = (iteration, fp8)
-        if key == self._key:
-            return self._plan
-        self._key = key
+        self._key = (iteration, fp8)
         due = self._next_iteration is not None and iteration >= self._next_iteration
         if due or fp8 != self._fp8:
             if layer_types:

@@ -4,6 +4,10 @@ For an input tensor (activation, weight, gradient) it produces one operand per G
 the recipe's FP8 tensor (one cast shared by both GEMMs), the high-precision tensor, or whatever
 ``modify_tensor`` returns; then ``inspect_tensor`` sees the high-precision tensor and both operands.
 Outputs (output, dgrad, wgrad) can be modified and inspected after their GEMM.
+
+Each tensor is processed inside the layer's debug session (``held``): an ``end_debug()`` on another thread waits for
+it. Once the session has ended (between a forward and its backward, say), a tensor gets the plan's precisions but
+neither modification nor inspection, as a layer without a session.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from lowprec.debug.names import TENSOR_GEMMS, TENSORS
 from lowprec.debug.plan import LayerPlan, Precision
 from lowprec.gemm import Operand
 from lowprec.quant.protocol import Quantizer
+from nvdlfw_inspect.debug_manager import DebugManager, held
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.utils import get_distributed_world_size
 
@@ -35,13 +40,15 @@ class DebugProcessing:
         layer_name: str,
         quantizers: dict[str, Quantizer],
         plan: LayerPlan,
+        session: DebugManager | None,
         tp_group: Any = None,
         inspected: Collection[str] = TENSORS,
     ):
-        """``inspected``: the tensors shown to the inspection features; the others only get the plan's casts
-        and modifications (a recomputed forward's, which the original forward has already shown, or all of
-        a forward run inside ``debug_api.paused()``)."""
+        """``session``: the debug session that made ``plan``. ``inspected``: the tensors shown to the inspection
+        features; the others only get the plan's casts and modifications (a recomputed forward's, which the
+        original forward has already shown, or all of a forward run inside ``debug_api.paused()``)."""
         self.layer_name = layer_name
+        self.session = session
         self.inspected = inspected
         self.quantizers = quantizers
         self.plan = plan
@@ -50,6 +57,18 @@ class DebugProcessing:
 
     def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
         """``(operand for the tensor's first GEMM, operand for its second GEMM)``."""
+        if not self._calls_features(tensor_name):
+            return self._input(tensor_name, tensor, transpose, False)
+        with held(self.session) as open_:
+            return self._input(tensor_name, tensor, transpose, open_)
+
+    def _calls_features(self, tensor_name: str) -> bool:
+        """Whether a feature runs on the tensor (modifies or inspects it): only then is the session held."""
+        plan = self.plan.tensors[tensor_name]
+        inspects = tensor_name in self.inspected and (plan.inspect or any(plan.inspect_postquantize.values()))
+        return inspects or Precision.MODIFY in plan.gemms.values()
+
+    def _input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool, open_: bool) -> tuple[Operand, Operand]:
         plan = self.plan.tensors[tensor_name]
         first, second = TENSOR_GEMMS[tensor_name]
         quantizer = self.quantizers.get(tensor_name)
@@ -59,7 +78,7 @@ class DebugProcessing:
         operands: dict[str, Operand] = {}
         for gemm in (second, first):
             precision = plan.gemms[gemm]
-            if precision is Precision.MODIFY:
+            if precision is Precision.MODIFY and open_:
                 operands[gemm] = debug_api.transformer_engine.modify_tensor(
                     layer_name=self.layer_name,
                     gemm=gemm,
@@ -73,7 +92,7 @@ class DebugProcessing:
                 operands[gemm] = quantized
             else:
                 operands[gemm] = tensor
-        inspected = tensor_name in self.inspected
+        inspected = open_ and tensor_name in self.inspected
         if plan.inspect and inspected:
             self._inspect(tensor_name, tensor, iteration, operands[first], operands[second], quantizer)
         for gemm in (first, second):
@@ -92,6 +111,12 @@ class DebugProcessing:
 
     def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The GEMM result ``tensor_name`` (output, dgrad or wgrad), modified and inspected as planned."""
+        if not self._calls_features(tensor_name):
+            return tensor
+        with held(self.session) as open_:
+            return self._output(tensor_name, tensor) if open_ else tensor
+
+    def _output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
         plan = self.plan.tensors[tensor_name]
         gemm = TENSOR_GEMMS[tensor_name][0]
         iteration = _iteration()

@@ -53,6 +53,10 @@ def runs_eagerly(recipe: Recipe | None) -> bool:
 class GemmUnit:
     """Quantizers, routing state and the forward of one debuggable linear transformation."""
 
+    #: what a process holds only while it runs the layer: the weight's cast, the forwards whose backward is due, the
+    #: routing memory of the debug session (which holds the session)
+    _TRANSIENT = frozenset({"debug", "weight_cache", "forwards", "reentrant_forwards"})
+
     def __init__(self, layer_types: tuple[str, ...]):
         self.layer_types = layer_types
         self.tp_group: Any = None  # set by NamedModule.set_tensor_parallel_group
@@ -62,6 +66,16 @@ class GemmUnit:
         self.weight_cache = WeightCache()
         self.forwards = ForwardHistory()
         self.reentrant_forwards = ReentrantForwards()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickled layer keeps (``torch.save(model)``, a model handed to a spawned process): the recipe's
+        quantizers with their state (delayed scaling's amax history and scales, a stochastic-rounding stream's
+        position), so the copy computes what the layer would; not the transient state, rebuilt empty."""
+        return {name: value for name, value in vars(self).items() if name not in self._TRANSIENT}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["layer_types"])
+        vars(self).update(state)
 
     def quantizers(self, recipe: Recipe | None, layer_name: str) -> dict[str, Quantizer]:
         if recipe is None:
@@ -93,7 +107,9 @@ class GemmUnit:
             return F.linear(x, weight, bias)
         quantizers = self.quantizers(recipe, layer_name)
         if plan is not None:
-            processing = DebugProcessing(layer_name, quantizers, plan, self.tp_group, inspected=TENSORS if inspect else ())
+            processing = DebugProcessing(
+                layer_name, quantizers, plan, self.debug.session, self.tp_group, inspected=TENSORS if inspect else ()
+            )
         else:
             processing = PlainProcessing(quantizers, None if traced else self.weight_cache)
         checkpoint = None if traced or torch.is_grad_enabled() else reentrant_checkpoint()
@@ -121,7 +137,9 @@ class GemmUnit:
                 self.quantizers(original.recipe, layer_name), getattr(original.node, "cast_states", {})
             )
             if original.plan is not None:
-                processing = DebugProcessing(layer_name, quantizers, original.plan, self.tp_group, inspected=())
+                processing = DebugProcessing(
+                    layer_name, quantizers, original.plan, self.debug.session, self.tp_group, inspected=()
+                )
             else:
                 processing = PlainProcessing(quantizers)
             out = apply_linear(x, weight, bias, processing)
@@ -137,7 +155,9 @@ class GemmUnit:
         tensors are inspected here (the original forward inspected the forward ones)."""
         quantizers = replay_quantizers(replay.quantizers, replay.cast_states, names=("activation", "weight"))
         if replay.plan is not None:
-            processing = DebugProcessing(layer_name, quantizers, replay.plan, self.tp_group, inspected=BACKWARD_TENSORS)
+            processing = DebugProcessing(
+                layer_name, quantizers, replay.plan, self.debug.session, self.tp_group, inspected=BACKWARD_TENSORS
+            )
         else:
             processing = PlainProcessing(quantizers)
         out = apply_linear(x, weight, bias, processing)

@@ -20,6 +20,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import active_recipe
 from lowprec.modules.gemm_unit import GemmUnit, autocast_dtype, run_eagerly
 from lowprec.modules.recompute import in_backward
+from nvdlfw_inspect.debug_manager import held
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
@@ -76,15 +77,18 @@ def _log_tokens(unit: GemmUnit, name: str, rows: torch.Tensor) -> None:
     plan = unit.debug.plan_for(name, active_recipe() is not None, unit.layer_types)
     if plan is None or not any(tensor.inspect for tensor in plan.tensors.values()):
         return
-    manager = debug_api.DEBUG_MANAGER
-    partials = set_fields(empty_partials(rows.device), {"count": float(rows.shape[0])})  # a host number: no sync
-    STATS_BUFFERS.feed(
-        (name, TOKENS_TENSOR, TOKENS_STAT),
-        layer_name=name,
-        tensor_name=TOKENS_TENSOR,
-        stats=[(TOKENS_STAT, "count")],
-        iteration=manager._trainer_iteration_count,
-        partials=partials,
-        reduction_group=debug_api.get_tensor_reduction_group(),
-        accumulate=True,
-    )
+    manager = unit.debug.session
+    with held(manager) as open_:
+        if not open_:  # end_debug() on another thread since the plan: nothing to count into
+            return
+        partials = set_fields(empty_partials(rows.device), {"count": float(rows.shape[0])})  # a host number: no sync
+        STATS_BUFFERS.feed(
+            (name, TOKENS_TENSOR, TOKENS_STAT),
+            layer_name=name,
+            tensor_name=TOKENS_TENSOR,
+            stats=[(TOKENS_STAT, "count")],
+            iteration=manager._trainer_iteration_count,
+            partials=partials,
+            reduction_group=manager._tensor_reduction_group,
+            accumulate=True,
+        )

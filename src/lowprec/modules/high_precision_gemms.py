@@ -9,10 +9,13 @@ hooks note which module runs, and while a top-level module runs its forward a di
 is said once (debug log and warning) with the fix, and gets routing records (high precision, with the reason),
 as does each module ``convert`` skipped in a model that ran; an autocast in which no lowprec layer ran says so.
 The watch ends at the autocast's exit or when a top-level module runs a second forward; later steps pay nothing.
+It follows the thread that entered the autocast (the recipe in force is per thread): forwards of other threads,
+which run under their own autocast or none, are not its.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -108,6 +111,7 @@ class _Watch:
     """One watch: the module hooks, the Parameter each tensor seen comes from, and the GEMMs found."""
 
     def __init__(self) -> None:
+        self.thread = threading.get_ident()  # the module hooks are global: other threads' forwards are not watched
         self.hooks = [
             register_module_forward_pre_hook(self._before),
             register_module_forward_hook(self._after, always_call=True),
@@ -123,7 +127,7 @@ class _Watch:
         self.finished = False
 
     def _before(self, module: torch.nn.Module, args: Any) -> None:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or threading.get_ident() != self.thread:
             return
         if not self.running:
             if id(module) in self.roots:  # a second forward: the first one was seen whole
@@ -143,7 +147,9 @@ class _Watch:
             self.lowprec_ran = True
 
     def _after(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if torch.compiler.is_compiling() or not self.running or self.running[-1] is not module:
+        if torch.compiler.is_compiling() or threading.get_ident() != self.thread:
+            return
+        if not self.running or self.running[-1] is not module:
             return
         self.running.pop()
         if isinstance(module, NamedModule):

@@ -12,6 +12,11 @@ from lowprec.modules.linear import init_linear_parameters
 from lowprec.modules.norm import Norm
 
 
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    """Transformer Engine's GELU (tanh approximation); a named function, so a pickled layer finds it by name."""
+    return F.gelu(x, approximate="tanh")
+
+
 def _swiglu(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -29,7 +34,7 @@ def _reglu(x: torch.Tensor) -> torch.Tensor:
 
 #: activation name -> (function, how many times ffn_hidden_size fc1 produces)
 ACTIVATIONS = {
-    "gelu": (lambda x: F.gelu(x, approximate="tanh"), 1),
+    "gelu": (_gelu, 1),
     "relu": (F.relu, 1),
     "silu": (F.silu, 1),
     "swiglu": (_swiglu, 2),

@@ -9,6 +9,7 @@ stays on the tensor's device: no value is read back to the host.
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 import torch
@@ -106,6 +107,13 @@ class CurrentScalingQuantizer:
         return self if state is None else FixedScaleQuantizer(self.format, *state, label=self.label)
 
 
+def outside_inference_mode() -> AbstractContextManager:
+    """Where a quantizer updates the state it keeps between forwards: under ``torch.inference_mode`` (a validation
+    between training steps, Lightning's default) that state would become inference tensors, which the next
+    training step could not save for backward. Inside this block it stays made of normal tensors."""
+    return torch.inference_mode(False) if torch.is_inference_mode_enabled() else nullcontext()
+
+
 class AmaxHistorySettings(Protocol):
     """What delayed scaling takes from its recipe (``lowprec.DelayedScaling``)."""
 
@@ -118,7 +126,8 @@ class DelayedScalingQuantizer:
     """Delayed scaling: cast with the scale computed from earlier amaxes, then record this amax.
 
     The history holds the last ``amax_history_len`` amaxes (newest first); the next scale uses their
-    maximum (``"max"``) or the newest (``"most_recent"``). The first cast uses scale 1.
+    maximum (``"max"``) or the newest (``"most_recent"``). The first cast uses scale 1. Every cast records its
+    amax, evaluation forwards' (under ``torch.no_grad`` or ``torch.inference_mode``, alike) included.
     """
 
     label = DELAYED_LABEL
@@ -144,36 +153,38 @@ class DelayedScalingQuantizer:
         """On the fused path: one pass casts (and transposes if asked) and records the amax; a tiny
         kernel then updates the history and the scales."""
         tensor = tensor.detach()
-        scale = self.scale_for(tensor)
-        quantized, partials = _cast(tensor, scale, self.format, transpose, self.scale_inv, record_amax=True)
-        if partials is None:
-            self.record_amax(amax_of(tensor))
-        else:
-            from lowprec.kernels import fp8_scales
+        with outside_inference_mode():
+            scale = self.scale_for(tensor)
+            quantized, partials = _cast(tensor, scale, self.format, transpose, self.scale_inv, record_amax=True)
+            if partials is None:
+                self.record_amax(amax_of(tensor))
+            else:
+                from lowprec.kernels import fp8_scales
 
-            use_max = self.recipe.amax_compute_algo == "max"
-            self.amax_history, self.scale, self.scale_inv = fp8_scales.delayed_scaling_update(
-                partials, self.amax_history, scale, self.format, self.recipe.margin, use_max
-            )
+                use_max = self.recipe.amax_compute_algo == "max"
+                self.amax_history, self.scale, self.scale_inv = fp8_scales.delayed_scaling_update(
+                    partials, self.amax_history, scale, self.format, self.recipe.margin, use_max
+                )
         return quantized
 
     def record_amax(self, amax: torch.Tensor) -> None:
         """Push ``amax`` (a 0-dim fp32 tensor) into the history and compute the scale of the next cast."""
-        if kernels.runs_on(amax.reshape(1, 1)):
-            from lowprec.kernels import fp8_scales
+        with outside_inference_mode():
+            if kernels.runs_on(amax.reshape(1, 1)):
+                from lowprec.kernels import fp8_scales
 
-            use_max = self.recipe.amax_compute_algo == "max"
-            self.amax_history, self.scale, self.scale_inv = fp8_scales.delayed_scaling_update(
-                amax.reshape(1), self.amax_history, self.scale, self.format, self.recipe.margin, use_max
-            )
-            return
-        self.amax_history = torch.cat([amax.reshape(1).to(self.amax_history), self.amax_history[:-1]])
-        if self.recipe.amax_compute_algo == "max":
-            reference = nan_ignoring_amax(self.amax_history)  # ``fmaxf`` over the history (``delayed_scaling.cu``)
-        else:
-            reference = self.amax_history[0]
-        self.scale = scale_from_amax(reference, self.format, self.recipe.margin, fallback=self.scale)
-        self.scale_inv = self.scale.reciprocal()
+                use_max = self.recipe.amax_compute_algo == "max"
+                self.amax_history, self.scale, self.scale_inv = fp8_scales.delayed_scaling_update(
+                    amax.reshape(1), self.amax_history, self.scale, self.format, self.recipe.margin, use_max
+                )
+                return
+            self.amax_history = torch.cat([amax.reshape(1).to(self.amax_history), self.amax_history[:-1]])
+            if self.recipe.amax_compute_algo == "max":
+                reference = nan_ignoring_amax(self.amax_history)  # ``fmaxf`` over the history (``delayed_scaling.cu``)
+            else:
+                reference = self.amax_history[0]
+            self.scale = scale_from_amax(reference, self.format, self.recipe.margin, fallback=self.scale)
+            self.scale_inv = self.scale.reciprocal()
 
     def replaying(self, state: CastState) -> Quantizer:
         """Without a state (the original did not cast) the current scale, so nothing is recorded."""
