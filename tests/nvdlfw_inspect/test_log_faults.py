@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import select
 import signal
@@ -517,6 +518,20 @@ def test_a_newline_in_a_layer_name_forges_no_line(log_dir):
     assert {s.layer for s in iter_statistics(log_dir)} == {FORGED}  # the records keep the name as it is
 
 
+class _Utf8Handler(logging.Handler):
+    """Encodes each message as UTF-8, as a handler writing to a file or a pipe does, and lets a failure through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.written += record.getMessage().encode("utf-8") + b"\n"
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        raise
+
+
 def test_a_lone_surrogate_in_a_layer_name_costs_no_line(log_dir):
     """A name holding a lone surrogate (``\\udcff``, as undecodable bytes give), which UTF-8 cannot hold: nothing
     is raised into the training, the text logs write it escaped (``\\udcff``) and keep every layer's lines, and
@@ -525,12 +540,18 @@ def test_a_lone_surrogate_in_a_layer_name_costs_no_line(log_dir):
     layers = ["net.fc1", odd, "net.fc3"]
     config = {"s": CONFIG["s"] | {"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}}}
     debug_api.initialize(config, log_dir=log_dir)
-    for step in range(12):
-        for layer in layers:
-            debug_api.log_tensor_stats(layer, tensor=torch.tensor([-1.0, float(step)]), tensor_name="activation")
-        debug_api.log_message("seen", layer_name=odd)
-        debug_api.step()
-    debug_api.end_debug()
+    handler = _Utf8Handler()  # a user's handler on the debug log (a JSON log shipper, pytest-xdist) writes UTF-8
+    logging.getLogger("nvdlfw_inspect").addHandler(handler)
+    try:
+        for step in range(12):
+            for layer in layers:
+                debug_api.log_tensor_stats(layer, tensor=torch.tensor([-1.0, float(step)]), tensor_name="activation")
+            debug_api.log_message("seen", layer_name=odd)
+            debug_api.step()
+        debug_api.end_debug()
+    finally:
+        logging.getLogger("nvdlfw_inspect").removeHandler(handler)
+    assert b"LAYER=net.fc\\udcff: seen" in handler.written
     names = Counter(line.split(" - INFO - ", 1)[1].split(" ", 1)[0] for line in stats_log_path(log_dir).read_text().splitlines())
     assert names == {"net.fc1_activation_max": 12, "net.fc\\udcff_activation_max": 12, "net.fc3_activation_max": 12}
     assert ("INFO", "LAYER=net.fc\\udcff: seen") in read_messages(log_dir)

@@ -12,7 +12,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from nvdlfw_inspect.distributed import get_distributed_rank, is_distributed
-from nvdlfw_inspect.logging.files import STDERR_FORMAT, LogFile, LogFileHandler, WriteFaults, print_warning
+from nvdlfw_inspect.logging.files import STDERR_FORMAT, LogFile, LogFileHandler, WriteFaults, encodable, print_warning
 from nvdlfw_inspect.logging.lock import LogDirLock
 from nvdlfw_inspect.logging.records import Statistic, StatisticsFile, _as_float, _text_middle
 from nvdlfw_inspect.logging.settings import (
@@ -95,7 +95,7 @@ class FileLogger(BaseLogger):
         return [file.path for file in files if file.overwritten]
 
     def log_message(self, message: str, level: int = logging.INFO) -> None:
-        self.logger.log(level, message)
+        self.logger.log(level, encodable(message))  # the user's handlers too get text they can write
 
     def log_routing(self, record: dict[str, Any]) -> None:
         """One routing record (``routing_record``'s fields and the rank) as a JSON line, written at once; a write

@@ -220,7 +220,11 @@ class LogFileHandler(logging.Handler):
 
 def _one_line(text: str) -> str:
     """``text`` with its line breaks escaped (``\\n``, ``\\r``): in a text log a record is a line, so that a name
-    holding a newline cannot forge a line of its own. Lone surrogates (``\\udcff``: what undecodable bytes of a
-    file name give), which UTF-8 cannot hold, are escaped as well, else the line's write would fail."""
-    text = text.replace("\n", "\\n").replace("\r", "\\r")
+    holding a newline cannot forge a line of its own; and ``encodable``."""
+    return encodable(text.replace("\n", "\\n").replace("\r", "\\r"))
+
+
+def encodable(text: str) -> str:
+    """``text`` with its lone surrogates (``\\udcff``: what undecodable bytes of a file name give) escaped: UTF-8
+    cannot hold them, so a file's write, or any handler or process that a message goes on to, would fail."""
     return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
