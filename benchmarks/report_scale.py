@@ -100,15 +100,15 @@ def main() -> None:
     folder = args.keep or Path(tempfile.mkdtemp(prefix="report_scale_"))
     timings: list[tuple[str, float]] = []
     log = timed("write synthetic log", timings, write_synthetic_log, folder, args.layers, args.steps)
+    commands = {  # first, while this process is small: a child's peak memory counts what it shares after the fork
+        "report": command_cost("report", str(folder), "-o", str(folder / "command_report.html")),
+        "diagnose": command_cost("diagnose", str(folder)),
+    }
     statistics = timed("read records", timings, lambda: list(iter_statistics(folder)))
     data = timed("build report data", timings, report_data, statistics, "synthetic run")
     page = timed("render HTML", timings, render, data)
     output = folder / "report.html"
     timed("write HTML", timings, output.write_text, page, "utf-8")
-    commands = {
-        "report": command_cost("report", str(folder), "-o", str(folder / "command_report.html")),
-        "diagnose": command_cost("diagnose", str(folder)),
-    }
     load = browser_load_seconds(output)
 
     print(f"{args.layers} layers x {args.steps} steps x {len(STATS)} statistics = {len(statistics):,} records")
