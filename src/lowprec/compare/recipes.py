@@ -1,4 +1,5 @@
-"""The recipes ``compare`` knows by name, and which quantization statistics each logs.
+"""The recipes ``compare`` knows by name, and which quantization statistics each logs (the quantized ones
+are made by ``lowprec.plan.recipes.named_recipe``, the names precision plans use too).
 
 ``bf16`` is the usual high-precision baseline, the forward under ``torch.autocast`` to bfloat16; ``fp32``
 trains without either. Each FP8 and block recipe logs ``LogFp8TensorStats`` of its own casts, NVFP4
@@ -16,15 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from lowprec.errors import LowprecValueError
-from lowprec.recipe import (
-    DelayedScaling,
-    Float8BlockScaling,
-    Float8CurrentScaling,
-    MXBlockScaling,
-    MXFP8BlockScaling,
-    NVFP4BlockScaling,
-    Recipe,
-)
+from lowprec.plan.recipes import named_recipe
+from lowprec.recipe import Recipe
 
 OWN_STATS = ("underflows%", "mse")
 
@@ -46,16 +40,16 @@ class Entry:
 RECIPES: dict[str, Entry] = {
     "bf16": Entry("bf16 (torch.autocast, no FP8)", lambda seed: None, autocast=torch.bfloat16),
     "fp32": Entry("float32 (no FP8)", lambda seed: None),
-    "delayed": Entry("FP8 delayed scaling", lambda seed: DelayedScaling(), ("underflows%", "overflows%", "mse")),
-    "current": Entry("FP8 current scaling", lambda seed: Float8CurrentScaling(), OWN_STATS),
-    "mxfp8": Entry("MXFP8", lambda seed: MXFP8BlockScaling(), OWN_STATS),
-    "block": Entry("FP8 block scaling", lambda seed: Float8BlockScaling(), OWN_STATS),
-    "nvfp4": Entry("NVFP4", lambda seed: NVFP4BlockScaling(seed=seed), OWN_STATS, "LogNvfp4TensorStats", "nvfp4_"),
-    "mxfp8_ocp": Entry("MXFP8 (OCP scales)", lambda seed: MXBlockScaling("e4m3", scale_rule="ocp"), OWN_STATS),
-    "mxfp6_e3m2": Entry("MXFP6 E3M2", lambda seed: MXBlockScaling("e3m2"), OWN_STATS),
-    "mxfp6_e2m3": Entry("MXFP6 E2M3", lambda seed: MXBlockScaling("e2m3"), OWN_STATS),
-    "mxfp4": Entry("MXFP4", lambda seed: MXBlockScaling("e2m1"), OWN_STATS),
-    "mxfp4_nvidia": Entry("MXFP4 (NVIDIA scales)", lambda seed: MXBlockScaling("e2m1", scale_rule="nvidia"), OWN_STATS),
+    "delayed": Entry("FP8 delayed scaling", lambda seed: named_recipe("delayed"), ("underflows%", "overflows%", "mse")),
+    "current": Entry("FP8 current scaling", lambda seed: named_recipe("current"), OWN_STATS),
+    "mxfp8": Entry("MXFP8", lambda seed: named_recipe("mxfp8"), OWN_STATS),
+    "block": Entry("FP8 block scaling", lambda seed: named_recipe("block"), OWN_STATS),
+    "nvfp4": Entry("NVFP4", lambda seed: named_recipe("nvfp4", seed=seed), OWN_STATS, "LogNvfp4TensorStats", "nvfp4_"),
+    "mxfp8_ocp": Entry("MXFP8 (OCP scales)", lambda seed: named_recipe("mxfp8_ocp"), OWN_STATS),
+    "mxfp6_e3m2": Entry("MXFP6 E3M2", lambda seed: named_recipe("mxfp6_e3m2"), OWN_STATS),
+    "mxfp6_e2m3": Entry("MXFP6 E2M3", lambda seed: named_recipe("mxfp6_e2m3"), OWN_STATS),
+    "mxfp4": Entry("MXFP4", lambda seed: named_recipe("mxfp4"), OWN_STATS),
+    "mxfp4_nvidia": Entry("MXFP4 (NVIDIA scales)", lambda seed: named_recipe("mxfp4_nvidia"), OWN_STATS),
 }
 DEFAULT_RECIPES = ("bf16", "delayed", "current", "mxfp8", "block", "nvfp4")
 
