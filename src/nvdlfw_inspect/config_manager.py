@@ -18,6 +18,8 @@ from nvdlfw_inspect.regex_safety import SAFE_FORMS, backtracks
 
 BASE_NAMESPACE = "base"
 SECTION_KEYS = ("enabled", "layers")
+# Top-level keys of a debug config that belong to another tool reading the same file: skipped, and said so.
+OTHER_TOOLS_KEYS = {"precision_plan": "lowprec's precision plan (lowprec.plan.load_plan reads it from this file)"}
 SELECTOR_KEYS = (
     "layer_numbers",
     "layer_types",
@@ -376,6 +378,9 @@ def check_config(
     except ConfigError as error:
         return ConfigCheck([error], [], [])
     warnings: list[str] = []
+    for key in OTHER_TOOLS_KEYS.keys() & raw.keys():
+        raw = {name: section for name, section in raw.items() if name != key}
+        warnings.append(f"{source}: key '{key}' is no debug section but {OTHER_TOOLS_KEYS[key]}: the debug framework skips it")
     specs, errors = _parse_sections(raw, top, registry_data, unusable or {}, warnings, layers)
     if not specs and not errors:
         warnings.append(f"{source}: every section is disabled; no feature is active")

@@ -31,7 +31,7 @@ import copy
 import re
 from typing import Any
 
-from nvdlfw_inspect.config_manager import LayerSpec
+from nvdlfw_inspect.config_manager import OTHER_TOOLS_KEYS, LayerSpec
 from nvdlfw_inspect.diagnose.config import NAMESPACE, WATCH_SECTION, free_name, gemm_tensor_selection
 from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER
 from nvdlfw_inspect.errors import ConfigLocation
@@ -59,7 +59,7 @@ def merge(
     reasons = reasons or {}
     notes: Notes = {}
     watch = remedies.pop(WATCH_SECTION, None)
-    user = {name: _spec(name, section) for name, section in merged.items() if _enabled(section)}
+    user = {name: _spec(name, section) for name, section in merged.items() if _enabled(section) and name not in OTHER_TOOLS_KEYS}
     remedy_layers = {name: section["layers"]["exact_layer_names"][0] for name, section in remedies.items()}
     window = watch[NAMESPACE]["LogTensorStats"] if watch else None
     for name, spec in user.items():

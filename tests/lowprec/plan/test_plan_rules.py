@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import nvdlfw_inspect.api as debug_api
 from lowprec.errors import LowprecTypeError, LowprecValueError
 from lowprec.plan import AS_TRAINING, FROM_AUTOCAST, GemmRecipes, PrecisionPlan, load_plan, named_recipe
 from lowprec.recipe import (
@@ -15,6 +16,7 @@ from lowprec.recipe import (
     MXFP8BlockScaling,
     NVFP4BlockScaling,
 )
+from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.errors import ConfigError
 
 PLAN = {
@@ -94,12 +96,20 @@ def test_plan_body_alone_types_and_a_plan_object(plan):
 def test_debug_config_file_with_a_plan_key(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(
-        "section:\n  enabled: true\n  layers: {layer_types: [fc1]}\n  transformer_engine: {}\n"
+        "section:\n  enabled: true\n  layers: {layer_types: [fc1]}\n"
+        "  LogTensorStats: {enabled: true, stats: [max], tensors: [activation]}\n"
         "precision_plan:\n  rules:\n    - layers: {layer_name_regex_pattern: fc1}\n      recipe: {name: nvfp4, seed: 7}\n"
     )
     plan = load_plan(path)
     assert plan.resolve("m.fc1").training.fprop == NVFP4BlockScaling(seed=7)
     assert "precision plan file" in plan.source
+    debug_api.initialize(str(path), log_dir=str(tmp_path / "logs"))  # one file for a run: the debug framework skips the plan
+    try:
+        (warning,) = ConfigManager.warnings
+        assert "key 'precision_plan' is no debug section but lowprec's precision plan" in warning and str(path) in warning
+        assert list(ConfigManager.configs) == ["section"]
+    finally:
+        debug_api.end_debug()
 
 
 def test_unused_rules_with_closest_names(plan):

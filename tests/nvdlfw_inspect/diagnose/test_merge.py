@@ -223,3 +223,19 @@ def test_the_diagnosis_of_a_planted_run_merges_with_the_users_config(tmp_path):
     assert features["model.deep"]["DisableFP8GEMM"]["gemms"] == ["fprop", "dgrad", "wgrad"]
     assert set(features["model.grow"]) == {"DisableFP8GEMM", "PerTensorScaling", "LogTensorStats", "LogFp8TensorStats"}
     assert set(features["model.wide"]) == {"FakeQuant", "LogTensorStats", "LogFp8TensorStats"}
+
+
+def test_a_precision_plan_in_the_users_config_is_kept_as_it_is():
+    """One file for a run holds the debug sections and lowprec's precision plan: the merge leaves the plan alone."""
+    plan = {"rules": [{"layers": {"layer_name_regex_pattern": "deep"}, "recipe": "nvfp4"}]}
+    user = {
+        "s": {"enabled": True, "layers": {"layer_name_regex_pattern": "model"}, "transformer_engine": {"LogFp8TensorStats": {}}},
+        "precision_plan": plan,
+    }
+    remedy = {
+        "r": {"enabled": True, "layers": {"exact_layer_names": ["model.deep"]}, "transformer_engine": {"LogFp8TensorStats": {}}}
+    }
+    merged, _ = merge(user, remedy, LAYERS)
+    assert merged["precision_plan"] == plan
+    after = re.compile(merged["s"]["layers"]["layer_name_regex_pattern"])  # the sections merged as without a plan
+    assert [name for name in LAYERS if after.search(name)] == [name for name in LAYERS if name != "model.deep"]
