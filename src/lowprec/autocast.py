@@ -1,5 +1,8 @@
 """``lowprec.fp8_autocast`` / ``lowprec.autocast``: which recipe the layers run under, if any.
 
+``plan`` (a precision plan, ``lowprec.plan``) gives chosen layers, and chosen GEMMs of them, recipes of their own; the
+layers no rule selects run the autocast's recipe.
+
 The recipe in force is per thread, as ``torch.autocast``'s dtype is: a thread that enters no autocast runs its
 layers in high precision whatever other threads do, and a new thread starts outside any autocast. A backward
 casts with the recipe its forward ran under (the autograd function keeps the forward's quantizers), on whichever
@@ -8,12 +11,14 @@ thread autograd runs it.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from lowprec.errors import LowprecTypeError
+from lowprec.plan import PrecisionPlan, load_plan
 from lowprec.recipe import RECIPES, DelayedScaling, Recipe
 
 
@@ -21,6 +26,12 @@ from lowprec.recipe import RECIPES, DelayedScaling, Recipe
 class AutocastState:
     enabled: bool = False
     recipe: Recipe | None = None
+    plan: PrecisionPlan | None = None
+
+    @property
+    def autocast_recipe(self) -> Recipe | None:
+        """The recipe of layers no plan rule selects (None: high precision)."""
+        return self.recipe if self.enabled else None
 
 
 class _ThreadState(threading.local):
@@ -44,9 +55,14 @@ def set_entry_watch(watch: EntryWatch) -> None:
 
 
 def active_recipe() -> Recipe | None:
-    """The recipe this thread's layers should quantize with now, or None for high precision."""
-    state = _thread.current
-    return state.recipe if state.enabled else None
+    """The recipe this thread's layers should quantize with now (those no plan rule selects), or None for high
+    precision."""
+    return _thread.current.autocast_recipe
+
+
+def current_state() -> AutocastState:
+    """This thread's autocast: its recipe and precision plan."""
+    return _thread.current
 
 
 def checked_recipe(recipe: Recipe | None, what: str = "autocast recipe") -> Recipe:
@@ -61,15 +77,21 @@ def checked_recipe(recipe: Recipe | None, what: str = "autocast recipe") -> Reci
 
 
 @contextmanager
-def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[None]:
+def autocast(
+    enabled: bool = True, recipe: Recipe | None = None, plan: str | os.PathLike | Mapping | PrecisionPlan | None = None
+) -> Iterator[None]:
     """Run ``lowprec`` layers inside the block in FP8 with ``recipe`` (default: delayed scaling, HYBRID).
 
-    ``enabled=False`` runs them in high precision, also inside an enclosing autocast. It holds on this thread only
-    (as ``torch.autocast``): other threads keep their own.
+    ``plan``: a precision plan (a YAML file's path, a mapping or a ``lowprec.plan.PrecisionPlan``, see
+    ``lowprec.plan.format``): the layers its rules select run the recipes it gives them, per GEMM and for evaluation
+    forwards (a module not training); the others run ``recipe``. ``enabled=False`` runs the layers no rule selects in
+    high precision, also inside an enclosing autocast (without a plan: every layer). It holds on this thread only
+    (as ``torch.autocast``): other threads keep their own. Rules that select no layer in the block are said once.
     """
     if not isinstance(enabled, bool):
         raise LowprecTypeError(f"autocast(enabled=...) must be a bool, got {enabled!r}")
-    outer, _thread.current = _thread.current, AutocastState(enabled, checked_recipe(recipe))
+    precision_plan = None if plan is None else load_plan(plan)
+    outer, _thread.current = _thread.current, AutocastState(enabled, checked_recipe(recipe), precision_plan)
     at_exit = _entry_watch() if enabled and _entry_watch is not None else None
     try:
         yield
@@ -77,6 +99,8 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None) -> Iterator[Non
         _thread.current = outer
         if at_exit is not None:
             at_exit()
+        if precision_plan is not None:
+            precision_plan.say_unused_rules()
 
 
 @contextmanager

@@ -42,8 +42,8 @@ class Orientation:
 
 class QuantizedView:
     """``tensor`` as ``recipe`` casts it: ``rowwise`` (blocks along the last dimension, how a GEMM reads
-    its left operand) and ``columnwise`` (the transpose, blocked along its rows); ``dequantize(dtype)``
-    gives the values the rowwise cast represents, in the input's shape."""
+    its left operand) and ``columnwise`` (the transpose, blocked along its rows), None for an orientation a block
+    cast was made without; ``dequantize(dtype)`` gives the values the cast represents, in the input's shape."""
 
     def __init__(self, quantized: QuantizedTensor, shape: torch.Size):
         self.quantized = quantized
@@ -52,8 +52,8 @@ class QuantizedView:
             self.rowwise = _per_tensor(quantized.data, quantized.scale_inv)
             self.columnwise = _per_tensor(quantized.column_major().t(), quantized.scale_inv)
         else:  # a BlockScaledTensor
-            self.rowwise = _block(quantized.rowwise)
-            self.columnwise = _block(quantized.columnwise)
+            self.rowwise = None if quantized.rowwise is None else _block(quantized.rowwise)
+            self.columnwise = None if quantized.columnwise is None else _block(quantized.columnwise)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.quantized.dequantize(dtype).reshape(self.shape)

@@ -243,16 +243,18 @@ def log_routing(
     recipe: bool,
     iteration: int,
     reason: str | None = None,
+    format: str | None = None,
 ) -> None:
     """Record a routing decision: from ``iteration`` on, ``gemm`` (fprop, dgrad, wgrad) of ``layer`` reads
     ``tensor`` as ``decision`` says (``fp8``: the recipe's quantized operand, ``high_precision``: unquantized,
     ``modified``: a feature's ``modify_tensor`` output); ``feature`` names the feature that decided (None: the
     default), ``recipe`` whether a recipe was active, ``reason`` why a GEMM the framework does not run (a module
-    left unconverted) is in that precision. One JSON line in ``{log_dir}/nvdlfw_inspect_routing_jsonl/
-    routing_globalrank-{rank}.jsonl``, written where the statistics records are; a framework calls this when a
+    left unconverted) is in that precision, ``format`` the format the GEMM's recipe reads the tensor in (a recipe's
+    statistics name: ``mxfp8``, ``nvfp4``, ...; layers under a precision plan differ in it). One JSON line in
+    ``{log_dir}/nvdlfw_inspect_routing_jsonl/routing_globalrank-{rank}.jsonl``, written where the statistics records are; a framework calls this when a
     decision changes. Arguments are checked (``ValueError``, ``TypeError``); before ``initialize`` nothing is
     written."""
-    record = routing_record(layer, gemm, tensor, decision, feature, recipe, iteration, reason)
+    record = routing_record(layer, gemm, tensor, decision, feature, recipe, iteration, reason, format)
     with held(DEBUG_MANAGER) as open_:
         if open_:
             get_logger().log_routing(record)

@@ -65,6 +65,7 @@ class RoutingRecord(NamedTuple):
     recipe: bool
     iteration: int
     reason: str | None = None  # why a GEMM no feature decided is in that precision (a module left unconverted)
+    format: str | None = None  # the format the GEMM's recipe reads the tensor in (``mxfp8``, ``nvfp4``, ...), when said
 
 
 class SkippedRecordsWarning(UserWarning):
@@ -220,6 +221,7 @@ def _routing(record: dict[str, Any], default_rank: int) -> RoutingRecord:
     """A routing record as a ``RoutingRecord``; a field of the wrong type or value is a ``TypeError`` naming it."""
     fields = {key: record[key] for key in ("layer", "gemm", "tensor", "decision", "feature", "recipe", "iteration")}
     fields["reason"] = record.get("reason")
+    fields["format"] = record.get("format")
     rank = record.get("rank", default_rank)
     problems = [
         ("layer", type(fields["layer"]) is str, "a string"),
@@ -228,6 +230,7 @@ def _routing(record: dict[str, Any], default_rank: int) -> RoutingRecord:
         ("decision", fields["decision"] in ROUTING_DECISIONS, f"one of {', '.join(ROUTING_DECISIONS)}"),
         ("feature", fields["feature"] is None or type(fields["feature"]) is str, "a string or null"),
         ("reason", fields["reason"] is None or type(fields["reason"]) is str, "a string or null"),
+        ("format", fields["format"] is None or type(fields["format"]) is str, "a string or null"),
         ("recipe", type(fields["recipe"]) is bool, "true or false"),
         ("iteration", type(fields["iteration"]) is int, "an integer"),
         ("rank", type(rank) is int, "an integer"),

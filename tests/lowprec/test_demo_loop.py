@@ -73,7 +73,7 @@ def test_the_page_shows_the_problem_first_agrees_with_the_diagnosis_and_maps_the
     assert problems == findings and (risks[0][0][0], risks[0][1][0]) == (QKV, "gradient")  # statuses = diagnosis
     head = next(row for row in rows(html, "precision-map") if row[0] == [HEAD])
     assert " ".join(head[3]).startswith("high precision \u2014 DisableFP8GEMM")  # wgrad: the demo config's choice
-    assert head[1][0] == "FP8" and head[2][0] == "FP8"
+    assert " ".join(head[1]) == "FP8 delayed scaling" and " ".join(head[2]) == "FP8 delayed scaling"
 
 
 def test_the_merged_config_validates_and_the_rerun_shows_the_problem_gone(demo_run, fixed_run, capsys):
@@ -99,7 +99,7 @@ def test_the_page_of_the_rerun_shows_the_remedy_in_place_and_worked(fixed_run, t
     assert f"{QKV}</a> gradient: <b>worked</b>" in in_place
     qkv = next(row for row in rows(html, "precision-map") if row[0] == [QKV])
     assert [" ".join(cell) for cell in qkv[1:]] == [
-        "FP8",
+        "FP8 delayed scaling",
         "high precision \u2014 DisableFP8GEMM",
         "high precision \u2014 DisableFP8GEMM",
     ]

@@ -8,7 +8,7 @@ the plan. Turning FP8 on or off, or a new debug session, makes the layer ask eve
 from __future__ import annotations
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.plan import LayerPlan, Memory, Routing, TensorPlan, build_plan, log_plan
+from lowprec.debug.plan import GemmFormats, LayerPlan, Memory, Routing, TensorPlan, build_plan, log_plan
 from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.debug_manager import DebugManager, held
 
@@ -18,12 +18,12 @@ class DebugLayerState:
 
     def __init__(self) -> None:
         self._session: DebugManager | None = None
-        self._key: tuple[int, bool] | None = None
+        self._key: tuple[int, GemmFormats] | None = None
         self._plan: LayerPlan | None = None
         self._next_iteration: int | None = 0
-        self._fp8: bool | None = None
+        self._formats: GemmFormats | None = None
         self._memory = Memory()
-        self._said: dict[str, TensorPlan] | None = None  # the tensors of the plan last said (log_plan)
+        self._said: tuple[dict[str, TensorPlan], GemmFormats] | None = None  # the plan last said (log_plan)
         self._written: dict[tuple[str, str], Routing] = {}  # the routing records written, per (tensor, GEMM)
 
     @property
@@ -31,35 +31,40 @@ class DebugLayerState:
         """The debug session the plans are of (None before the first)."""
         return self._session
 
-    def plan_for(self, layer_name: str, fp8: bool, layer_types: tuple[str, ...] = ()) -> LayerPlan | None:
+    def plan_for(self, layer_name: str, formats: GemmFormats | bool, layer_types: tuple[str, ...] = ()) -> LayerPlan | None:
         """The plan of this forward, or None for the plain path (also when ``end_debug()`` runs meanwhile on another
-        thread). ``layer_types`` are the type names that config ``layer_types`` selectors match besides substrings of
-        the name."""
+        thread). ``formats``: the format of each GEMM's operands under the layer's recipes (or whether one recipe runs
+        them all). ``layer_types`` are the type names that config ``layer_types`` selectors match besides substrings
+        of the name."""
         manager = debug_api.DEBUG_MANAGER
         if manager is None:
             return None
-        if manager is self._session and (manager._trainer_iteration_count, fp8) == self._key:
+        if not isinstance(formats, GemmFormats):
+            formats = GemmFormats.uniform(formats)
+        if manager is self._session and (manager._trainer_iteration_count, formats) == self._key:
             return self._plan  # this iteration's plan: asking nothing of the session, it does not hold it
         with held(manager) as open_:
-            return self._plan_in(manager, layer_name, fp8, layer_types) if open_ else None
+            return self._plan_in(manager, layer_name, formats, layer_types) if open_ else None
 
-    def _plan_in(self, manager: DebugManager, layer_name: str, fp8: bool, layer_types: tuple[str, ...]) -> LayerPlan | None:
+    def _plan_in(
+        self, manager: DebugManager, layer_name: str, formats: GemmFormats, layer_types: tuple[str, ...]
+    ) -> LayerPlan | None:
         if manager is not self._session:
             self.__init__()
             self._session = manager
         iteration = manager._trainer_iteration_count
-        self._key = (iteration, fp8)
+        self._key = (iteration, formats)
         due = self._next_iteration is not None and iteration >= self._next_iteration
-        if due or fp8 != self._fp8:
+        if due or formats != self._formats:
             if layer_types:
                 ConfigManager.set_layer_types(layer_name, *layer_types)
-            if fp8 != self._fp8:
+            if self._formats is None or formats.quantized_gemms != self._formats.quantized_gemms:
                 self._memory = Memory()  # other questions are asked with FP8 on
-            plan = build_plan(layer_name, iteration, fp8, self._memory)
-            if plan.tensors is not self._said:  # a new plan, or one reused that differs from the last said
-                self._said = plan.tensors
+            plan = build_plan(layer_name, iteration, formats, self._memory)
+            if (plan.tensors, formats) != self._said:  # a new plan, or one reused that differs from the last said
+                self._said = (plan.tensors, formats)
                 log_plan(plan, self._written)
-            self._fp8 = fp8
+            self._formats = formats
             self._next_iteration = plan.next_iteration
             self._plan = plan if plan.active else None
         else:

@@ -11,18 +11,56 @@ tensor may be inspected.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEDefaultFeatures, normalize_answer
-from lowprec.debug.names import INPUT_TENSORS, ROUTING_ORDER, TENSOR_GEMMS
+from lowprec.debug.names import GEMMS, INPUT_TENSORS, ROUTING_ORDER, TENSOR_GEMMS
 
 
 class Precision(Enum):
     QUANTIZE = "FP8 quantization"
     HIGH_PRECISION = "High precision"
     MODIFY = "modify_tensor()"
+
+
+@dataclass(frozen=True)
+class GemmFormats:
+    """The format each GEMM reads each input tensor in under the layer's recipes: the recipe's statistics label
+    (``mxfp8``, ``nvfp4``, ``fp8_current_scaling``, ...), ``""`` for a recipe of no label, None for high precision.
+    Under one recipe every GEMM has the same; under a precision plan each GEMM its own."""
+
+    labels: tuple[tuple[str, str, str | None], ...]  # (tensor, GEMM, label), in INPUT_TENSORS and TENSOR_GEMMS order
+
+    @classmethod
+    def of(cls, labels: Mapping[tuple[str, str], str | None]) -> GemmFormats:
+        return cls(tuple((tensor, gemm, labels[(tensor, gemm)]) for tensor in INPUT_TENSORS for gemm in TENSOR_GEMMS[tensor]))
+
+    @classmethod
+    def uniform(cls, quantized: bool) -> GemmFormats:
+        """Every GEMM under one recipe (its label unknown: ``""``), or none."""
+        return cls.of({(t, g): "" if quantized else None for t in INPUT_TENSORS for g in TENSOR_GEMMS[t]})
+
+    def label(self, tensor: str, gemm: str) -> str | None:
+        return next(label for t, g, label in self.labels if (t, g) == (tensor, gemm))
+
+    def quantizes(self, gemm: str) -> bool:
+        """Whether ``gemm`` runs a recipe (both its operands come from it)."""
+        return any(label is not None for _, g, label in self.labels if g == gemm)
+
+    @property
+    def quantized_gemms(self) -> frozenset[str]:
+        return frozenset(gemm for gemm in GEMMS if self.quantizes(gemm))
+
+    @property
+    def any(self) -> bool:
+        return bool(self.quantized_gemms)
+
+
+NO_RECIPE = GemmFormats.uniform(False)
+ONE_RECIPE = GemmFormats.uniform(True)
 
 
 @dataclass
@@ -38,34 +76,41 @@ class TensorPlan:
     def quantized_anywhere(self) -> bool:
         return Precision.QUANTIZE in self.gemms.values()
 
-    def active(self, fp8: bool) -> bool:
+    def active(self, formats: GemmFormats) -> bool:
         """Whether a feature touches this tensor (so the layer must take the debug path)."""
-        return self.inspect or any(self.inspect_postquantize.values()) or self.steered(fp8)
+        return self.inspect or any(self.inspect_postquantize.values()) or self.steered(formats)
 
-    def steered(self, fp8: bool) -> bool:
+    def steered(self, formats: GemmFormats) -> bool:
         """Whether a feature changes what this tensor's GEMMs compute (modifies it, or sets its precision)."""
         if Precision.MODIFY in self.gemms.values():
             return True
-        # with FP8 on, an input tensor kept in high precision is a feature's doing too
-        return fp8 and self.name in INPUT_TENSORS and not all(p is Precision.QUANTIZE for p in self.gemms.values())
+        # a GEMM that runs a recipe but reads this input in high precision is a feature's doing too
+        return self.name in INPUT_TENSORS and any(
+            formats.quantizes(gemm) and precision is not Precision.QUANTIZE for gemm, precision in self.gemms.items()
+        )
 
 
 @dataclass
 class LayerPlan:
     layer_name: str
     iteration: int
-    fp8: bool
+    formats: GemmFormats
     tensors: dict[str, TensorPlan]
     next_iteration: int | None
 
     @property
+    def fp8(self) -> bool:
+        """Whether any GEMM of the layer runs a recipe."""
+        return self.formats.any
+
+    @property
     def active(self) -> bool:
-        return any(plan.active(self.fp8) for plan in self.tensors.values())
+        return any(plan.active(self.formats) for plan in self.tensors.values())
 
     @property
     def steered(self) -> bool:
         """Whether a feature changes what the layer computes: inspection paused, it still needs the debug path."""
-        return any(plan.steered(self.fp8) for plan in self.tensors.values())
+        return any(plan.steered(self.formats) for plan in self.tensors.values())
 
     def precision(self, tensor: str, gemm: str) -> Precision:
         return self.tensors[tensor].gemms[gemm]
@@ -155,17 +200,19 @@ class _Asker:
         return min(upcoming) if upcoming else None
 
 
-def build_plan(layer_name: str, iteration: int, fp8: bool, memory: Memory | None = None) -> LayerPlan:
-    """The plan of ``layer_name`` at ``iteration`` (``fp8``: a recipe is active), asking the routing calls that
-    are due given the layer's ``memory`` (updated; none given: every call is asked). When the answers in
-    effect are ones the layer had before, their plan is reused without walking every question."""
+def build_plan(layer_name: str, iteration: int, fp8: bool | GemmFormats, memory: Memory | None = None) -> LayerPlan:
+    """The plan of ``layer_name`` at ``iteration`` (``fp8``: the format of each GEMM's operands, or whether one recipe
+    runs them all), asking the routing calls that are due given the layer's ``memory`` (updated; none given: every
+    call is asked; it must be of the same GEMMs quantized). When the answers in effect are ones the layer had
+    before, their plan is reused without walking every question."""
+    formats = fp8 if isinstance(fp8, GemmFormats) else GemmFormats.uniform(fp8)
     memory = Memory() if memory is None else memory
     ask = _Asker(layer_name, iteration, memory.answers)
     if memory.answers:
         ask.ask_due()
         tensors = memory.plans.get(ask.in_effect())
         if tensors is not None:
-            return LayerPlan(layer_name, iteration, fp8, tensors, ask.next_iteration())
+            return LayerPlan(layer_name, iteration, formats, tensors, ask.next_iteration())
     tensors = {}
     for tensor in ROUTING_ORDER:
         own_gemms = [g for g in TENSOR_GEMMS[tensor] if g is not None]
@@ -175,7 +222,7 @@ def build_plan(layer_name: str, iteration: int, fp8: bool, memory: Memory | None
             for gemm in own_gemms:
                 if ask.modify(tensor, gemm):
                     plan.gemms[gemm] = Precision.MODIFY
-                elif fp8 and ask.fp8(gemm):
+                elif formats.quantizes(gemm) and ask.fp8(gemm):
                     plan.gemms[gemm] = Precision.QUANTIZE
                 else:
                     plan.gemms[gemm] = Precision.HIGH_PRECISION
@@ -184,17 +231,18 @@ def build_plan(layer_name: str, iteration: int, fp8: bool, memory: Memory | None
             plan.gemms[gemm] = Precision.MODIFY if ask.modify(tensor, gemm) else Precision.HIGH_PRECISION
         tensors[tensor] = plan
     memory.plans[ask.in_effect()] = tensors
-    return LayerPlan(layer_name, iteration, fp8, tensors, ask.next_iteration())
+    return LayerPlan(layer_name, iteration, formats, tensors, ask.next_iteration())
 
 
-Routing = tuple[str, str | None, bool]  # a routing record's (decision, feature, recipe)
+Routing = tuple[str, str | None, bool, str | None]  # a routing record's (decision, feature, recipe, format)
 _DECISIONS = {Precision.QUANTIZE: "fp8", Precision.HIGH_PRECISION: "high_precision", Precision.MODIFY: "modified"}
 
 
 def log_plan(plan: LayerPlan, written: dict[tuple[str, str], Routing]) -> None:
     """Say a plan: one debug log line per input tensor and GEMM and per modified output (each line once per run),
-    and a routing record (``debug_api.log_routing``) for each of those whose routing differs from the one last
-    written (``written``, per (tensor, GEMM), updated; an output that stops being modified is recorded too).
+    and a routing record (``debug_api.log_routing``, with the format the GEMM's recipe reads the tensor in) for each of
+    those whose routing differs from the one last written (``written``, per (tensor, GEMM), updated; an output that
+    stops being modified is recorded too).
     Called with a plan other than the last one said, never per forward."""
     for tensor in ROUTING_ORDER:
         for gemm, precision in plan.tensors[tensor].gemms.items():
@@ -203,10 +251,12 @@ def log_plan(plan: LayerPlan, written: dict[tuple[str, str], Routing]) -> None:
                 debug_api.log_message(f"{plan.layer_name}: Tensor: {tensor}, gemm {gemm} - {precision.value}")
             elif (tensor, gemm) not in written:
                 continue
-            routing = (_DECISIONS[precision], _deciding_feature(plan, tensor, gemm, precision), plan.fp8)
+            label = plan.formats.label(tensor, gemm) if tensor in INPUT_TENSORS else None
+            feature = _deciding_feature(plan, tensor, gemm, precision)
+            routing = (_DECISIONS[precision], feature, plan.formats.quantizes(gemm), label or None)
             if written.get((tensor, gemm)) != routing:
                 written[(tensor, gemm)] = routing
-                decision, feature, recipe = routing
+                decision, feature, recipe, fmt = routing
                 debug_api.log_routing(
                     layer=plan.layer_name,
                     gemm=gemm,
@@ -215,6 +265,7 @@ def log_plan(plan: LayerPlan, written: dict[tuple[str, str], Routing]) -> None:
                     feature=feature,
                     recipe=recipe,
                     iteration=plan.iteration,
+                    format=fmt,
                 )
 
 
@@ -223,7 +274,7 @@ def _deciding_feature(plan: LayerPlan, tensor: str, gemm: str, precision: Precis
     (quantized under a recipe, or high precision without one)."""
     if precision is Precision.MODIFY:
         call, kwargs = "modify_tensor_enabled", {"tensor_name": tensor, "gemm": gemm}
-    elif precision is Precision.HIGH_PRECISION and plan.fp8 and tensor in INPUT_TENSORS:
+    elif precision is Precision.HIGH_PRECISION and plan.formats.quantizes(gemm) and tensor in INPUT_TENSORS:
         call, kwargs = "fp8_gemm_enabled", {"gemm": gemm}
     else:
         return None

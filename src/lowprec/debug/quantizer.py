@@ -1,8 +1,9 @@
 """The debug path of a layer's tensors: inspect, modify or quantize each operand as the plan says.
 
 For an input tensor (activation, weight, gradient) it produces one operand per GEMM that consumes it:
-the recipe's FP8 tensor (one cast shared by both GEMMs), the high-precision tensor, or whatever
-``modify_tensor`` returns; then ``inspect_tensor`` sees the high-precision tensor and both operands.
+the recipe's FP8 tensor (one cast shared by both GEMMs under one recipe; one per GEMM when a precision plan gives
+them two), the high-precision tensor, or whatever ``modify_tensor`` returns; then ``inspect_tensor`` sees the
+high-precision tensor and the operands of the recipe it reports (``GemmQuantizers.reported``).
 Outputs (output, dgrad, wgrad) can be modified and inspected after their GEMM.
 
 Each tensor is processed inside the layer's debug session (``held``): an ``end_debug()`` on another thread waits for
@@ -12,6 +13,7 @@ neither modification nor inspection, as a layer without a session.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 from typing import Any
 
@@ -19,12 +21,18 @@ import torch
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.names import TENSOR_GEMMS, TENSORS
-from lowprec.debug.plan import LayerPlan, Precision
+from lowprec.debug.plan import LayerPlan, Precision, TensorPlan
 from lowprec.gemm import Operand
+from lowprec.modules.gemm_quantizers import GemmQuantizers, Pair
 from lowprec.quant.protocol import Quantizer
 from nvdlfw_inspect.debug_manager import DebugManager, held
+from nvdlfw_inspect.logging import say_once
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.utils import get_distributed_world_size
+
+
+def _format(quantizer: Quantizer | None) -> str:
+    return "high precision" if quantizer is None else quantizer.label or "its recipe's format"
 
 
 def _iteration() -> int:
@@ -38,7 +46,7 @@ class DebugProcessing:
     def __init__(
         self,
         layer_name: str,
-        quantizers: dict[str, Quantizer],
+        quantizers: GemmQuantizers,
         plan: LayerPlan,
         session: DebugManager | None,
         tp_group: Any = None,
@@ -70,13 +78,14 @@ class DebugProcessing:
 
     def _input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool, open_: bool) -> tuple[Operand, Operand]:
         plan = self.plan.tensors[tensor_name]
-        first, second = TENSOR_GEMMS[tensor_name]
-        quantizer = self.quantizers.get(tensor_name)
+        gemms = TENSOR_GEMMS[tensor_name]
+        first, second = gemms
+        pair = self.quantizers.pair(tensor_name)
         tensor = tensor.detach()
         iteration = _iteration()
-        quantized = quantizer.quantize(tensor, transpose) if quantizer is not None and plan.quantized_anywhere else None
+        casts = self._casts(tensor, plan, gemms, pair, transpose)
         operands: dict[str, Operand] = {}
-        for gemm in (second, first):
+        for gemm, quantizer in ((second, pair[1]), (first, pair[0])):
             precision = plan.gemms[gemm]
             if precision is Precision.MODIFY and open_:
                 operands[gemm] = debug_api.transformer_engine.modify_tensor(
@@ -88,13 +97,13 @@ class DebugProcessing:
                     iteration=iteration,
                     dtype=tensor.dtype,
                 )
-            elif precision is Precision.QUANTIZE and quantized is not None:
-                operands[gemm] = quantized
+            elif precision is Precision.QUANTIZE and casts.get(gemm) is not None:
+                operands[gemm] = casts[gemm]
             else:
                 operands[gemm] = tensor
         inspected = open_ and tensor_name in self.inspected
         if plan.inspect and inspected:
-            self._inspect(tensor_name, tensor, iteration, operands[first], operands[second], quantizer)
+            self._inspect_input(tensor_name, tensor, iteration, operands, pair)
         for gemm in (first, second):
             if inspected and plan.inspect_postquantize.get(gemm) and plan.gemms[gemm] is not Precision.HIGH_PRECISION:
                 debug_api.transformer_engine.inspect_tensor_postquantize(
@@ -108,6 +117,46 @@ class DebugProcessing:
                     rowwise=gemm == first,
                 )
         return operands[first], operands[second]
+
+    @staticmethod
+    def _casts(
+        tensor: torch.Tensor, plan: TensorPlan, gemms: tuple[str, str], pair: Pair, transpose: bool
+    ) -> dict[str, Operand | None]:
+        """Each GEMM's cast of ``tensor`` where the plan quantizes it: one shared when one quantizer serves both."""
+        first, second = gemms
+        if pair[0] is pair[1]:
+            quantized = pair[0].quantize(tensor, transpose) if pair[0] is not None and plan.quantized_anywhere else None
+            return {first: quantized, second: quantized}
+        casts: dict[str, Operand | None] = {}
+        for gemm, quantizer, orientation in ((first, pair[0], False), (second, pair[1], True)):
+            wanted = plan.gemms[gemm] is Precision.QUANTIZE and (gemm == first or transpose)
+            casts[gemm] = quantizer.quantize(tensor, orientation) if quantizer is not None and wanted else None
+        return casts
+
+    def _inspect_input(
+        self, tensor_name: str, tensor: torch.Tensor, iteration: int, operands: dict[str, Operand], pair: Pair
+    ) -> None:
+        """``inspect_tensor`` of an input: under two recipes, with the quantizer it reports and that one's operand only
+        (the quantization statistics describe one recipe's cast), said once."""
+        first, second = TENSOR_GEMMS[tensor_name]
+        if pair[0] is pair[1]:
+            self._inspect(tensor_name, tensor, iteration, operands[first], operands[second], pair[0])
+            return
+        reported = pair[0] if pair[0] is not None else pair[1]
+        gemm = first if pair[0] is not None else second
+        other = second if gemm == first else first
+        say_once(
+            f"{self.layer_name}: {tensor_name}: {first} reads it as {_format(pair[0])}, {second} as {_format(pair[1])}; "
+            f"its quantization statistics without a recipe prefix (LogFp8TensorStats, LogNvfp4TensorStats) describe "
+            f"{gemm}'s {_format(reported)} cast, not {other}'s",
+            self.layer_name,
+            level=logging.INFO,
+            warning=None,
+            call_site=__name__,
+        )
+        rowwise = operands[first] if gemm == first else None
+        columnwise = operands[second] if gemm == second else None
+        self._inspect(tensor_name, tensor, iteration, rowwise, columnwise, reported)
 
     def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
         """The GEMM result ``tensor_name`` (output, dgrad or wgrad), modified and inspected as planned."""

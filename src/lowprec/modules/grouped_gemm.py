@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import torch
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.autocast import active_recipe
 from lowprec.modules.gemm_unit import GemmUnit, autocast_dtype, run_eagerly
 from lowprec.modules.recompute import in_backward
 from nvdlfw_inspect.debug_manager import held
@@ -42,24 +41,31 @@ class GroupedGemm:
         return [gemm_name(layer_name, i) for i in range(len(self.units))]
 
     def forward(
-        self, layer_name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, m_splits: Sequence[int]
+        self,
+        layer_name: str,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        m_splits: Sequence[int],
+        training: bool = True,
     ) -> torch.Tensor:
         """``x`` (rows grouped as ``m_splits`` says, ``sum(m_splits)`` in all) through ``weight[i]`` (and ``bias[i]``)
-        for group ``i``; the outputs in the same row order. A group of no rows runs no GEMM."""
+        for group ``i``; the outputs in the same row order. A group of no rows runs no GEMM. ``training``: the
+        module's mode."""
         if torch.compiler.is_compiling():  # the routing plan and the token statistics are host-side
-            return run_eagerly(self.forward, layer_name, x, weight, bias, m_splits)
+            return run_eagerly(self.forward, layer_name, x, weight, bias, m_splits, training)
         manager = debug_api.DEBUG_MANAGER  # paused (an evaluation) or recomputing (counted already): nothing to count
         log_tokens = manager is not None and not manager.paused and not in_backward()
         outputs = []
         for i, (unit, rows) in enumerate(zip(self.units, x.split(list(m_splits)), strict=True)):
             name = gemm_name(layer_name, i)
             if log_tokens:
-                _log_tokens(unit, name, rows)
+                _log_tokens(unit, name, rows, training)
             expert_bias = None if bias is None else bias[i]
             if rows.shape[0] == 0:
                 outputs.append(_empty_output(rows, weight.shape[1]))
             else:
-                outputs.append(unit.linear(name, rows, weight[i], expert_bias))
+                outputs.append(unit.linear(name, rows, weight[i], expert_bias, training))
         return torch.cat(outputs)
 
 
@@ -70,11 +76,11 @@ def _empty_output(rows: torch.Tensor, out_features: int) -> torch.Tensor:
     return rows.new_zeros((0, out_features), dtype=autocast_dtype(rows) or rows.dtype)
 
 
-def _log_tokens(unit: GemmUnit, name: str, rows: torch.Tensor) -> None:
+def _log_tokens(unit: GemmUnit, name: str, rows: torch.Tensor, training: bool) -> None:
     """Feed the rows ``unit`` receives to its ``tokens`` statistic when its plan inspects any of its tensors.
     The plan is the one the unit's GEMM runs with (cached per iteration), so the count appears exactly when
     the expert's statistics do, at the steps their features are due."""
-    plan = unit.debug.plan_for(name, active_recipe() is not None, unit.layer_types)
+    plan = unit.debug.plan_for(name, unit.gemm_quantizers(name, training).formats, unit.layer_types)
     if plan is None or not any(tensor.inspect for tensor in plan.tensors.values()):
         return
     manager = unit.debug.session

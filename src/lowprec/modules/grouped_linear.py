@@ -96,7 +96,7 @@ class GroupedLinear(NamedModule):
             )
         x = inp.reshape(-1, self.in_features)
         splits = check_m_splits(m_splits, self.num_gemms, x.shape[0])
-        out = self.gemms.forward(self.name, x, self.weight, self.bias, splits)
+        out = self.gemms.forward(self.name, x, self.weight, self.bias, splits, self.training)
         return out.reshape(*inp.shape[:-1], self.out_features)
 
     def debug_layers(self) -> list[tuple[str, tuple[str, ...]]]:

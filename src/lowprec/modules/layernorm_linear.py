@@ -43,5 +43,5 @@ class LayerNormLinear(NamedModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         normed = self.norm(x)
-        out = self.gemm_unit.linear(self.name, normed, self.weight, self.bias)
+        out = self.gemm_unit.linear(self.name, normed, self.weight, self.bias, self.training)
         return (out, normed) if self.return_layernorm_output else out

@@ -86,5 +86,5 @@ class LayerNormMLP(NamedModule):
         return [(f"{self.name}.{gemm}", self.layer_types) for gemm in ("fc1", "fc2")]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.fc1_unit.linear(f"{self.name}.fc1", self.norm(x), self.fc1_weight, self.fc1_bias)
-        return self.fc2_unit.linear(f"{self.name}.fc2", self._activation(hidden), self.fc2_weight, self.fc2_bias)
+        hidden = self.fc1_unit.linear(f"{self.name}.fc1", self.norm(x), self.fc1_weight, self.fc1_bias, self.training)
+        return self.fc2_unit.linear(f"{self.name}.fc2", self._activation(hidden), self.fc2_weight, self.fc2_bias, self.training)

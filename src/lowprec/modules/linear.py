@@ -60,7 +60,7 @@ class GemmLayer(NamedModule):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gemm_unit.linear(self.name, x, self.gemm_weight(), self.bias)
+        return self.gemm_unit.linear(self.name, x, self.gemm_weight(), self.bias, self.training)
 
     def extra_repr(self) -> str:
         return (

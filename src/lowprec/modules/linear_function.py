@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from lowprec.gemm import Operand, gemm
+from lowprec.modules.gemm_quantizers import GemmQuantizers
 from lowprec.quant.protocol import CastState, QuantizedTensor, Quantizer
 from lowprec.quant.weight_cache import WeightCache
 
@@ -26,22 +27,31 @@ class Processing(Protocol):
 
 
 class PlainProcessing:
-    """No debug feature: quantize each input once with the recipe's quantizer, if there is one; the
-    weight through ``weight_cache``, so micro-batches of one step share its cast."""
+    """No debug feature: quantize each input with the quantizer of each GEMM that reads it, once when one recipe
+    runs both; the weight through ``weight_caches`` (one per GEMM position), so micro-batches of one step share its
+    casts."""
 
-    def __init__(self, quantizers: dict[str, Quantizer], weight_cache: WeightCache | None = None):
+    def __init__(self, quantizers: GemmQuantizers, weight_caches: tuple[WeightCache, WeightCache] | None = None):
         self.quantizers = quantizers
-        self.weight_cache = weight_cache
+        self.weight_caches = weight_caches
 
     def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
-        quantizer = self.quantizers.get(tensor_name)
+        first, second = self.quantizers.pair(tensor_name)
+        if first is second:
+            operand = self._cast(tensor_name, tensor, first, transpose, 0)
+            return operand, operand
+        # two recipes: the first GEMM reads the tensor as laid out; the second (when it runs) its transpose
+        second_operand = self._cast(tensor_name, tensor, second, True, 1) if transpose else tensor.detach()
+        return self._cast(tensor_name, tensor, first, False, 0), second_operand
+
+    def _cast(
+        self, tensor_name: str, tensor: torch.Tensor, quantizer: Quantizer | None, transpose: bool, position: int
+    ) -> Operand:
         if quantizer is None:
-            operand: Operand = tensor.detach()
-        elif tensor_name == "weight" and self.weight_cache is not None:
-            operand = self.weight_cache.quantize(tensor, quantizer, transpose)
-        else:
-            operand = quantizer.quantize(tensor, transpose)
-        return operand, operand
+            return tensor.detach()
+        if tensor_name == "weight" and self.weight_caches is not None:
+            return self.weight_caches[position].quantize(tensor, quantizer, transpose)
+        return quantizer.quantize(tensor, transpose)
 
     def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
@@ -82,15 +92,15 @@ def saved_operands(ctx: Any) -> list[Operand]:
     return operands
 
 
-def cast_states(*operands: Operand) -> dict[str, CastState]:
-    """The cast states of the activation and weight among a forward's operands (activation fprop and
-    wgrad operands, then weight fprop and dgrad ones): what a recomputation casts with."""
-    states: dict[str, CastState] = {}
+def cast_states(*operands: Operand) -> dict[str, tuple[CastState, CastState]]:
+    """The cast states of the activation and weight operands of a forward (activation fprop and wgrad operands, then
+    weight fprop and dgrad ones), per tensor those of its first and second GEMM's operand: what a recomputation
+    casts with."""
+    states: dict[str, tuple[CastState, CastState]] = {}
     for name, pair in (("activation", operands[:2]), ("weight", operands[2:])):
-        for operand in pair:
-            if isinstance(operand, QuantizedTensor) and operand.cast_state() is not None:
-                states[name] = operand.cast_state()
-                break
+        state = tuple(operand.cast_state() if isinstance(operand, QuantizedTensor) else None for operand in pair)
+        if any(part is not None for part in state):
+            states[name] = state
     return states
 
 

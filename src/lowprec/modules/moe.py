@@ -102,10 +102,12 @@ class GatedExperts(NamedModule):
                 f"{self.name}: top_k_index must hold expert ids in [0, {self.num_experts}), got expert id {len(m_splits) - 1}"
             )
         token_idx = order // top_k
-        h = self.gate_up_gemms.forward(f"{self.name}.gate_up_proj", hidden_states[token_idx], self.gate_up_proj, None, m_splits)
+        h = self.gate_up_gemms.forward(
+            f"{self.name}.gate_up_proj", hidden_states[token_idx], self.gate_up_proj, None, m_splits, self.training
+        )
         gate, up = h.chunk(2, dim=-1)
         h = self.act_fn(gate) * up
-        h = self.down_gemms.forward(f"{self.name}.down_proj", h, self.down_proj, None, m_splits)
+        h = self.down_gemms.forward(f"{self.name}.down_proj", h, self.down_proj, None, m_splits, self.training)
         h = h * top_k_weights.reshape(-1)[order].unsqueeze(-1)
         if self.sum_in_expert_order:
             final = torch.zeros_like(hidden_states)

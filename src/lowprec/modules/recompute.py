@@ -29,7 +29,6 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import deque
-from collections.abc import Collection
 from typing import Any, NamedTuple
 
 import torch
@@ -38,9 +37,9 @@ from torch.utils.checkpoint import CheckpointFunction
 from lowprec.debug.plan import LayerPlan
 from lowprec.errors import LowprecValueError
 from lowprec.gemm import Operand
+from lowprec.modules.gemm_quantizers import GemmQuantizers
 from lowprec.modules.linear_function import Processing, cast_states
-from lowprec.quant.protocol import CastState, Quantizer
-from lowprec.recipe import Recipe
+from lowprec.quant.protocol import CastState
 
 _CHECKPOINT_FORWARD = CheckpointFunction.forward.__code__
 _CHECKPOINT_NODE = CheckpointFunction._backward_cls  # the class of its ctx, which is its autograd node
@@ -60,7 +59,7 @@ class Forward(NamedTuple):
     """One remembered forward: its autograd node (``LinearFunction``'s ctx) and what it ran with."""
 
     node: Any
-    recipe: Recipe | None
+    quantizers: GemmQuantizers
     plan: LayerPlan | None
 
 
@@ -69,11 +68,11 @@ class ForwardHistory:
     a graph freed without a backward (evaluation with grad on, a dropped loss) leaves nothing behind."""
 
     def __init__(self) -> None:
-        self._entries: deque[tuple[weakref.ref, Recipe | None, LayerPlan | None]] = deque()
+        self._entries: deque[tuple[weakref.ref, GemmQuantizers, LayerPlan | None]] = deque()
 
-    def remember(self, node: Any, recipe: Recipe | None, plan: LayerPlan | None) -> None:
+    def remember(self, node: Any, quantizers: GemmQuantizers, plan: LayerPlan | None) -> None:
         self._drop_finished()
-        self._entries.append((weakref.ref(node), recipe, plan))
+        self._entries.append((weakref.ref(node), quantizers, plan))
 
     def oldest(self) -> Forward | None:
         """Take the oldest unfinished forward (a recomputation replays it), or None if there is none:
@@ -81,8 +80,8 @@ class ForwardHistory:
         self._drop_finished()
         if not self._entries:
             return None
-        node_ref, recipe, plan = self._entries.popleft()
-        return Forward(node_ref(), recipe, plan)
+        node_ref, quantizers, plan = self._entries.popleft()
+        return Forward(node_ref(), quantizers, plan)
 
     def _drop_finished(self) -> None:
         while self._entries:
@@ -93,19 +92,6 @@ class ForwardHistory:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-def replay_quantizers(
-    live: dict[str, Quantizer], cast_states: dict[str, CastState], names: Collection[str] | None = None
-) -> dict[str, Quantizer]:
-    """Quantizers that repeat a forward's casts: each input cast with the scale (or the noise) the
-    original used. An input the original did not cast keeps a quantizer that records nothing
-    (``modify_tensor`` features may still ask for it). ``names``: the inputs to repeat, the others keep
-    their live quantizer (the backward of a reentrant recomputation is the one that runs); None: all."""
-    return {
-        name: quantizer.replaying(cast_states.get(name)) if names is None or name in names else quantizer
-        for name, quantizer in live.items()
-    }
 
 
 def reentrant_checkpoint() -> Any | None:
@@ -149,9 +135,8 @@ def refuse_backpropagation(grad_outputs: tuple[torch.Tensor | None, ...]) -> Non
 class Replay(NamedTuple):
     """What a forward inside a reentrant checkpoint ran with: its recomputation repeats it."""
 
-    quantizers: dict[str, Quantizer]
-    cast_states: dict[str, CastState]
-    recipe: Recipe | None
+    quantizers: GemmQuantizers
+    cast_states: dict[str, tuple[CastState, CastState]]
     plan: LayerPlan | None
 
 
@@ -190,5 +175,5 @@ class CastRecorder:
     def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
         return self.processing.output(tensor_name, tensor)
 
-    def cast_states(self) -> dict[str, CastState]:
+    def cast_states(self) -> dict[str, tuple[CastState, CastState]]:
         return cast_states(*self._operands["activation"], *self._operands["weight"])

@@ -17,6 +17,7 @@ from lowprec.plan.rules import (
     Override,
     PrecisionPlan,
     Rule,
+    UnusedPlanRuleWarning,
     UnusedRule,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "Override",
     "PrecisionPlan",
     "Rule",
+    "UnusedPlanRuleWarning",
     "UnusedRule",
     "load_plan",
     "named_recipe",

@@ -17,6 +17,12 @@ from typing import Protocol
 from lowprec.plan.recipes import describe
 from lowprec.recipe import Recipe
 from nvdlfw_inspect.config_manager import LayerSpec
+from nvdlfw_inspect.logging import say_once
+
+
+class UnusedPlanRuleWarning(UserWarning):
+    """A precision plan's rule chooses no layer's recipe: it selects none, or earlier rules take all it selects."""
+
 
 GEMMS = ("fprop", "dgrad", "wgrad")
 
@@ -169,6 +175,7 @@ class PrecisionPlan:
     source: str = "precision plan"
     dialect: str = "lowprec"
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+    _said: set = field(default_factory=set, compare=False, repr=False, hash=False)
 
     def rule_for(self, layer_name: str, layer_types: tuple[str, ...] = ()) -> int | None:
         """The index of the first rule that selects the layer, None when none does."""
@@ -224,6 +231,26 @@ class PrecisionPlan:
                 for hint in rule.hints():
                     near += [n for n in difflib.get_close_matches(hint, names, n=3, cutoff=0.4) if n not in near]
                 unused.append(UnusedRule(index, rule.name, closest=tuple(near[:3])))
+        return unused
+
+    def resolved(self) -> dict[str, tuple[str, ...]]:
+        """The layers resolved so far (each with its type names): those that ran under the plan."""
+        return {name: types for name, types in self._cache}
+
+    def say_unused_rules(self) -> list[UnusedRule]:
+        """Say once per plan (debug log and ``UnusedPlanRuleWarning``) each rule that chooses no layer among those
+        resolved so far, with the closest names; nothing before a layer has run under the plan."""
+        if "unused rules" in self._said or not self._cache:
+            return []
+        self._said.add("unused rules")
+        seen = self.resolved()
+        unused = self.unused_rules(seen, seen)
+        for rule in unused:
+            say_once(
+                f"{rule} (in {self.source}; {len(seen)} layers ran under it): fix the rule's selector, or remove it",
+                warning=UnusedPlanRuleWarning,
+                call_site=__name__,
+            )
         return unused
 
     def describe(self) -> str:

@@ -211,9 +211,10 @@ def routing_record(
     recipe: bool,
     iteration: int,
     reason: str | None = None,
+    format: str | None = None,
 ) -> dict[str, Any]:
     """A routing record's fields, checked (``ValueError``/``TypeError`` naming the field), in the file's order;
-    ``reason`` only when given, so records without one keep their line format."""
+    ``reason`` and ``format`` only when given, so records without them keep their line format."""
     for name, value in (("layer", layer), ("tensor", tensor)):
         if not isinstance(value, str) or not value:
             raise TypeError(f"routing record: {name} must be a non-empty string, got {value!r}")
@@ -225,6 +226,8 @@ def routing_record(
         raise TypeError(f"routing record: feature must be a feature's name or None, got {feature!r}")
     if reason is not None and (not isinstance(reason, str) or not reason):
         raise TypeError(f"routing record: reason must be a non-empty string or None, got {reason!r}")
+    if format is not None and (not isinstance(format, str) or not format):
+        raise TypeError(f"routing record: format must be a non-empty string or None, got {format!r}")
     if not isinstance(recipe, bool):
         raise TypeError(f"routing record: recipe must be True or False (whether a recipe is active), got {recipe!r}")
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
@@ -238,4 +241,8 @@ def routing_record(
         "recipe": recipe,
         "iteration": iteration,
     }
-    return record if reason is None else record | {"reason": reason}
+    if reason is not None:
+        record["reason"] = reason
+    if format is not None:
+        record["format"] = format
+    return record

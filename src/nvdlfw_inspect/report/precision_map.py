@@ -13,7 +13,7 @@ from nvdlfw_inspect.reading import RoutingRecord
 TENSOR_ORDER = ("activation", "weight", "gradient", "output", "dgrad", "wgrad")
 _INPUTS = frozenset(("activation", "weight", "gradient"))
 
-Part = dict[str, Any]  # {"tensor", "decision", "feature", "recipe"}, and "reason" when the record gives one
+Part = dict[str, Any]  # {"tensor", "decision", "feature", "recipe"}, and "reason", "format" when the record gives them
 Period = dict[str, Any]  # {"from": iteration, "parts": [Part, ...]}
 
 
@@ -38,9 +38,9 @@ def periods(records: Iterable[RoutingRecord]) -> list[Period]:
 
 
 def _part(record: RoutingRecord) -> Part:
-    """What the page shows of a record; its reason only where it has one."""
+    """What the page shows of a record; its reason and format only where it has them."""
     part = {key: getattr(record, key) for key in ("tensor", "decision", "feature", "recipe")}
-    return part if record.reason is None else part | {"reason": record.reason}
+    return part | {key: getattr(record, key) for key in ("reason", "format") if getattr(record, key) is not None}
 
 
 def _tensor_rank(tensor: str) -> tuple[int, str]:

@@ -159,8 +159,13 @@
   // The precision map: a line's class and text for one tensor's routing (the cell's colour says what kind).
   const ROUTE_CLASSES = { fp8: "route-fp8", high_precision: "route-hp", modified: "route-modified" };
   const routeClass = (p) => (!p.recipe && p.decision === "high_precision" ? "route-norecipe" : ROUTE_CLASSES[p.decision]);
+  // A format as the routing records name it (a recipe's statistics name) in words: "mxfp8" -> "MXFP8".
+  const FORMAT_NAMES = {
+    fp8_delayed_scaling: "FP8 delayed scaling", fp8_current_scaling: "FP8 current scaling", fp8_block_scaling: "FP8 block scaling",
+  };
+  const formatName = (format) => FORMAT_NAMES[format] || format.toUpperCase().replace(/_/g, " ");
   function routeText(p) {
-    if (p.decision === "fp8") return "FP8";
+    if (p.decision === "fp8") return p.format ? formatName(p.format) : "FP8";
     if (p.decision === "modified") return p.feature || "modified";
     if (!p.recipe) return "high precision (no recipe)";
     const why = p.feature || p.reason;
@@ -172,7 +177,7 @@
     return same ? [[routeClass(parts[0]), routeText(parts[0])]] : parts.map((p) => [routeClass(p), `${p.tensor}: ${routeText(p)}`]);
   }
   const ROUTE_LEGEND = [
-    ["route-fp8", "FP8: the recipe's quantized operands"],
+    ["route-fp8", "FP8 (or the recipe's format: MXFP8, NVFP4, ...): the recipe's quantized operands"],
     ["route-hp", "high precision \u2014 the feature that kept the GEMM unquantized, or why the framework did not run it (a module left unconverted)"],
     ["route-modified", "tensor: the feature whose modify_tensor made the operand"],
     ["route-norecipe", "high precision (no recipe): no FP8 recipe was active"],

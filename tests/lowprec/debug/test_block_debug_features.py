@@ -125,13 +125,34 @@ def test_own_nvfp4_recipe_counts_negative_zero_codes_as_underflows(log_dir):
 
 def test_log_nvfp4_tensor_stats_own_and_what_if(log_dir):
     x, dy = signed_zeros_input(), wide((32, 48), 26)
-    config = section({"LogNvfp4TensorStats": {"enabled": True, "tensors": ["activation", "weight"], "stats": STATS}})
-    for recipe in (lowprec.NVFP4BlockScaling(), lowprec.Float8CurrentScaling(), lowprec.MXFP8BlockScaling()):
+    feature = {"enabled": True, "tensors": ["activation", "weight"], "stats": STATS, "what_if": True}
+    config = section({"LogNvfp4TensorStats": feature})
+    for recipe in (lowprec.NVFP4BlockScaling(), lowprec.Float8CurrentScaling(), lowprec.MXFP8BlockScaling(), None):
         layer = make_linear(in_f=64, out_f=48)
         w = layer.weight.detach().clone()
-        got = run(config, log_dir, [(x, dy)], recipe=recipe, layer=layer)
+        got = run(config, log_dir, [(x, dy)], recipe=recipe, fp8=recipe is not None, layer=layer)
         expect(got, "lin_activation_nvfp4_", nvfp4_stats(x))
         expect(got, "lin_weight_nvfp4_", nvfp4_stats(w, (16, 16)))  # NVFP4BlockScaling's 16 x 16 weight blocks
+
+
+@pytest.mark.parametrize("recipe", [lowprec.Float8CurrentScaling(), None], ids=["fp8", "high-precision"])
+def test_log_nvfp4_tensor_stats_skips_layers_that_run_no_nvfp4_and_says_so(log_dir, recipe):
+    """As in Transformer Engine: one config over a model whose layers are partly FP8, partly NVFP4."""
+    config = section({"LogNvfp4TensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["mse"]}})
+    got = run(config, log_dir, [(X, DY)], recipe=recipe, fp8=recipe is not None, layer=make_linear(in_f=64, out_f=48))
+    assert not any("nvfp4" in name for name, _ in got)
+    debug_log = (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    runs = "runs fp8_current_scaling" if recipe is not None else "runs in high precision"
+    said = f"LogNvfp4TensorStats: activation of lin skipped: the layer {runs}, not NVFP4BlockScaling; what_if: true"
+    assert debug_log.count(said) == 1
+
+
+def test_log_nvfp4_tensor_stats_what_if_must_be_a_bool(log_dir):
+    with pytest.raises(ConfigError, match=r"LogNvfp4TensorStats\.what_if'.*must be true or false.*'yes'"):
+        start(
+            section({"LogNvfp4TensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["mse"], "what_if": "yes"}}),
+            log_dir,
+        )
 
 
 def test_log_nvfp4_tensor_stats_does_not_change_stochastic_rounding(log_dir):
@@ -202,7 +223,14 @@ def test_scale_std_and_exponent_histogram_sum_over_micro_batches(log_dir):
 def test_nvfp4_histogram_uses_the_whole_block_scale(log_dir):
     x, dy = wide((32, 64), 33), wide((32, 48), 34)
     config = section(
-        {"LogNvfp4TensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["scale_inv_std", "scale_exp_hist"]}}
+        {
+            "LogNvfp4TensorStats": {
+                "enabled": True,
+                "tensors": ["activation"],
+                "stats": ["scale_inv_std", "scale_exp_hist"],
+                "what_if": True,
+            }
+        }
     )
     got = run(config, log_dir, [(x, dy)], recipe=lowprec.Float8CurrentScaling(), layer=make_linear(in_f=64, out_f=48))
     _, _, scales = nvfp4_ref(x)

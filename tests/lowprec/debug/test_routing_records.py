@@ -82,10 +82,11 @@ GEMM_OPERANDS += [("gradient", "dgrad"), ("gradient", "wgrad")]
 
 def records_of(layer: str, iteration: int, recipe: bool, decided: dict) -> list[RoutingRecord]:
     """Every input operand's record of ``layer``: the default (FP8 under a recipe, else high precision) unless
-    ``decided`` gives (tensor, GEMM) another (decision, feature)."""
+    ``decided`` gives (tensor, GEMM) another (decision, feature); under the recipe, its format."""
     default = ("fp8", None) if recipe else ("high_precision", None)
+    fmt = "fp8_current_scaling" if recipe else None
     return [
-        RoutingRecord(0, layer, gemm, tensor, *decided.get((tensor, gemm), default), recipe, iteration)
+        RoutingRecord(0, layer, gemm, tensor, *decided.get((tensor, gemm), default), recipe, iteration, format=fmt)
         for tensor, gemm in GEMM_OPERANDS
     ]
 
@@ -102,8 +103,8 @@ def test_records_say_each_decision_once_from_its_iteration(log_dir, keep_high):
         *records_of("model.fc1", 1, True, {op: ("high_precision", "DisableFP8GEMM") for op in GEMM_OPERANDS if op[1] == "wgrad"}),
         *records_of("model.fc2", 1, True, without_recipe | {("weight", "fprop"): ("high_precision", "FakeQuant")}),
         *records_of("model.fc3", 1, True, {}),
-        RoutingRecord(0, "model.fc3", "dgrad", "weight", "high_precision", name, True, 3),
-        RoutingRecord(0, "model.fc3", "dgrad", "gradient", "high_precision", name, True, 3),
+        RoutingRecord(0, "model.fc3", "dgrad", "weight", "high_precision", name, True, 3, format="fp8_current_scaling"),
+        RoutingRecord(0, "model.fc3", "dgrad", "gradient", "high_precision", name, True, 3, format="fp8_current_scaling"),
     ]
     assert read_routing(log_dir) == expected  # nothing repeated at iterations 2, 4 and 5, where nothing changed
     assert read_routing(log_dir / ROUTING_RECORDS_DIR) == expected

@@ -59,7 +59,7 @@ def units(model: torch.nn.Module) -> list[GemmUnit]:
 
 def amax_histories(model: torch.nn.Module) -> list[torch.Tensor]:
     """Every delayed-scaling quantizer's amax history (none for the other recipes)."""
-    quantizers = [quantizer for unit in units(model) for quantizer in unit._quantizers.values()]
+    quantizers = [quantizer for unit in units(model) for made in unit._by_recipe.values() for quantizer in made.values()]
     return [quantizer.amax_history.clone() for quantizer in quantizers if hasattr(quantizer, "amax_history")]
 
 

@@ -215,7 +215,9 @@ def losses(kind: str, recipe: lowprec.recipe.Recipe | None, steps: int = 30) -> 
         optimizer.zero_grad()
         out.append(loss.item())
     if recipe is not None:
-        assert all(unit._recipe == recipe for unit in gemm_units(model))  # every GEMM, each expert's included, ran FP8
+        assert all(
+            unit._training == lowprec.plan.GemmRecipes.every(recipe) for unit in gemm_units(model)
+        )  # every GEMM, each expert's included, ran FP8
     return tuple(out)
 
 

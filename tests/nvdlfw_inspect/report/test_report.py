@@ -349,7 +349,7 @@ def test_the_page_maps_what_each_gemm_consumed(log_dir, tmp_path):
         rows[re.sub(r"<[^>]+>", "", name)] = [re.findall(r'<div class="(route [\w-]+|sub)">(.*?)</div>', cell) for cell in cells]
     assert list(rows) == ["model.fc2", "model.fc0", "model.fc1"]
     plain = [("route route-norecipe", "high precision (no recipe)"), ("sub", "from iteration 0")]
-    plain += [("route route-fp8", "FP8"), ("sub", "from iteration 2")]
+    plain += [("route route-fp8", "FP8 delayed scaling"), ("sub", "from iteration 2")]
     assert rows["model.fc0"] == [plain] * 3
     wgrad_off = plain[:2] + [("route route-hp", "high precision \u2014 DisableFP8GEMM"), ("sub", "from iteration 2")]
     assert rows["model.fc1"] == [plain, plain, wgrad_off]

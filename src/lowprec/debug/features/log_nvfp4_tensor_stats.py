@@ -1,15 +1,20 @@
 """``LogNvfp4TensorStats``: how well a tensor survives NVFP4 (E2M1 values, E4M3 scales per 16 values, an fp32
-scale per tensor), under ``NVFP4BlockScaling`` or as if the layer used it (what-if), whatever the run uses.
+scale per tensor), for the layers that run ``NVFP4BlockScaling``; with ``what_if: true`` also for the others, as if
+they used it.
 
-Logged as Transformer Engine names them: ``{layer}_{tensor}_nvfp4_{stat}``.
+Logged as Transformer Engine names them: ``{layer}_{tensor}_nvfp4_{stat}``. As in Transformer Engine, a tensor whose
+layer runs another format (a model whose precision plan mixes FP8 and NVFP4 layers) or none is skipped, said once
+per layer and tensor, so one config serves the whole model.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 
+import nvdlfw_inspect.api as debug_api
 from lowprec.debug.block_scale_stats import SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_fp8_tensor_stats import own_quantization, recipe_of
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
@@ -18,7 +23,7 @@ from lowprec.quant.block import NVFP4_LABEL, BlockQuantizer
 from lowprec.quant.protocol import QuantizedTensor
 from lowprec.recipe import NVFP4BlockScaling
 from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_key
-from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.catalog import stats_of
@@ -43,10 +48,22 @@ def parse_nvfp4_stats(config: dict, location: ConfigLocation) -> list[str]:
 
 def nvfp4_quantization(tensor: torch.Tensor, tensor_name: str, layer_name: str, own: dict[str, Any]) -> Quantized:
     """The layer's own NVFP4 cast (rowwise) when it runs NVFP4BlockScaling, else the what-if cast."""
-    if recipe_of(own.get("quantizer")) == NVFP4_LABEL:
+    if runs_nvfp4(own):
         return own_quantization(tensor, False, own)
     quantizer: BlockQuantizer = WHAT_IF.quantizers(layer_name)[tensor_name]
     return from_block(quantizer.quantize(tensor).rowwise, False)
+
+
+def runs_nvfp4(kwargs: dict[str, Any]) -> bool:
+    """Whether the tensor's layer casts it with NVFP4BlockScaling (the quantizer ``inspect_tensor`` was given)."""
+    return recipe_of(kwargs.get("quantizer")) == NVFP4_LABEL
+
+
+def parse_what_if(config: dict, location: ConfigLocation) -> bool:
+    value = config.get("what_if", False)
+    if not isinstance(value, bool):
+        raise location.child("what_if").error("must be true or false", value, [True, False])
+    return value
 
 
 @Registry.register_feature(namespace="transformer_engine")
@@ -56,13 +73,22 @@ class LogNvfp4TensorStats(ScheduledStats):
     ``stats``: ``underflows%`` (non-zero values whose E2M1 code is +0 or -0), ``mse`` (mean squared
     quantization error), ``scale_inv_min`` (smallest non-zero E4M3 block scale), ``scale_inv_max``,
     ``scale_inv_std`` and ``scale_exp_hist`` (see ``block_scale_stats``). Layers
-    under ``NVFP4BlockScaling`` report their own operands; others the cast NVFP4BlockScaling would make,
-    rounding to nearest. Other keys: ``tensors``/``tensors_struct``, ``freq``, ``start_step``,
-    ``end_step``, ``start_end_list``.
+    under ``NVFP4BlockScaling`` report their own operands. The others are skipped (said once per layer and tensor),
+    unless ``what_if: true``: then they report the cast NVFP4BlockScaling would make, rounding to nearest. Other
+    keys: ``tensors``/``tensors_struct``, ``freq``, ``start_step``, ``end_step``, ``start_end_list``.
     """
 
     allowed_tensors = ("activation", "gradient", "weight")
     parse_stats = staticmethod(parse_nvfp4_stats)
+    option_keys = ScheduledStats.option_keys | {"what_if"}
+
+    def validate_options(self, view: dict, location: ConfigLocation) -> None:
+        collector = ErrorCollector()
+        with collector.check():
+            super().validate_options(view, location)
+        with collector.check():
+            parse_what_if(view, location)
+        collector.raise_errors()
 
     @api_method
     def inspect_tensor(
@@ -71,6 +97,17 @@ class LogNvfp4TensorStats(ScheduledStats):
         if not self.due(config, layer_name, tensor_name, iteration):
             return
         if tensor is None or isinstance(tensor, QuantizedTensor) or tensor.numel() == 0:
+            return
+        if not runs_nvfp4(kwargs) and not parse_what_if(config, ConfigLocation("config")):
+            quantizer = kwargs.get("quantizer")
+            runs = f"runs {quantizer.label or 'another format'}" if quantizer is not None else "runs in high precision"
+            debug_api.log_message(
+                f"LogNvfp4TensorStats: {tensor_name} of {layer_name} skipped: the layer {runs}, not NVFP4BlockScaling; "
+                "what_if: true in the feature's config logs the cast NVFP4 would make of it",
+                layer_name,
+                level=logging.WARNING,
+                extra_cachable_args=(tensor_name,),
+            )
             return
         stats = self.parsed_stats(config)
         q = nvfp4_quantization(tensor, tensor_name, layer_name, kwargs)
