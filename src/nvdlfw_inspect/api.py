@@ -252,8 +252,8 @@ def log_routing(
     left unconverted) is in that precision, ``format`` the format the GEMM's recipe reads the tensor in (a recipe's
     statistics name: ``mxfp8``, ``nvfp4``, ...; layers under a precision plan differ in it). One JSON line in
     ``{log_dir}/nvdlfw_inspect_routing_jsonl/routing_globalrank-{rank}.jsonl``, written where the statistics records
-    are; a framework calls this when a decision changes. Arguments are checked (``ValueError``, ``TypeError``); before ``initialize`` nothing is
-    written."""
+    are; a framework calls this when a decision changes. Arguments are checked (``ValueError``, ``TypeError``);
+    before ``initialize`` nothing is written."""
     record = routing_record(layer, gemm, tensor, decision, feature, recipe, iteration, reason, format)
     with held(DEBUG_MANAGER) as open_:
         if open_:
