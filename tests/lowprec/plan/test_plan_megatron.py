@@ -179,3 +179,34 @@ def test_what_lowprec_cannot_do_is_warned():
         load_plan({"configs": {"c": _config()}, "matchers": {"m": {"config": "c", "type": "glob", "pattern": "*", "comment": 1}}})
     with pytest.warns(UserWarning, match="key 'extra' is not read"):
         load_plan({"configs": {}, "extra": 1})
+
+
+def test_the_documented_example_trains_a_model_as_its_matchers_say(tmp_path):
+    """Layers named as Megatron names its modules, trained under the file as it is: each GEMM's routing record names
+    the format the matcher gave the layer (the attention projections in BF16, the Mamba projections MXFP8, the
+    rest the autocast's recipe); with no quantizing autocast the MXFP8 matchers do not apply (Megatron's default)."""
+    import torch
+
+    import lowprec
+    import nvdlfw_inspect.api as debug_api
+    from nvdlfw_inspect.reading import read_routing
+
+    names = ["decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.mixer.out_proj", "decoder.layers.0.mlp.linear_fc1"]
+    features = {"LogTensorStats": {"enabled": True, "tensors": ["output"], "stats": ["max"]}}
+    config = {"sec": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(lowprec.Linear(64, 64, name=name) for name in names))
+    with lowprec.autocast(recipe=Float8CurrentScaling(), plan=EXAMPLE):
+        model(torch.randn(32, 64)).sum().backward()
+    debug_api.step()
+    with lowprec.autocast(enabled=False, plan=EXAMPLE):
+        model(torch.randn(32, 64)).sum().backward()
+    debug_api.end_debug()
+    formats: dict[tuple[str, int], set] = {}
+    for record in read_routing(tmp_path):
+        formats.setdefault((record.layer, record.iteration), set()).add(record.format)
+    assert formats[(names[0], 0)] == {None}
+    assert formats[(names[1], 0)] == {"mxfp8"}
+    assert formats[(names[2], 0)] == {"fp8_current_scaling"}
+    assert formats[(names[1], 1)] == {None} and formats[(names[2], 1)] == {None}  # no quantizing autocast
