@@ -59,6 +59,14 @@ def _quantized_gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Ten
             say_once(f"lowprec: FP8 GEMM emulated on {a.device}: {reason}", warning=RuntimeWarning, call_site=__name__)
         return emulated_fp8_gemm(a, b, out_dtype)
     if isinstance(a, BlockScaledTensor) and isinstance(b, BlockScaledTensor):
+        if a.device.type == "cuda":
+            element = (a.rowwise or a.columnwise).layout.element.name
+            say_once(
+                f"lowprec: block-scaled GEMM ({element} elements) emulated on {a.device}: lowprec has no kernel for block "
+                "formats (dequantized to fp32, fp32 accumulation); per-tensor FP8 GEMMs run torch._scaled_mm",
+                warning=RuntimeWarning,
+                call_site=__name__,
+            )
         return emulated_block_gemm(a, b, out_dtype)
     return None
 
