@@ -82,15 +82,16 @@ def autocast(
 ) -> Iterator[None]:
     """Run ``lowprec`` layers inside the block in FP8 with ``recipe`` (default: delayed scaling, HYBRID).
 
-    ``plan``: a precision plan (a YAML file's path, a mapping or a ``lowprec.plan.PrecisionPlan``, see
-    ``lowprec.plan.format``): the layers its rules select run the recipes it gives them, per GEMM and for evaluation
+    ``plan``: a precision plan (a YAML file's path, read again only when the file changes; a mapping, read at every
+    entry; or a ``lowprec.plan.PrecisionPlan`` from ``lowprec.plan.load_plan``, see ``lowprec.plan.format``): the
+    layers its rules select run the recipes it gives them, per GEMM and for evaluation
     forwards (a module not training); the others run ``recipe``. ``enabled=False`` runs the layers no rule selects in
     high precision, also inside an enclosing autocast (without a plan: every layer). It holds on this thread only
     (as ``torch.autocast``): other threads keep their own. Rules that select no layer in the block are said once.
     """
     if not isinstance(enabled, bool):
         raise LowprecTypeError(f"autocast(enabled=...) must be a bool, got {enabled!r}")
-    precision_plan = None if plan is None else load_plan(plan)
+    precision_plan = None if plan is None else _plan_of(plan)
     outer, _thread.current = _thread.current, AutocastState(enabled, checked_recipe(recipe), precision_plan)
     at_exit = _entry_watch() if enabled and _entry_watch is not None else None
     try:
@@ -101,6 +102,27 @@ def autocast(
             at_exit()
         if precision_plan is not None:
             precision_plan.say_unused_rules()
+
+
+_plans_read: dict[tuple[str, int, int], PrecisionPlan] = {}
+
+
+def _plan_of(plan: str | os.PathLike | Mapping | PrecisionPlan) -> PrecisionPlan:
+    """``load_plan(plan)``, a file read once while it is unchanged (an autocast entered every step with the same path
+    neither parses it again nor makes every layer resolve its rules again)."""
+    if not isinstance(plan, (str, os.PathLike)):
+        return load_plan(plan)
+    path = os.path.realpath(plan)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return load_plan(plan)  # its error names the file
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    if key not in _plans_read:
+        if len(_plans_read) >= 8:  # a few files (a training and an evaluation plan, say) stay read
+            _plans_read.pop(next(iter(_plans_read)))
+        _plans_read[key] = load_plan(plan)
+    return _plans_read[key]
 
 
 @contextmanager

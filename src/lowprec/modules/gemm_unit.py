@@ -62,7 +62,7 @@ class GemmUnit:
 
     #: what a process holds only while it runs the layer: the weight's casts, the forwards whose backward is due, the
     #: routing memory of the debug session (which holds the session)
-    _TRANSIENT = frozenset({"debug", "weight_cache", "second_weight_cache", "forwards", "reentrant_forwards"})
+    _TRANSIENT = frozenset({"debug", "weight_cache", "second_weight_cache", "forwards", "reentrant_forwards", "_last"})
 
     def __init__(self, layer_types: tuple[str, ...]):
         self.layer_types = layer_types
@@ -72,6 +72,7 @@ class GemmUnit:
         self._by_recipes: dict[GemmRecipes, GemmQuantizers] = {}
         self._training: GemmRecipes | None = None  # the recipes of the last training forward
         self._said: tuple | None = None  # the last precision-plan resolution said
+        self._last: tuple | None = None  # (autocast recipe, plan, training, quantizers) of the last forward
         self.weight_cache = WeightCache()  # the weight's cast for its first GEMM (fprop), or for both under one recipe
         self.second_weight_cache = WeightCache()  # its cast for dgrad, when another recipe runs dgrad
         self.forwards = ForwardHistory()
@@ -99,6 +100,9 @@ class GemmUnit:
         """The quantizers of this forward's GEMMs under the thread's autocast: its recipe, or what its precision plan
         says for this layer (``training``: the module is training; otherwise the plan's evaluation recipe)."""
         state = current_state()
+        last = self._last
+        if last is not None and last[0] is state.autocast_recipe and last[1] is state.plan and last[2] == training:
+            return last[3]  # the same autocast recipe and plan objects as the last forward: the same resolution
         if state.plan is None:
             recipes = GemmRecipes.every(state.autocast_recipe)
         else:
@@ -110,6 +114,7 @@ class GemmUnit:
         found = self._by_recipes.get(recipes)
         if found is None:
             found = self._by_recipes[recipes] = GemmQuantizers.of(recipes, lambda recipe: self.quantizers(recipe, layer_name))
+        self._last = (state.autocast_recipe, state.plan, training, found)
         return found
 
     def _start_fresh(self, layer_name: str, recipes: GemmRecipes) -> None:

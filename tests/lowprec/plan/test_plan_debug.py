@@ -10,6 +10,7 @@ import torch
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
+from lowprec.autocast import current_state
 from lowprec.plan import UnusedPlanRuleWarning
 from nvdlfw_inspect.reading import iter_statistics, read_routing
 
@@ -124,3 +125,17 @@ def test_a_layer_whose_format_changes_starts_fresh_quantizers_and_says_so(caplog
     with lowprec.autocast(recipe=lowprec.DelayedScaling()):
         layer(x).sum().backward()
     assert lowprec.Float8CurrentScaling() not in layer.gemm_unit._by_recipe
+
+
+def test_a_plan_file_is_read_once_while_it_is_unchanged(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("precision_plan:\n  rules:\n    - layers: {layer_name_regex_pattern: 'a'}\n      recipe: mxfp8\n")
+    with lowprec.autocast(plan=str(path)):
+        first = current_state().plan
+    with lowprec.autocast(plan=path):
+        assert current_state().plan is first
+    rule = "    - layers: {layer_name_regex_pattern: 'a'}\n      recipe: nvfp4\n      eval: bf16\n"
+    path.write_text("precision_plan:\n  rules:\n" + rule)
+    with lowprec.autocast(plan=path):
+        changed = current_state().plan
+    assert changed is not first and changed.rules[0].training.fprop == lowprec.NVFP4BlockScaling()
