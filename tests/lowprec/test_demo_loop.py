@@ -66,7 +66,8 @@ def test_the_page_shows_the_problem_first_agrees_with_the_diagnosis_and_maps_the
     html, errors = dom(write_report(demo_run, tmp_path / "report.html"))
     assert errors == []
     first = re.search(r'<ol id="findings">\s*<li[^>]*>(.*?)</li>', html, re.S).group(1)
-    assert f"{QKV}</a> gradient: <b>" in first and "(underflows%) from iteration" in first
+    assert f'{QKV}</a><span class="format"> (FP8 delayed scaling)</span> gradient: <b>' in first
+    assert "(underflows%) from iteration" in first
     findings = [(f.layer, f.tensor) for f in diagnose(demo_run).findings]
     risks = rows(html, "risks")
     problems = [(row[0][0], row[1][0]) for row in risks if ": problem" in " ".join(row[-1])]

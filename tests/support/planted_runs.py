@@ -13,6 +13,10 @@ LogFp8TensorStats, for the tests of ``diagnose`` and the report.
 activations), so per-tensor scaling set by it flushes several % of the other channels to zero.
 ``scaled_weight_run``: four blocks alike; the weight of ``model.layers.2.0`` is scaled x1e4, which per-tensor
 scaling absorbs: only its peers show it.
+``mixed_formats_run``: four layers under a precision plan (``MIXED_PLAN``), each input spanning 2**-26..1:
+``model.fp8`` in FP8 current scaling (the default), ``model.nvfp4`` in NVFP4, ``model.mixed`` with an MXFP8
+fprop and NVFP4 dgrad and wgrad (its output gradient spans 2**-40..1, beyond every FP8 format's range), ``model.hp``
+in high precision; underflows% of the activations (of the layers with a recipe), dynamic range of every input.
 """
 
 from __future__ import annotations
@@ -126,6 +130,47 @@ def scaled_weight_run(log_dir: Path, steps: int = 6) -> None:
                 for block in model.layers:
                     x = torch.tanh(block(x))
             x.sum().backward()
+            debug_api.step()
+    finally:
+        debug_api.end_debug()
+
+
+MIXED_PLAN = {
+    "rules": [
+        {"layers": {"exact_layer_names": ["model.nvfp4"]}, "recipe": {"name": "nvfp4", "disable_stochastic_rounding": True}},
+        {"layers": {"exact_layer_names": ["model.mixed"]}, "fprop": "mxfp8", "dgrad": "nvfp4", "wgrad": "nvfp4"},
+        {"layers": {"exact_layer_names": ["model.hp"]}, "recipe": "high_precision"},
+    ]
+}
+MIXED_LAYERS = ("fp8", "nvfp4", "mixed", "hp")
+
+
+def mixed_formats_run(log_dir: Path, steps: int = 6) -> None:
+    """The four layers of ``MIXED_PLAN`` trained ``steps`` steps (see the module's docstring)."""
+    ranges = {"LogTensorStats": {"enabled": True, "tensors": ["activation", "gradient", "weight"], "stats": ["dynamic_range"]}}
+    losses = {"LogFp8TensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["underflows%"]}}
+    config = {
+        "ranges": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": ranges},
+        "losses": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": "model.(fp8|nvfp4|mixed)"},
+            "transformer_engine": losses,
+        },
+    }
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    layers = {name: lowprec.Linear(WIDTH, WIDTH, name=f"model.{name}") for name in MIXED_LAYERS}
+
+    def spanning(bits: float) -> torch.Tensor:
+        return torch.exp2(-bits * torch.rand(TOKENS, WIDTH, generator=gen)) * torch.randn(TOKENS, WIDTH, generator=gen).sign()
+
+    try:
+        for _ in range(steps):
+            with lowprec.autocast(recipe=lowprec.Float8CurrentScaling(), plan=MIXED_PLAN):
+                outputs = [layers[name](spanning(26)) for name in MIXED_LAYERS]
+            gradients = [spanning(40) if name == "mixed" else torch.randn(TOKENS, WIDTH, generator=gen) for name in MIXED_LAYERS]
+            torch.autograd.backward(outputs, gradients)
             debug_api.step()
     finally:
         debug_api.end_debug()

@@ -1,6 +1,6 @@
 """Read a run and say, per layer and tensor, what is wrong and what to change: the first NaN or inf,
 sustained underflow or overflow, a dynamic range beyond the format's, a scale that keeps jumping;
-and write the config that applies the remedies.
+and write the config that applies the remedies. Each layer is judged in its own format (``formats``).
 
 ``diagnose(log_dir)`` returns a ``Diagnosis`` (``as_dict()`` for JSON); ``nvdlfw-inspect diagnose
 LOG_DIR`` prints it and writes the config. Thresholds: ``Thresholds``.
@@ -15,6 +15,7 @@ from typing import Any
 
 from nvdlfw_inspect.diagnose import config as remedy_config
 from nvdlfw_inspect.diagnose.findings import detect, not_measured
+from nvdlfw_inspect.diagnose.formats import Formats
 from nvdlfw_inspect.diagnose.in_place import judge, remedies_in_place
 from nvdlfw_inspect.diagnose.model import Diagnosis, Finding, InPlace, Remedy
 from nvdlfw_inspect.diagnose.remedies import choose
@@ -29,11 +30,13 @@ def diagnose_run(
     run: Run, thresholds: Thresholds | None = None, source: str = "a run", routing: Iterable[RoutingRecord] = ()
 ) -> Diagnosis:
     """The diagnosis of an already collected run (the report shares its reading with this); ``routing``: the run's
-    routing records (``read_routing``), from which the remedies already in place are judged."""
+    routing records (``read_routing``), which give each layer's format and from which the remedies already in place
+    are judged."""
     thresholds = thresholds or Thresholds()
     routing = list(routing)
     first = run.first_iteration
-    findings = [replace(finding, remedies=tuple(choose(finding, first))) for finding in detect(run, thresholds)]
+    detected, skipped = detect(run, thresholds, Formats(routing, thresholds))
+    findings = [replace(finding, remedies=tuple(choose(finding, first))) for finding in detected]
     findings, in_place = judge(run, findings, remedies_in_place(routing), thresholds)
     layers = sorted({layer for layer, _, _, _ in run.points} | {record.layer for record in routing})
     config, reasons = remedy_config.build(remedy for finding in findings for remedy in finding.remedies)
@@ -41,7 +44,7 @@ def diagnose_run(
     iterations = [i for points in run.points.values() for i in (min(points), max(points)) if points]
     span = (min(iterations), max(iterations)) if iterations else None
     caution = one_iteration_caution(span[0]) if span is not None and span[0] == span[1] else None
-    return Diagnosis(findings, config, text, thresholds, span, not_measured(run), in_place, layers, caution)
+    return Diagnosis(findings, config, text, thresholds, span, not_measured(run), in_place, layers, caution, skipped)
 
 
 def one_iteration_caution(iteration: int) -> str:

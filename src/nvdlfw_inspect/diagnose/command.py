@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fp8-format",
         choices=list(RECIPE_FORMATS),
         default=defaults.fp8_format,
-        help="the recipe's formats: HYBRID is E4M3 forward and E5M2 gradients (default HYBRID)",
+        help="the FP8 elements of per-tensor FP8 layers (and of runs whose routing records name no format): HYBRID is "
+        "E4M3 forward and E5M2 gradients (default HYBRID)",
     )
 
 
@@ -106,10 +107,12 @@ def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None, user_conf
         lines.append(f"caution: {diagnosis.caution}")
     if diagnosis.unmeasured:
         lines.append(f"not measured: {diagnosis.unmeasured}")
+    if diagnosis.skipped:
+        lines.append(f"skipped: {diagnosis.skipped}")
     if diagnosis.in_place:
         lines += ["", "Remedies in place:"] + [f"- {entry.message}" for entry in diagnosis.in_place]
     for number, f in enumerate(diagnosis.findings, 1):
-        lines += ["", f"{number}. {f.layer}  {f.tensor}  {f.kind} ({f.stat}, from iteration {f.first_iteration})"]
+        lines += ["", f"{number}. {f.where}  {f.tensor}  {f.kind} ({f.stat}, from iteration {f.first_iteration})"]
         lines.append(f"   {f.message}")
         for remedy in f.remedies:
             target = f" on {' and '.join(remedy.gemms)}" if remedy.gemms else ""

@@ -1,7 +1,9 @@
 """What is wrong, per layer and tensor: the detectors of ``diagnose``.
 
 Each detector looks at one kind of statistic and reports only what persists after warm-up (see
-``Summary.is_problem``), except NaN and inf, reported once: where they first appeared.
+``Summary.is_problem``), except NaN and inf, reported once: where they first appeared. Each finding names the
+format its layer reads the tensor in (``formats``); the checks of a per-tensor scale skip the tensors read without
+one (block formats, high precision), and ``skipped_note`` says which.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from nvdlfw_inspect.diagnose.formats import INPUTS, Formats, format_name
 from nvdlfw_inspect.diagnose.model import Finding
 from nvdlfw_inspect.diagnose.series import Points, Run, Summary, summarize
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
@@ -27,6 +30,8 @@ MAGNITUDE_STATS = ("cur_amax", "max", "std", "l2_norm", "l1_norm")
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|(?<=gemm_)\d+$")
 #: peers needed beside a layer to tell an outlier from a difference of opinion
 MIN_PEERS = 2
+#: layers a note lists before it counts the rest
+LISTED_LAYERS = 8
 #: per problem, the statistic that measures it, what stands in for it where that is not logged (and how it is
 #: read), and a note
 MEASURES = (
@@ -52,13 +57,16 @@ def _persistence(summary: Summary, unit: str) -> str:
 
 
 class Detector:
-    """Finds the problems of one run against ``thresholds``."""
+    """Finds the problems of one run against ``thresholds``, each tensor in its own format (``formats``);
+    ``skipped``: per layer, the formats of the tensors a per-tensor check was not applied to."""
 
-    def __init__(self, run: Run, thresholds: Thresholds):
+    def __init__(self, run: Run, thresholds: Thresholds, formats: Formats):
         self.run = run
         self.thresholds = thresholds
+        self.formats = formats
         self.series = run.merged
         self.warmup_end = run.first_iteration + thresholds.warmup
+        self.skipped: dict[str, set[str | None]] = defaultdict(set)
 
     def summary(self, points: Points, threshold: float) -> Summary | None:
         return summarize(points, threshold, self.warmup_end, self.thresholds.tail)
@@ -86,28 +94,40 @@ class Detector:
             f"it; {others} other tensor{'s' if others != 1 else ''} followed"
         )
         context = {"last_clean": last_clean, "rank": first.rank, "tensors_affected": others + 1}
-        return [Finding("nonfinite", layer, tensor, first.stat, first.iteration, message, context=context)]
+        fmt = self.formats.of(layer, tensor)
+        return [Finding("nonfinite", layer, tensor, first.stat, first.iteration, message, context=context, format=fmt)]
 
     def quantization(self) -> list[Finding]:
-        """Sustained underflow and overflow under the run's own recipe, and, where underflows% was not
-        logged to measure the damage directly, a dynamic range beyond the format's."""
+        """Sustained underflow and overflow under each layer's own recipe, and, where underflows% was not
+        logged to measure the damage directly, a dynamic range beyond its per-tensor FP8 element's."""
         t = self.thresholds
         found = []
         for (layer, tensor, stat), points in sorted(self.series.items()):
             if stat == "underflows%" and (summary := self.problem(points, t.underflow_pct)):
-                message = f"non-zero values flush to zero in FP8: {_persistence(summary, '%')}"
+                fmt = self.formats.of(layer, tensor)
+                lost = "FP8" if fmt is None else fmt.measured
+                message = f"non-zero values flush to zero in {lost}: {_persistence(summary, '%')}"
                 found.append(self._finding("underflow", layer, tensor, stat, summary, message))
             elif stat == "overflows%" and (summary := self.problem(points, t.overflow_pct)):
                 message = f"values saturate (overflow) under delayed scaling: {_persistence(summary, '%')}"
                 found.append(self._finding("overflow", layer, tensor, stat, summary, message))
-            elif stat == "dynamic_range" and (limit := t.range_limit(tensor)) is not None:
-                if (layer, tensor, "underflows%") not in self.series and (summary := self.problem(points, limit)):
+            elif stat == "dynamic_range" and tensor in INPUTS and (layer, tensor, "underflows%") not in self.series:
+                limit = self.formats.range_limit(layer, tensor) if self._per_tensor(layer, tensor) else None
+                if limit is not None and (summary := self.problem(points, limit)):
                     message = (
-                        f"its values span more bits than {t.format_of(tensor)} holds: {_persistence(summary, ' bits')}; "
-                        f"underflows% was not logged to tell how many flush to zero"
+                        f"its values span more bits than {self.formats.element(layer, tensor)} holds: "
+                        f"{_persistence(summary, ' bits')}; underflows% was not logged to tell how many flush to zero"
                     )
                     found.append(self._finding("dynamic_range", layer, tensor, stat, summary, message))
         return found
+
+    def _per_tensor(self, layer: str, tensor: str) -> bool:
+        """Whether a check of a per-tensor scale applies to ``tensor`` of ``layer``; where it does not (a block
+        format, high precision), the layer and format are kept for ``skipped_note``."""
+        fmt = self.formats.without_tensor_scale(layer, tensor)
+        if fmt is not None:
+            self.skipped[layer].add(fmt.label)
+        return fmt is None
 
     def scale_changes(self) -> list[Finding]:
         """Scales that jump between logged iterations by more than ``scale_change``: the factor of each
@@ -117,8 +137,8 @@ class Detector:
         pairs = sorted({(layer, tensor) for layer, tensor, _ in self.series})
         for layer, tensor in pairs:
             stat = next((s for s in SCALE_SOURCES if (layer, tensor, s) in self.series), None)
-            if stat is None or (layer, tensor, "overflows%") in self.series:
-                continue  # overflows% measures what a lagging scale does: its own finding
+            if stat is None or (layer, tensor, "overflows%") in self.series or not self._per_tensor(layer, tensor):
+                continue  # overflows% measures what a lagging scale does (its own finding); no per-tensor scale, none lags
             factors = _step_factors(self.series[(layer, tensor, stat)], self.warmup_end)
             summary = self.problem(factors, self.thresholds.scale_change) if factors else None
             if summary is not None:
@@ -155,12 +175,13 @@ class Detector:
 
     def _finding(self, kind: str, layer: str, tensor: str, stat: str, summary: Summary, message: str) -> Finding:
         assert summary.first_above is not None  # a problem is over its threshold somewhere after warm-up
-        return Finding(kind, layer, tensor, stat, summary.first_above, message, summary, self._context(layer, tensor))
+        context, fmt = self._context(layer, tensor), self.formats.of(layer, tensor)
+        return Finding(kind, layer, tensor, stat, summary.first_above, message, summary, context, format=fmt)
 
     def _context(self, layer: str, tensor: str) -> dict[str, Any]:
-        """What the remedy is chosen from: the tensor's persistent dynamic range and what current scaling
-        would lose (``fp8_current_scaling_underflows%``), where they were logged."""
-        context: dict[str, Any] = {"format": self.thresholds.format_of(tensor)}
+        """What the remedy is chosen from: the FP8 element of its per-tensor cast, the tensor's persistent dynamic
+        range and what current scaling would lose (``fp8_current_scaling_underflows%``), where they were logged."""
+        context: dict[str, Any] = {"element": self.formats.element(layer, tensor)}
         for name, stat in (("dynamic_range", "dynamic_range"), ("current_scaling_underflows", "fp8_current_scaling_underflows%")):
             points = self.series.get((layer, tensor, stat))
             summary = self.summary(points, math.inf) if points else None
@@ -184,6 +205,31 @@ def not_measured(run: Run) -> str | None:
         checks.append(f"{problem} judged from {reading.format(' and '.join(found))} alone" if found else f"{problem} not checked")
     notes = "".join(note for *_, note in missing)
     return f"{names} {verb} not logged: add LogFp8TensorStats to measure {pronoun}{notes}; {', '.join(checks)}"
+
+
+def skipped_note(skipped: dict[str, set[str | None]]) -> str | None:
+    """Which layers the checks of a per-tensor scale skipped, by why (``Detector.skipped``): else a block-format
+    layer without findings would read as checked. None when none was skipped."""
+    named = {layer: ", ".join(sorted(format_name(label) for label in labels if label)) for layer, labels in skipped.items()}
+    block = [f"{layer} ({names})" for layer, names in named.items() if names]
+    high = [layer for layer, names in named.items() if not names]
+    parts = []
+    if block:
+        why = "each block has its own scale; underflows% measures what they lose"
+        parts.append(f"to block formats ({why}): {_listed(sorted(block))}")
+    if high:
+        parts.append(f"to high precision (no recipe casts it): {_listed(sorted(high))}")
+    if not parts:
+        return None
+    return (
+        "the checks of a per-tensor FP8 scale (a dynamic range against FP8E4M3's or FP8E5M2's, scale jumps), which do not "
+        f"apply {'; nor '.join(parts)}"
+    )
+
+
+def _listed(names: list[str]) -> str:
+    more = len(names) - LISTED_LAYERS
+    return ", ".join(names[:LISTED_LAYERS]) + (f" and {more} more layer{'s' if more > 1 else ''}" if more > 0 else "")
 
 
 def _group_medians(members: Iterable[Points]) -> Points:
@@ -226,6 +272,8 @@ def _severity(finding: Finding) -> tuple[int, float, float, str, str]:
     return KINDS.index(finding.kind), -ratio, -summary.above, finding.layer, finding.tensor
 
 
-def detect(run: Run, thresholds: Thresholds) -> list[Finding]:
-    """Every problem of ``run``, the most severe first, without remedies."""
-    return Detector(run, thresholds).findings()
+def detect(run: Run, thresholds: Thresholds, formats: Formats) -> tuple[list[Finding], str | None]:
+    """Every problem of ``run``, the most severe first, without remedies; and which layers the checks of a per-tensor
+    scale skipped (``skipped_note``)."""
+    detector = Detector(run, thresholds, formats)
+    return detector.findings(), skipped_note(detector.skipped)

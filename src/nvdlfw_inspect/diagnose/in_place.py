@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from nvdlfw_inspect.diagnose.formats import INPUTS, TENSOR_GEMMS
 from nvdlfw_inspect.diagnose.model import Finding, InPlace, Remedy
-from nvdlfw_inspect.diagnose.remedies import TENSOR_GEMMS
 from nvdlfw_inspect.diagnose.series import Run
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.reading import RoutingRecord
 
-INPUTS = ("activation", "weight", "gradient")
 MEASURED_BY = ("underflows%", "overflows%")  # the statistics the remedies are chosen from
 #: findings about the FP8 cast: a tensor no GEMM reads in the recipe's FP8 cannot have them any more
 CAST_FINDINGS = ("dynamic_range",)

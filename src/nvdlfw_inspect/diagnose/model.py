@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nvdlfw_inspect.diagnose.formats import TensorFormat
 from nvdlfw_inspect.diagnose.series import Summary
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 
@@ -38,7 +39,8 @@ class Remedy:
 class Finding:
     """One problem of one tensor of one layer. ``first_iteration``: where it began (the first NaN or inf,
     or the first iteration after warm-up over the threshold). ``context`` holds what the remedy is
-    chosen from (the tensor's dynamic range, what current scaling would lose, the last clean iteration)."""
+    chosen from (the tensor's dynamic range, what current scaling would lose, the last clean iteration);
+    ``format``: the format its layer reads it in (None where the routing records do not say), which the text names."""
 
     kind: str
     layer: str
@@ -49,12 +51,22 @@ class Finding:
     summary: Summary | None = None
     context: dict[str, Any] = field(default_factory=dict)
     remedies: tuple[Remedy, ...] = ()
+    format: TensorFormat | None = None
+
+    @property
+    def where(self) -> str:
+        """The layer and, where known, the format: ``model.fc1 (NVFP4)``."""
+        return self.layer if self.format is None else f"{self.layer} ({self.format})"
 
     def as_dict(self) -> dict[str, Any]:
+        fmt = self.format
         return {
             "kind": self.kind,
             "layer": self.layer,
             "tensor": self.tensor,
+            "format": None if fmt is None else fmt.label,  # the statistics name of the format its statistics describe
+            "format_name": None if fmt is None else str(fmt),
+            "gemm_formats": None if fmt is None else fmt.as_dict(),
             "stat": self.stat,
             "first_iteration": self.first_iteration,
             "message": self.message,
@@ -96,7 +108,8 @@ class Diagnosis:
     which checks had nothing logged to read (None when none), so that no finding is not read as no problem;
     ``in_place``: the remedies the run already had, each with whether it worked; ``layers``: the names of the run's
     layers (its statistics' and routing records'), which a merged config is written for (not in ``as_dict``);
-    ``caution``: why no finding may still not be an all-clear (every statistic from one iteration), or None."""
+    ``caution``: why no finding may still not be an all-clear (every statistic from one iteration), or None;
+    ``skipped``: the layers the per-tensor FP8 checks were not applied to (block formats, high precision), or None."""
 
     findings: list[Finding]
     config: dict[str, Any]
@@ -107,6 +120,7 @@ class Diagnosis:
     in_place: list[InPlace] = field(default_factory=list)
     layers: list[str] = field(default_factory=list)
     caution: str | None = None
+    skipped: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -118,4 +132,5 @@ class Diagnosis:
             "unmeasured": self.unmeasured,
             "in_place": [entry.as_dict() for entry in self.in_place],
             "caution": self.caution,
+            "skipped": self.skipped,
         }

@@ -7,6 +7,8 @@
   within its format's range, the scale lags (``PerTensorScaling``); beyond E4M3's but within E5M2's,
   ``FakeQuant`` in E5M2 tests the wider format; beyond every FP8 format's, or unknown, the GEMMs that
   read it run in high precision (``DisableFP8GEMM``).
+- underflow in a block format (MXFP8, NVFP4, ...): every block has its own scale, so neither a per-tensor scale
+  nor a wider FP8 element helps; the GEMMs that read it run in high precision.
 - dynamic range beyond the format's with no underflows% logged: the same choice by range.
 - NaN or inf: statistics of every GEMM tensor at every iteration around the first one, to find the
   operation that made it; where it came out of a GEMM of finite operands, that GEMM in high precision.
@@ -14,19 +16,11 @@
 
 from __future__ import annotations
 
+from nvdlfw_inspect.diagnose.formats import TENSOR_GEMMS
 from nvdlfw_inspect.diagnose.model import Finding, Remedy
 from nvdlfw_inspect.diagnose.thresholds import FORMAT_RANGE_BITS
 
 GEMM_ORDER = ("fprop", "dgrad", "wgrad")
-#: the GEMMs that read each input tensor, or that write each output tensor
-TENSOR_GEMMS = {
-    "activation": ("fprop", "wgrad"),
-    "weight": ("fprop", "dgrad"),
-    "gradient": ("dgrad", "wgrad"),
-    "output": ("fprop",),
-    "dgrad": ("dgrad",),
-    "wgrad": ("wgrad",),
-}
 OUTPUTS = ("output", "dgrad", "wgrad")
 WIDE_FORMAT = "FP8E5M2"
 WATCH_TENSORS = ["activation", "weight", "gradient", "output", "dgrad", "wgrad"]
@@ -47,7 +41,7 @@ def per_tensor_scaling(finding: Finding, why: str) -> Remedy:
 
 def by_range(finding: Finding, lost: str) -> Remedy:
     """The remedy that the tensor's dynamic range points to; ``lost`` says what the format loses."""
-    tensor, fmt, span = finding.tensor, finding.context.get("format"), finding.context.get("dynamic_range")
+    tensor, fmt, span = finding.tensor, finding.context.get("element"), finding.context.get("dynamic_range")
     gemms = _gemms(tensor)
     if fmt is None or span is None:
         why = (
@@ -76,8 +70,23 @@ def by_range(finding: Finding, lost: str) -> Remedy:
     return Remedy("DisableFP8GEMM", finding.layer, gemms, None, why)
 
 
+def per_block(finding: Finding, lost: str) -> Remedy:
+    """High precision for a tensor that a block format loses: its blocks' own scales cannot lag the tensor, and the
+    remedies of a per-tensor scale (PerTensorScaling, FakeQuant) would replace its format rather than repair it."""
+    assert finding.format is not None
+    gemms = _gemms(finding.tensor)
+    why = (
+        f"{lost} in {finding.format.measured}, a block format: each block has its own scale, so no per-tensor scale lags "
+        f"and PerTensorScaling or FakeQuant would replace the format rather than repair it; the GEMMs that read it "
+        f"({_listed(gemms)}) run in high precision (for good, give the layer a wider format)."
+    )
+    return Remedy("DisableFP8GEMM", finding.layer, gemms, None, why)
+
+
 def for_underflow(finding: Finding) -> Remedy:
     lost = "It loses values to zero"
+    if finding.format is not None and not finding.format.per_tensor:
+        return per_block(finding, lost)
     current = finding.context.get("current_scaling_underflows")
     if current is not None and finding.summary is not None and current <= finding.summary.threshold:
         return per_tensor_scaling(

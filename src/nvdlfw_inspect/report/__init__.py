@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nvdlfw_inspect.diagnose import diagnose_run
+from nvdlfw_inspect.diagnose.formats import Formats
 from nvdlfw_inspect.diagnose.series import collect
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.files import write_text_atomic
@@ -55,10 +56,11 @@ def report_data(
 ) -> dict[str, Any]:
     """What the page draws: layers, one series per (layer, tensor, stat, rank), the diagnosis (findings
     and the config of remedies as ``nvdlfw-inspect diagnose`` gives them, the remedies in place), the risk table and the precision
-    map of the ``routing`` records. Series that share their iterations (most do) point to one list in
-    ``iterations`` by index."""
+    map of the ``routing`` records, which also give each layer's format (the risk table's, and the thresholds of its
+    statistics). Series that share their iterations (most do) point to one list in ``iterations`` by index."""
     thresholds = thresholds or Thresholds()
     routing = list(routing)
+    formats = Formats(routing, thresholds)
     run = collect(statistics)
     layers = natural_order({layer for layer, _, _, _ in run.points})
     index = {name: i for i, name in enumerate(layers)}
@@ -75,7 +77,7 @@ def report_data(
                 "rank": rank,
                 "direction": direction,
                 "heatmap": heatmap_kind(stat),
-                "threshold": threshold_of(stat, tensor, thresholds),  # the diagnosis's: the heatmap's colours
+                "threshold": threshold_of(stat, layer, tensor, formats),  # the diagnosis's: the heatmap's colours
                 "it": iteration_lists.setdefault(iterations, len(iteration_lists)),
                 # json_value's rounding inlined for finite values (v - v == 0): a call per value cost a second
                 "v": [float(f"{v:.6g}") if v - v == 0 else json_value(v) for v in map(values.__getitem__, iterations)],
@@ -88,11 +90,12 @@ def report_data(
         "ranks": sorted({rank for _, _, _, rank in run.points}),
         "iterations": [list(iterations) for iterations in iteration_lists],
         "series": series,
-        "risks": risk_rows(run, thresholds, diagnosis.findings),
+        "risks": risk_rows(run, formats, diagnosis.findings),
         "findings": [finding.as_dict() for finding in diagnosis.findings],
         "config_yaml": diagnosis.config_yaml,
         "unmeasured": diagnosis.unmeasured,
         "caution": diagnosis.caution,
+        "skipped": diagnosis.skipped,
         "in_place": [entry.as_dict() for entry in diagnosis.in_place],
         "thresholds": thresholds.as_dict(),
         "precision_map": precision_map(routing),

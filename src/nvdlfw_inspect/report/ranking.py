@@ -4,7 +4,9 @@ A row holds the tensor's underflows%, overflows% and dynamic range (those that w
 shown as zero), each with its value at the end of the run (the median of the last quarter after
 warm-up), its threshold, how many iterations were over it, and its worst value with the iteration.
 Rows are ranked on the losses at the end against their thresholds, not on a maximum: a maximum at
-iteration 0, where delayed scaling's scale is still 1, is marked as a warm-up transient.
+iteration 0, where delayed scaling's scale is still 1, is marked as a warm-up transient. Each row names the format
+its layer reads the tensor in; the dynamic range of a tensor read without a per-tensor scale (block formats, high
+precision) is shown without a threshold, as no FP8 element's range bounds it.
 """
 
 from __future__ import annotations
@@ -12,23 +14,24 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from nvdlfw_inspect.diagnose.formats import Formats
 from nvdlfw_inspect.diagnose.model import Finding
 from nvdlfw_inspect.diagnose.series import Run, Summary, summarize
-from nvdlfw_inspect.diagnose.thresholds import Thresholds
 
 TOP_RISKS = 25
 LOSSES = ("underflows%", "overflows%")
 RANGE = "dynamic_range"
 
 
-def threshold_of(stat: str, tensor: str, thresholds: Thresholds) -> float | None:
-    """The threshold of a statistic of the run's own recipe; None for others (what-if recipes, plain
-    statistics, and the dynamic range of GEMM outputs, which stay in high precision)."""
+def threshold_of(stat: str, layer: str, tensor: str, formats: Formats) -> float | None:
+    """The threshold of a statistic of the layer's own recipe; None for others (what-if recipes, plain
+    statistics, and the dynamic range of a tensor without a per-tensor FP8 cast: GEMM outputs, which stay in high
+    precision, block formats)."""
     if stat == "underflows%":
-        return thresholds.underflow_pct
+        return formats.thresholds.underflow_pct
     if stat == "overflows%":
-        return thresholds.overflow_pct
-    return thresholds.range_limit(tensor) if stat == RANGE else None
+        return formats.thresholds.overflow_pct
+    return formats.range_limit(layer, tensor) if stat == RANGE else None
 
 
 def json_value(value: float) -> float | str | None:
@@ -44,7 +47,7 @@ def json_value(value: float) -> float | str | None:
 def _cell(summary: Summary) -> dict[str, Any]:
     return {
         "persistent": json_value(summary.persistent),
-        "threshold": json_value(summary.threshold),
+        "threshold": None if math.isinf(summary.threshold) else json_value(summary.threshold),  # inf: not judged
         "above": json_value(summary.above),
         "worst": json_value(summary.worst),
         "worst_iteration": summary.worst_iteration,
@@ -77,14 +80,17 @@ def _score(cells: dict[str, Summary]) -> tuple[float, float]:
     return ratio, max(s.above for s in ranked)
 
 
-def risk_rows(run: Run, thresholds: Thresholds, findings: list[Finding]) -> list[dict[str, Any]]:
+def risk_rows(run: Run, formats: Formats, findings: list[Finding]) -> list[dict[str, Any]]:
     """The rows of the table, ranked by the diagnosis's rules: NaN or inf (earliest first), then the tensors
     with findings in the diagnosis's order, then cautions, then the rest, each by how far over its threshold its
     losses end and then for how long they were over."""
+    thresholds = formats.thresholds
     warmup_end = run.first_iteration + thresholds.warmup
     cells: dict[tuple[str, str], dict[str, Summary]] = {}
     for (layer, tensor, stat), points in run.merged.items():
-        threshold = threshold_of(stat, tensor, thresholds)
+        threshold = threshold_of(stat, layer, tensor, formats)
+        if threshold is None and stat == RANGE and formats.without_tensor_scale(layer, tensor) is not None:
+            threshold = math.inf  # shown, never over: no per-tensor scale to judge it against
         summary = None if threshold is None else summarize(points, threshold, warmup_end, thresholds.tail)
         if summary is not None:
             cells.setdefault((layer, tensor), {})[stat] = summary
@@ -105,9 +111,11 @@ def risk_rows(run: Run, thresholds: Thresholds, findings: list[Finding]) -> list
             rank = (1, order[(layer, tensor)], 0.0)
         else:
             rank = (2 if caution else 3, -ratio, -above)
+        fmt = formats.of(layer, tensor)
         row = {
             "layer": layer,
             "tensor": tensor,
+            "format": None if fmt is None else str(fmt),
             "stats": {stat: _cell(summary) for stat, summary in tensor_cells.items()},
             "nonfinite": None if first is None else first.iteration,
             "problem": first is not None or (layer, tensor) in order,

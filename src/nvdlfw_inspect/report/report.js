@@ -68,10 +68,11 @@
     const t = data.thresholds, list = document.getElementById("findings");
     list.replaceChildren();
     const rule = `underflows% over ${t.underflow_pct}, overflows% over ${t.overflow_pct}, a scale jumping by more than ` +
-      `x${t.scale_change}, a dynamic range beyond the ${t.fp8_format} format's, a magnitude x${t.peer_ratio} away from ` +
+      `x${t.scale_change}, a dynamic range beyond its per-tensor FP8 format's (${t.fp8_format}), a magnitude x${t.peer_ratio} away from ` +
       `its peers'; a problem when over its threshold in ` +
       `${percent(t.persistence)} of the iterations after the first ${t.warmup} (warm-up), or in the median of the last ${percent(t.tail)}`;
-    const unmeasured = data.unmeasured ? ` Not measured: ${data.unmeasured}.` : "";
+    const unmeasured = (data.unmeasured ? ` Not measured: ${data.unmeasured}.` : "") +
+      (data.skipped ? ` Skipped: ${data.skipped}.` : "");
     const caution = document.getElementById("diagnosis-caution");
     caution.textContent = data.caution ? `Caution: ${data.caution}.` : "";
     caution.hidden = !data.caution;
@@ -92,6 +93,7 @@
       const item = element("li", { class: `finding ${f.kind}` });
       const head = element("div", { class: "finding-head" });
       head.appendChild(layerLink(f.layer));
+      if (f.format_name) head.appendChild(element("span", { class: "format" }, ` (${f.format_name})`));
       head.appendChild(document.createTextNode(` ${f.tensor}: `));
       head.appendChild(element("b", {}, KIND_NAMES[f.kind] || f.kind));
       head.appendChild(document.createTextNode(` (${f.stat}) from iteration ${f.first_iteration}`));
@@ -124,8 +126,8 @@
     const td = element("td", !Number.isFinite(end) ? { class: "bad" } : cell.above > 0 ? {} : { class: "quiet" });
     td.appendChild(element("div", {}, format(end)));
     const warmup = cell.worst_in_warmup ? " (warm-up)" : "";
-    td.appendChild(element("div", { class: "sub" },
-      `over ${format(cell.threshold)} in ${percent(cell.above)}; worst ${format(cell.worst)} at ${cell.worst_iteration}${warmup}`));
+    const over = cell.threshold === null ? "not judged: no per-tensor FP8 scale" : `over ${format(cell.threshold)} in ${percent(cell.above)}`;
+    td.appendChild(element("div", { class: "sub" }, `${over}; worst ${format(cell.worst)} at ${cell.worst_iteration}${warmup}`));
     return td;
   }
 
@@ -138,7 +140,9 @@
         `iteration. Ranked on the losses at the end against their thresholds; a maximum reached only in warm-up or in a ` +
         `passing spike is a transient. Problems are the diagnosis's findings, in its order; a dynamic range beyond its ` +
         `format's is a problem only where underflows% was not logged, and where it was, a caution: underflows% tells ` +
-        `how much is lost.`
+        `how much is lost. The format is the one the layer's GEMMs read the tensor in (its statistics describe the ` +
+        `first GEMM's); the dynamic range of a tensor read without a per-tensor FP8 scale (block formats, whose every ` +
+        `block has its own scale, and high precision) has no threshold.`
       : "No underflows%, overflows% or dynamic_range was logged.";
     data.risks.filter((r) => visible(r.layer)).forEach((r) => {
       const row = element("tr");
@@ -146,6 +150,8 @@
       cell.appendChild(layerLink(r.layer));
       row.appendChild(cell);
       row.appendChild(element("td", {}, r.tensor));
+      row.appendChild(r.format ? element("td", {}, r.format)
+        : element("td", { class: "unlogged", title: `no format in the routing records: judged as FP8 (${data.thresholds.fp8_format})` }, "-"));
       ["underflows%", "overflows%", "dynamic_range"].forEach((stat) => row.appendChild(statCell(r.stats[stat])));
       const broken = r.nonfinite !== null;
       row.appendChild(element("td", broken ? { class: "bad" } : {}, broken ? String(r.nonfinite) : ""));
@@ -265,12 +271,13 @@
     return bar;
   }
 
-  function legend(low, high, threshold, broken, missing) {
+  function legend(low, high, threshold, broken, missing, formatsDiffer) {
     const box = element("div", { class: "legend" });
     if (low <= high && threshold === null) {  // the colour scale, where any value is finite
+      const why = formatsDiffer ? "its layers' formats differ" : "this map's own range";
       box.appendChild(element("span", {}, format(low)));
       box.appendChild(colorBar(NEUTRAL_STOPS));
-      box.appendChild(element("span", {}, `${format(high)} (no threshold: this map's own range)`));
+      box.appendChild(element("span", {}, `${format(high)} (no threshold: ${why})`));
     } else if (low <= high) {
       box.appendChild(element("span", {}, format(Math.min(low, 0))));
       box.appendChild(colorBar(CALM_STOPS));
@@ -305,7 +312,9 @@
       });
     });
     if (!anyBroken && low > high) return null;  // nothing to draw
-    const threshold = group[0].threshold;  // one tensor and stat: one threshold
+    // one tensor and stat: one threshold, unless its layers' formats give them different ones (or none)
+    const thresholds = new Set(group.filter((s) => rowOf.has(s.layer)).map((s) => s.threshold));
+    const formatsDiffer = thresholds.size > 1, threshold = formatsDiffer ? null : [...thresholds][0];
     const against = threshold === null ? "" : `, ${low > threshold ? "over" : "within"} its threshold ${format(threshold)}`;
     if (!anyBroken && low === high) {  // one value everywhere: said in words, not drawn as a blank map
       return element("p", { class: "flat" },
@@ -345,7 +354,7 @@
     });
     const box = element("div", { class: "heatmap" });
     box.appendChild(element("div", { class: "caption" }, title));
-    box.appendChild(legend(low, high, threshold, anyBroken, missing));
+    box.appendChild(legend(low, high, threshold, anyBroken, missing, formatsDiffer));
     const body = element("div", { class: "heatmap-body" });
     if (rowScale >= MIN_LABELED_ROW) body.appendChild(rowLabels(layers, rowScale));
     const plot = element("div", { class: "plot" });

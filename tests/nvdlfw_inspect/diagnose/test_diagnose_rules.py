@@ -13,8 +13,8 @@ from lowprec.formats.elements import E4M3, E5M2
 from nvdlfw_inspect.diagnose import Thresholds, diagnose, diagnose_statistics
 from nvdlfw_inspect.diagnose.command import text
 from nvdlfw_inspect.diagnose.config import layer_features, to_yaml
+from nvdlfw_inspect.diagnose.formats import TENSOR_GEMMS
 from nvdlfw_inspect.diagnose.model import Remedy
-from nvdlfw_inspect.diagnose.remedies import TENSOR_GEMMS
 from nvdlfw_inspect.diagnose.series import summarize
 from nvdlfw_inspect.diagnose.thresholds import FORMAT_RANGE_BITS
 from nvdlfw_inspect.reading import Statistic

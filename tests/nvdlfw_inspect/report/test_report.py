@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from browser import CHROMIUM, dom, screenshot
-from planted_runs import nan_run, outlier_channel_run, planted_run, scaled_weight_run
+from planted_runs import mixed_formats_run, nan_run, outlier_channel_run, planted_run, scaled_weight_run
 
 import lowprec
 import nvdlfw_inspect
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect import reading
 from nvdlfw_inspect.diagnose import Thresholds
-from nvdlfw_inspect.reading import RoutingRecord, Statistic, iter_statistics, split_name
+from nvdlfw_inspect.reading import RoutingRecord, Statistic, iter_statistics, read_routing, split_name
 from nvdlfw_inspect.report import heatmap_kind, natural_order, render, report_data, write_report
 
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
@@ -380,16 +380,79 @@ def test_a_run_without_routing_records_says_so(log_dir, tmp_path):
 @pytest.mark.parametrize(
     "plant, expected",
     [
-        (nan_run, ("model.fc2", "activation", "NaN or inf")),
-        (outlier_channel_run, ("model.proj", "activation", "underflow")),
-        (scaled_weight_run, ("model.layers.2.0", "weight", "unlike its peers")),
-        (planted_run, ("model.grow", "activation", "overflow")),
+        (nan_run, ("model.fc2", "FP8 delayed scaling", "activation", "NaN or inf")),
+        (outlier_channel_run, ("model.proj", "FP8 delayed scaling", "activation", "underflow")),
+        (scaled_weight_run, ("model.layers.2.0", "FP8 current scaling", "weight", "unlike its peers")),
+        (planted_run, ("model.grow", "FP8 delayed scaling", "activation", "overflow")),
     ],
 )
 def test_each_planted_problem_heads_the_page(tmp_path, plant, expected):
-    """What a person sees first on the page of each planted run is the problem planted in it."""
+    """What a person sees first on the page of each planted run is the problem planted in it, in its layer's format."""
     plant(tmp_path / "run")
     html, errors = dom(write_report(tmp_path / "run", tmp_path / "report.html"))
     first = re.search(r'<ol id="findings">\s*<li[^>]*>(.*?)</li>', html, re.S).group(1)
-    layer, tensor, kind = expected
-    assert errors == [] and f"{layer}</a> {tensor}: <b>{kind}</b>" in first
+    layer, fmt, tensor, kind = expected
+    assert errors == [] and f'{layer}</a><span class="format"> ({fmt})</span> {tensor}: <b>{kind}</b>' in first
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("mixed")
+    mixed_formats_run(log_dir)
+    return log_dir
+
+
+def test_the_risk_table_and_thresholds_follow_each_layers_format(mixed_run):
+    """Under a precision plan: each row names its layer's format; a dynamic range is judged against the FP8 element's
+    range in the per-tensor FP8 layer only, and shown without a threshold in the others."""
+    data = report_data(iter_statistics(mixed_run), "t", routing=read_routing(mixed_run))
+    rows = {(r["layer"], r["tensor"]): r for r in data["risks"]}
+    assert {key: r["format"] for key, r in rows.items() if key[1] != "weight"} == {
+        ("model.fp8", "activation"): "FP8 current scaling",
+        ("model.fp8", "gradient"): "FP8 current scaling",
+        ("model.nvfp4", "activation"): "NVFP4",
+        ("model.nvfp4", "gradient"): "NVFP4",
+        ("model.mixed", "activation"): "MXFP8 in fprop, NVFP4 in wgrad",
+        ("model.mixed", "gradient"): "NVFP4",
+        ("model.hp", "activation"): "high precision",
+        ("model.hp", "gradient"): "high precision",
+    }
+    ranges = {key: r["stats"]["dynamic_range"]["threshold"] for key, r in rows.items()}
+    assert ranges[("model.fp8", "activation")] == 17.8074 and ranges[("model.fp8", "gradient")] == 31.8074  # HYBRID
+    assert all(limit is None for (layer, _), limit in ranges.items() if layer != "model.fp8")  # block formats, high precision
+    assert rows[("model.mixed", "gradient")]["stats"]["dynamic_range"]["persistent"] > 39  # shown: beyond E5M2, not judged
+    assert rows[("model.mixed", "gradient")]["status"] == []
+    thresholds = {
+        (data["layers"][s["layer"]], s["tensor"]): s["threshold"] for s in data["series"] if s["stat"] == "dynamic_range"
+    }
+    assert thresholds == {key: None if limit is None else pytest.approx(limit, abs=1e-4) for key, limit in ranges.items()}
+    assert [f["format_name"] for f in data["findings"]] == ["NVFP4", "MXFP8 in fprop, NVFP4 in wgrad", "FP8 current scaling"]
+    assert data["skipped"].endswith(
+        "model.mixed (MXFP8, NVFP4), model.nvfp4 (NVFP4); nor to high precision (no recipe casts it): model.hp"
+    )
+
+
+@needs_browser
+def test_the_page_names_each_layers_format(mixed_run, tmp_path):
+    html, errors = dom(write_report(mixed_run, tmp_path / "report.html"), height=4000)
+    assert errors == []
+    findings = re.search(r'<ol id="findings">(.*?)</ol>', html).group(1)
+    heads = re.findall(r'<a href="#layer-\d+">([^<]+)</a><span class="format"> \(([^<]+)\)</span> (\w+): <b>', findings)
+    assert heads == [
+        ("model.nvfp4", "NVFP4", "activation"),
+        ("model.mixed", "MXFP8 in fprop, NVFP4 in wgrad", "activation"),
+        ("model.fp8", "FP8 current scaling", "activation"),
+    ]
+    summary = re.search(r'<p id="diagnosis-summary">(.*?)</p>', html).group(1)
+    assert (
+        "Skipped: the checks of a per-tensor FP8 scale" in summary
+        and "nor to high precision (no recipe casts it): model.hp." in summary
+    )
+    body = re.search(r'<table id="risks">.*?<tbody>(.*?)</tbody>', html).group(1)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body)]
+    assert [re.sub(r"<[^>]+>", "", row[0]) for row in cells[:3]] == ["model.nvfp4", "model.mixed", "model.fp8"]
+    assert [row[2] for row in cells[:3]] == ["NVFP4", "MXFP8 in fprop, NVFP4 in wgrad", "FP8 current scaling"]
+    assert "not judged: no per-tensor FP8 scale; worst" in cells[0][5] and "over 17.807 in 100%" in cells[2][5]
+    legends = dict(re.findall(r'<div class="caption">([^<]*)</div><div class="legend">(.*?)</div>', html))
+    assert "(no threshold: its layers' formats differ)" in legends["activation dynamic_range"]
+    assert "threshold 1" in legends["activation underflows%"]

@@ -112,6 +112,8 @@ def test_page_draws_legends_states_flat_maps_and_zero_charts(tmp_path):
     assert zero_axis[:2] == ["1", "0"]  # 0..1, not -1..1
     assert text.index('id="findings"') < text.index('id="risks"') < text.index('id="heatmaps"')
     assert "underflows%: warm-up transient" in text and "over 1 in 0%; worst 92.66 at 0 (warm-up)" in text
+    unknown = '<td class="unlogged" title="no format in the routing records: judged as FP8 (HYBRID)">-</td>'
+    assert text.count(unknown) == 3  # no routing records: each row's format is the run-wide one
 
 
 @needs_browser
@@ -122,8 +124,8 @@ def test_page_opens_with_the_diagnosis(tmp_path):
     assert errors == []
     diagnosis = diagnose(log_dir)
     findings = re.search(r'<ol id="findings">(.*?)</ol>', text).group(1)
-    shown = re.findall(r'<a href="#layer-\d+">([^<]+)</a> (\w+): <b>', findings)
-    assert shown == [(f.layer, f.tensor) for f in diagnosis.findings]
+    shown = re.findall(r'<a href="#layer-\d+">([^<]+)</a><span class="format"> \(([^<]+)\)</span> (\w+): <b>', findings)
+    assert shown == [(f.layer, "FP8 delayed scaling", f.tensor) for f in diagnosis.findings]
     assert "fix: DisableFP8GEMM on dgrad and wgrad:" in findings
     config = html.unescape(re.search(r'<details id="remedy-config"><summary>.*?</summary><pre>(.*?)</pre>', text, re.S).group(1))
     assert yaml.safe_load(config) == diagnosis.config
