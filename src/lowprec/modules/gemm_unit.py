@@ -196,11 +196,14 @@ class GemmUnit:
                 layer_name, quantizers, plan, self.debug.session, self.tp_group, inspected=TENSORS if inspect else ()
             )
         else:
-            caches = None if traced else (self.weight_cache, self.second_weight_cache)
+            # an evaluation forward under another fprop recipe than training's casts past the caches, which keep the
+            # training casts for the step's next micro-batch
+            foreign = not training and self._training is not None and quantizers.recipes.fprop != self._training.fprop
+            caches = None if traced or foreign else (self.weight_cache, self.second_weight_cache)
             processing = PlainProcessing(quantizers, caches)
         checkpoint = None if traced or torch.is_grad_enabled() else reentrant_checkpoint()
         if checkpoint is not None:
-            processing = recorder = CastRecorder(processing)
+            processing = recorder = CastRecorder(processing, quantizers)
         out = apply_linear(x, weight, bias, processing)
         if checkpoint is not None:
             self.reentrant_forwards.record(checkpoint, Replay(quantizers, recorder.cast_states(), plan))

@@ -40,9 +40,15 @@ class PlainProcessing:
         if first is second:
             operand = self._cast(tensor_name, tensor, first, transpose, 0)
             return operand, operand
-        # two recipes: the first GEMM reads the tensor as laid out; the second (when it runs) its transpose
-        second_operand = self._cast(tensor_name, tensor, second, True, 1) if transpose else tensor.detach()
-        return self._cast(tensor_name, tensor, first, False, 0), second_operand
+        # two recipes: the first GEMM reads the tensor as laid out; the second (when it runs) its transpose. Both casts
+        # come before any high-precision operand: a view of the weight alive during a cast makes its cache distrust
+        # the storage (``owns_its_storage``) and cast it anew at every micro-batch
+        first_cast = None if first is None else self._cast(tensor_name, tensor, first, False, 0)
+        second_cast = None if second is None or not transpose else self._cast(tensor_name, tensor, second, True, 1)
+        return (
+            tensor.detach() if first_cast is None else first_cast,
+            tensor.detach() if second_cast is None else second_cast,
+        )
 
     def _cast(
         self, tensor_name: str, tensor: torch.Tensor, quantizer: Quantizer | None, transpose: bool, position: int

@@ -162,13 +162,20 @@ class ReentrantForwards:
 
 class CastRecorder:
     """Processing that keeps the cast states of the activation and weight operands it hands out: a
-    forward without an autograd node (inside a reentrant checkpoint) has no ctx to find them on."""
+    forward without an autograd node (inside a reentrant checkpoint) has no ctx to find them on.
 
-    def __init__(self, processing: Processing):
+    Without grad, an input computed inside the region does not require grad, so the forward cannot tell whether the
+    recomputation will want the weight's dgrad. When another recipe than fprop's runs dgrad (``quantizers`` does not
+    share the tensor's cast), that cast is made here anyway, as a forward with grad makes it, so that the recomputation
+    repeats it (its scale; a delayed-scaling amax recorded once, in forward) instead of making a first one."""
+
+    def __init__(self, processing: Processing, quantizers: GemmQuantizers):
         self.processing = processing
+        self.quantizers = quantizers
         self._operands: dict[str, tuple[Operand, Operand]] = {}
 
     def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
+        transpose = transpose or not self.quantizers.shared(tensor_name)
         self._operands[tensor_name] = self.processing.input(tensor_name, tensor, transpose)
         return self._operands[tensor_name]
 

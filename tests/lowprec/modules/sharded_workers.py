@@ -22,7 +22,17 @@ SCENARIOS = [
     ("fsdp2-current", "fsdp2", "current", 1),
     ("fsdp2-delayed", "fsdp2", "delayed", 1),
     ("fsdp2-current-accumulated", "fsdp2", "current", 2),
+    ("fsdp2-plan", "fsdp2", "plan", 1),
 ]
+#: the "plan" scenario's precision plan (``fc_out`` runs the autocast's delayed scaling): GEMMs of three formats in one
+#: layer, NVFP4 with stochastic rounding in another, and a layer in high precision
+PLAN = {
+    "rules": [
+        {"layers": {"exact_layer_names": ["fc_in"]}, "fprop": "mxfp8", "dgrad": "nvfp4", "wgrad": "current"},
+        {"layers": {"exact_layer_names": ["mlp.fc1"]}, "recipe": "high_precision"},
+        {"layers": {"exact_layer_names": ["mlp.fc2"]}, "recipe": "nvfp4"},
+    ]
+}
 
 
 warnings.filterwarnings("ignore", message=".*FSDP2-wrapped module.*")  # outputs are views: harmless here
@@ -52,6 +62,12 @@ def make_recipe(name: str):
     import lowprec
 
     return lowprec.Float8CurrentScaling() if name == "current" else lowprec.DelayedScaling()
+
+
+def make_plan(name: str):
+    from lowprec.plan import load_plan
+
+    return load_plan(PLAN) if name == "plan" else None
 
 
 def fsdp2(model: torch.nn.Module) -> torch.nn.Module:
@@ -94,7 +110,8 @@ def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def train(wrapper: str, recipe_name: str, micro_batches: int, on_step=None) -> dict:
     """``STEPS`` Adam steps of ``build_model()`` wrapped by ``wrapper`` ("none", "ddp" or "fsdp2"),
-    each accumulating ``micro_batches`` micro-batches; returns the losses and the final whole weights."""
+    each accumulating ``micro_batches`` micro-batches (``recipe_name`` "plan": delayed scaling under ``PLAN``);
+    returns the losses and the final whole weights."""
     import lowprec
 
     model = build_model()
@@ -103,7 +120,7 @@ def train(wrapper: str, recipe_name: str, micro_batches: int, on_step=None) -> d
     elif wrapper == "fsdp2":
         model = fsdp2(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    recipe = make_recipe(recipe_name)
+    recipe, plan = make_recipe(recipe_name), make_plan(recipe_name)
     losses = []
     for step in range(STEPS):
         if on_step is not None:
@@ -111,7 +128,7 @@ def train(wrapper: str, recipe_name: str, micro_batches: int, on_step=None) -> d
         optimizer.zero_grad()
         for micro in range(micro_batches):
             x, target = batch(step, micro)
-            with lowprec.fp8_autocast(fp8_recipe=recipe):
+            with lowprec.autocast(recipe=recipe, plan=plan):
                 out = model(x)
             loss = torch.nn.functional.mse_loss(out, target)
             loss.backward()

@@ -2,10 +2,10 @@
 
 Both ranks see the same data, so the averaged gradient is exactly each rank's gradient and every
 loss and weight must match the single-process run bit for bit (``torch.equal``), with current and
-delayed scaling. FSDP2 used to drift after a few steps: its unsharded parameter is one tensor whose
-storage is freed and refilled, often at the same address, without a version bump, and the weight
-cache took the new step's weight for the old one (see ``lowprec.quant.weight_cache``).
-"""
+delayed scaling and under a precision plan of mixed formats (``sharded_workers.PLAN``). FSDP2 used
+to drift after a few steps: its unsharded parameter is one tensor whose storage is freed and
+refilled, often at the same address, without a version bump, and the weight cache took the new
+step's weight for the old one (see ``lowprec.quant.weight_cache``)."""
 
 from __future__ import annotations
 

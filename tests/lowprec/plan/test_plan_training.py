@@ -109,9 +109,8 @@ def _t(operand: object) -> object:
     return operand.t()
 
 
-def check_operand(layer: str, gemm: str, tensor_name: str, operand: object, orientation: str, source: torch.Tensor):
-    recipe = expected_recipe(layer, gemm)
-    where = f"{layer} {gemm} {tensor_name}"
+def check_operand(recipe: lowprec.Recipe | None, where: str, tensor_name: str, operand: object, orientation: str, source):
+    """``operand`` is what ``lowprec.quantize`` makes of ``source`` under ``recipe`` (None: ``source`` itself)."""
     if recipe is None:
         assert not isinstance(operand, QuantizedTensor), where
         assert torch.equal(operand, source), where
@@ -148,7 +147,8 @@ def test_every_gemm_reads_its_operands_in_the_format_the_plan_gives_it(monkeypat
     checked = set()
     for layer, gemm, a, b, sources in recorder.records:
         for tensor_name, (operand, orientation) in operand_views(gemm, a, b).items():
-            check_operand(layer, gemm, tensor_name, operand, orientation, sources[tensor_name])
+            where = f"{layer} {gemm} {tensor_name}"
+            check_operand(expected_recipe(layer, gemm), where, tensor_name, operand, orientation, sources[tensor_name])
         checked.add((layer, gemm))
     assert checked == {(layer, gemm) for layer in layers for gemm in ("fprop", "dgrad", "wgrad")}
     # the one layer of three formats: MXFP8 fprop and dgrad, an FP8 (E4M3 activation, E5M2 gradient) wgrad
