@@ -4,6 +4,7 @@ micro-batches and config errors."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -257,17 +258,23 @@ def test_schedule_and_seed_002_example(log_dir, tmp_path):
     assert all(collect.values[("ln_linear_activation_overflows%", it)] == 0.0 for it in range(12))
 
 
-def test_bare_stats_need_a_recipe_and_a_matching_one(log_dir):
+def test_bare_stats_the_layers_format_cannot_have_are_skipped_and_said_once(log_dir):
+    """One config serves a model whose layers run different formats (a precision plan): a statistic without a prefix
+    that means nothing for a layer's format is skipped there, said once; the others are logged."""
     x, dy = wide((128, 256), 16), wide((128, 128), 17)
-    with pytest.raises(ValueError, match=r"layer 'lin', tensor 'activation', stat 'mse'.*without an FP8 recipe"):
-        run(fp8_config(["mse"], tensors=["activation"]), log_dir, [(x, dy)], fp8=False)
-    debug_api.end_debug()
-    with pytest.raises(ValueError, match=r"overflows% exists only under delayed scaling; the layer uses fp8_current"):
-        run(fp8_config(["overflows%"], tensors=["activation"]), log_dir, [(x, dy)])
-    debug_api.end_debug()
-    with pytest.raises(ValueError, match=r"fp8_current_scaling has one scale per tensor"):
-        run(fp8_config(["mse_columnwise"], tensors=["activation"]), log_dir, [(x, dy)])
-    debug_api.end_debug()
+    cases = [
+        (["mse", "fp8_current_scaling_mse"], False, "mse of activation of lin not logged: the layer runs in high precision"),
+        (["overflows%", "mse"], True, "overflows% of activation of lin not logged: the layer runs fp8_current_scaling: "),
+        (["mse_columnwise", "mse"], True, "which has one scale per tensor: its columnwise statistics equal the rowwise"),
+        (["scale_inv_std", "mse"], True, "which has one scale per tensor: scale_inv_std describes block scales"),
+    ]
+    for stats, fp8, said in cases:
+        with pytest.warns(UserWarning, match=re.escape(said)):
+            got = run(fp8_config(stats, tensors=["activation"]), log_dir, [(x, dy), (x, dy)], fp8=fp8)
+        logged = {name for name, _ in got}
+        assert logged == {"lin_activation_fp8_current_scaling_mse" if not fp8 else "lin_activation_mse"}, stats
+        debug_log = (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+        assert debug_log.count(said) == 1
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,6 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.block_scale_stats import COLUMNWISE, SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
 from lowprec.debug.quantized_stats import Quantized, from_block, per_tensor, quantization_fields
-from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E4M3, E5M2, FP8Format
 from lowprec.quant.block import FLOAT8_BLOCK_LABEL, MX_WHAT_IF, block_scaling_quantizer, mx_what_if_quantizer
 from lowprec.quant.per_tensor import CURRENT_LABEL, DELAYED_LABEL, CurrentScalingQuantizer, DelayedScalingQuantizer
@@ -35,6 +34,7 @@ from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor, QuantizedTen
 from lowprec.recipe import DelayedScaling
 from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_key
 from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.logging import say_once
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.catalog import stats_of
@@ -219,7 +219,8 @@ class LogFp8TensorStats(ScheduledStats):
         groups: dict[tuple[str, bool], list[Fp8Stat]] = {}
         for stat in self.parsed_stats(config):
             recipe = stat.recipe or self._own_recipe(stat, own_recipe, layer_name, tensor_name)
-            groups.setdefault((recipe, stat.columnwise), []).append(stat)
+            if recipe is not None:
+                groups.setdefault((recipe, stat.columnwise), []).append(stat)
         variants = []
         for (recipe, columnwise), group in groups.items():
             written = tuple(s.written for s in group)
@@ -263,21 +264,29 @@ class LogFp8TensorStats(ScheduledStats):
         return from_block(quantized.columnwise if columnwise else quantized.rowwise, columnwise)
 
     @staticmethod
-    def _own_recipe(stat: Fp8Stat, own_recipe: str | None, layer_name: str, tensor_name: str) -> str:
-        """The layer's recipe for a stat without a prefix; errors where the stat cannot mean anything."""
-        where = f"LogFp8TensorStats: layer '{layer_name}', tensor '{tensor_name}', stat '{stat.written}'"
+    def _own_recipe(stat: Fp8Stat, own_recipe: str | None, layer_name: str, tensor_name: str) -> str | None:
+        """The layer's recipe for a stat without a prefix, or None where the stat means nothing for this layer's
+        format (a layer in high precision, a block statistic of a per-tensor recipe, ...): then it is skipped for
+        this layer and tensor, said once, as one config serves a model whose layers run different formats."""
         if own_recipe is None:
-            raise LowprecValueError(
-                f"{where}: the layer runs without an FP8 recipe (outside lowprec.autocast), so a stat without a "
-                f"recipe prefix has no meaning; prefix it with one of {list(RECIPES)}"
+            why = (
+                "runs in high precision (outside lowprec.autocast, or by its precision plan), so it has no cast of its "
+                f"own to describe; a recipe prefix ({', '.join(RECIPES)}) logs the cast of that recipe"
             )
-        if stat.name == "overflows%" and own_recipe != DELAYED:
-            raise LowprecValueError(f"{where}: overflows% exists only under delayed scaling; the layer uses {own_recipe}")
-        if stat.name in SCALE_STATS and own_recipe in PER_TENSOR:
-            raise LowprecValueError(f"{where}: {stat.name} describes block scales; {own_recipe} has one scale per tensor")
-        if stat.columnwise and own_recipe in PER_TENSOR:
-            raise LowprecValueError(f"{where}: {own_recipe} has one scale per tensor; drop '{COLUMNWISE}'")
-        return own_recipe
+        elif stat.name == "overflows%" and own_recipe != DELAYED:
+            why = f"runs {own_recipe}: overflows% exists only under delayed scaling"
+        elif stat.name in SCALE_STATS and own_recipe in PER_TENSOR:
+            why = f"runs {own_recipe}, which has one scale per tensor: {stat.name} describes block scales"
+        elif stat.columnwise and own_recipe in PER_TENSOR:
+            why = f"runs {own_recipe}, which has one scale per tensor: its columnwise statistics equal the rowwise ones"
+        else:
+            return own_recipe
+        say_once(
+            f"LogFp8TensorStats: {stat.written} of {tensor_name} of {layer_name} not logged: the layer {why}",
+            layer_name,
+            call_site=__name__,
+        )
+        return None
 
 
 def unquantized_operand(tensor: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor | None:
