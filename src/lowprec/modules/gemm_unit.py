@@ -119,9 +119,9 @@ class GemmUnit:
 
     def _start_fresh(self, layer_name: str, recipes: GemmRecipes) -> None:
         """A training forward whose recipes differ from the last one's. A GEMM that moves from one recipe to another
-        changes format: the quantizers of recipes the layer no longer runs are dropped (a later return starts a fresh
-        amax history), and that is said once. A GEMM that only leaves or resumes quantizing (an autocast turned off
-        and on) keeps its quantizers."""
+        changes format: the quantizers of the training recipes the layer no longer runs are dropped (a later return
+        starts a fresh amax history; evaluation-only recipes keep theirs), and that is said once. A GEMM that only
+        leaves or resumes quantizing (an autocast turned off and on) keeps its quantizers."""
         before, self._training = self._training, recipes
         self._by_recipes.clear()
         if before is None:
@@ -133,9 +133,9 @@ class GemmUnit:
         ]
         if not changes:
             return
-        kept = {recipes.of(gemm) for gemm in GEMMS}
-        for recipe in [recipe for recipe in self._by_recipe if recipe not in kept]:
-            del self._by_recipe[recipe]
+        left = {before.of(gemm) for gemm in GEMMS} - {recipes.of(gemm) for gemm in GEMMS}
+        for recipe in left:  # an evaluation-only recipe keeps its quantizers
+            self._by_recipe.pop(recipe, None)
         if torch.compiler.is_compiling():  # a graph being traced cannot log (only eager runs, and a plan's layers, say it)
             return
         message = (
