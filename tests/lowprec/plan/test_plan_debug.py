@@ -139,3 +139,20 @@ def test_a_plan_file_is_read_once_while_it_is_unchanged(tmp_path):
     with lowprec.autocast(plan=path):
         changed = current_state().plan
     assert changed is not first and changed.rules[0].training.fprop == lowprec.NVFP4BlockScaling()
+
+
+def test_a_training_format_change_keeps_an_evaluation_recipes_quantizers():
+    layer = lowprec.Linear(32, 32, name="model.eval")
+    x = torch.randn(4, 32)
+    plan = {"eval": "delayed", "rules": []}
+    with lowprec.autocast(recipe=lowprec.MXFP8BlockScaling(), plan=plan):
+        layer(x).sum().backward()
+        layer.eval()
+        with torch.no_grad():
+            layer(x)
+        layer.train()
+    evaluation = layer.gemm_unit.quantizers(lowprec.DelayedScaling(), "model.eval")
+    with lowprec.autocast(recipe=lowprec.Float8CurrentScaling(), plan=plan):
+        layer(x).sum().backward()
+    assert lowprec.MXFP8BlockScaling() not in layer.gemm_unit._by_recipe  # the training recipe it left
+    assert layer.gemm_unit.quantizers(lowprec.DelayedScaling(), "model.eval") is evaluation
