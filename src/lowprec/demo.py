@@ -420,6 +420,8 @@ def run_demo(
     plan_file = plan if isinstance(plan, (str, os.PathLike)) else None
     for line in next_steps(log_dir, Path(config or DEMO_CONFIG), steps, size, plan_file):
         print(line)
+    if precision_plan is not None and plan_file is None:
+        print("note:       these commands run without the plan, given as no file: write it to a YAML file for --plan")
     return result
 
 

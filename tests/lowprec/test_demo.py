@@ -107,6 +107,10 @@ def test_a_demo_under_a_plan_trains_each_layer_in_its_format_with_statistics_tha
     assert f"in high precision: {', '.join(HIGH_PRECISION)}" in out
     assert f"config:     {log_dir / PLAN_CONFIG}  (statistics suited to the plan's formats)" in out
     assert out[-1].split("  (")[0].endswith(f"--steps 2 --size tiny --plan {plan}")
+    run_demo(steps=1, size="tiny", log_dir=tmp_path / "object", plan=load_plan(plan), threads=1)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "note:       these commands run without the plan, given as no file: write it to a YAML file for --plan"
+    )
     check_planned_formats(log_dir)
     logged = {(record.layer, record.stat) for record in iter_statistics(log_dir)}
     assert {layer for layer, stat in logged if stat in ("underflows%", "mse")} == set(QUANTIZED)
