@@ -133,6 +133,14 @@ def check_compare(directory: Path, stdout: str) -> None:
     assert {run.name for run in (directory / "compare_logs").iterdir() if run.is_dir()} == {"bf16", "delayed", "mxfp8"}
 
 
+def check_precision_plan(directory: Path, stdout: str) -> None:
+    lines = stdout.strip().splitlines()
+    assert lines[0] == "precision plan dict (lowprec format), first matching rule wins:"
+    assert lines[1].startswith("  #0 fc2 in NVFP4: fprop: NVFP4BlockScaling(), dgrad: NVFP4BlockScaling(),")
+    assert lines[2].startswith("  #1 fc1's wgrad in BF16: fprop: the recipe of the lowprec.autocast in force,")
+    assert "wgrad: high_precision;" in lines[2]
+
+
 CHECKS = {
     "Quick start": check_quick_start,
     "Weights & Biases": check_wandb,
@@ -141,6 +149,7 @@ CHECKS = {
     "FP8 layers: `lowprec`": None,  # its assertion is appended to the snippet
     "Converting an existing model: `lowprec.convert`": check_convert,
     "Comparing formats: `nvdlfw-inspect compare`": check_compare,
+    "Training under a plan": check_precision_plan,
     "Hugging Face `Trainer`": check_training_loop("hf_logs"),
     "Lightning": check_training_loop("pl_logs"),
     "accelerate": check_training_loop("acc_logs"),

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import lowprec  # noqa: F401  (importing it makes every initialize load its features)
 from lowprec.errors import LowprecValueError
+from lowprec.plan import load_plan
 from nvdlfw_inspect import cli
+from nvdlfw_inspect.errors import ConfigError
+
+PLAN_HELP = (
+    "a precision plan: lowprec's format or Megatron-LM's precision file (a debug config holding a precision_plan: key "
+    "serves too); the layers its rules select train in the formats it gives them"
+)
 
 
 def positive_int(text: str) -> int:
@@ -34,6 +42,7 @@ def demo_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--steps", type=positive_int, default=300, help="training steps (default 300)")
     sub.add_argument("--size", choices=["tiny", "small", "base"], default="small", help="model size (default small)")
     sub.add_argument("--config", help="a YAML config instead of the demo's")
+    sub.add_argument("--plan", help=PLAN_HELP + " (without --config: statistics suited to them)")
     sub.add_argument("--log-dir", default="./demo_logs", help="where logs and the report go (default ./demo_logs)")
     sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     sub.add_argument(
@@ -41,20 +50,44 @@ def demo_arguments(sub: argparse.ArgumentParser) -> None:
     )
 
 
+def bad_plan(text: str | None) -> bool:
+    """Whether ``--plan`` names a plan with mistakes, then printed as ``validate`` prints a config's (``file:line:
+    message``), so that the command stops before anything starts. Its warnings are said when the run reads it."""
+    if text is None:
+        return False
+    path = Path(text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            load_plan(path)
+        except ConfigError as error:
+            cli.print_config_errors(path, getattr(error, "errors", [error]))
+            return True
+    return False
+
+
 def demo(args: argparse.Namespace) -> int:
-    """Check the given config first, as ``validate`` does: a bad one is reported once, and no log is started.
-    A run that logged nothing says why in one line (exit code 1)."""
+    """Check the given config and plan first, as ``validate`` does: a bad one is reported once, and no log is
+    started. A run that logged nothing says why in one line (exit code 1)."""
     if args.config is not None:
         path = Path(args.config)
         errors = cli.config_errors(path, [])
         if errors:
             cli.print_config_errors(path, errors)
             return 1
+    if bad_plan(args.plan):
+        return 1
     from lowprec.demo import run_demo
 
     try:
         run_demo(
-            steps=args.steps, size=args.size, config=args.config, log_dir=args.log_dir, device=args.device, threads=args.threads
+            steps=args.steps,
+            size=args.size,
+            config=args.config,
+            log_dir=args.log_dir,
+            device=args.device,
+            threads=args.threads,
+            plan=args.plan,
         )
     except LowprecValueError as error:  # e.g. a config that logged nothing: said in one line, exit code 1
         raise cli.UserError(str(error)) from None
@@ -77,11 +110,19 @@ def recipe_names(text: str) -> list[str]:
 
 def compare_arguments(sub: argparse.ArgumentParser) -> None:
     from lowprec.compare import DEFAULT_RECIPES, RECIPES
+    from lowprec.compare.recipes import autocast_recipes
     from lowprec.demo import SIZES
 
     known, default = ",".join(RECIPES), ",".join(DEFAULT_RECIPES)
     sub.add_argument(
         "--recipes", type=recipe_names, default=list(DEFAULT_RECIPES), help=f"comma-separated, from {known} (default: {default})"
+    )
+    sub.add_argument("--plan", help=PLAN_HELP + "; trained as one more run, 'plan', on the same page")
+    sub.add_argument(
+        "--plan-recipe",
+        choices=autocast_recipes(),
+        default=None,
+        help="the recipe of the layers the plan leaves to the autocast (default: high precision)",
     )
     sub.add_argument("--steps", type=positive_int, default=100, help="training steps per recipe (default 100)")
     sub.add_argument("--size", choices=list(SIZES), default="tiny", help="model size (default tiny)")
@@ -94,11 +135,15 @@ def compare_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 def compare(args: argparse.Namespace) -> int:
-    """A run directory that already holds logs is a user error, found before any training."""
+    """A run directory that already holds logs, or a bad plan, is a user error, found before any training."""
     from lowprec.compare import compare_formats
 
+    if bad_plan(args.plan):
+        return 1
     try:
-        page = compare_formats(args.recipes, args.steps, args.size, args.out, args.seed, args.device, args.threads)
+        page = compare_formats(
+            args.recipes, args.steps, args.size, args.out, args.seed, args.device, args.threads, args.plan, args.plan_recipe
+        )
     except ValueError as error:
         raise cli.UserError(str(error)) from None
     print(f"page: {page}")

@@ -4,6 +4,9 @@ The text is ``pydoc_data.topics`` (the help texts that ship with CPython), read 
 (``demo_config.yaml`` unless another is given) logs tensor and FP8 statistics and runs one GEMM in
 high precision. At the end the demo writes the HTML report and the loss of every step (``loss.json``, which
 ``nvdlfw-inspect compare`` reads back) and prints where everything is.
+
+With a precision plan (``lowprec.plan``) the layers its rules select train in the formats it gives them; without a
+config of its own the run then logs ``plan_statistics_config``'s statistics, which suit a model of several formats.
 """
 
 from __future__ import annotations
@@ -16,15 +19,21 @@ import statistics
 import sys
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
+from lowprec.debug.names import INPUT_TENSORS, TENSOR_GEMMS
 from lowprec.errors import LowprecValueError
+from lowprec.modules.base import NamedModule
+from lowprec.plan import GEMMS, GemmRecipes, PrecisionPlan, load_plan
+from lowprec.plan.recipes import describe
 from lowprec.recipe import Recipe
 from nvdlfw_inspect import invocation
 from nvdlfw_inspect.errors import is_int
@@ -33,6 +42,9 @@ from nvdlfw_inspect.logging import MAIN_LOG_DIR, STATISTICS_LOG_DIR, STATISTICS_
 
 DEMO_CONFIG = Path(__file__).resolve().parent / "demo_config.yaml"
 LOSS_FILE = "loss.json"
+PLAN_CONFIG = "plan_config.yaml"
+#: the quantization statistics of a run under a precision plan: each defined in every layer's own format
+PLAN_STATS = ("underflows%", "mse")
 DEMO_RECIPE = lowprec.DelayedScaling()
 #: high enough that attention logits grow (Wortsman et al., 2023, "Small-scale proxies for large-scale Transformer
 #: training instabilities"): the attention saturates and the gradient into its QKV projection spans more binades
@@ -96,6 +108,73 @@ class GPT(torch.nn.Module):
         for layer in self.layers:
             h = layer(h)
         return self.head(self.norm(h))
+
+
+def gemm_layers(size: Size) -> dict[str, tuple[str, ...]]:
+    """The GPT's GEMM layers: each debug name and its layer types (as config selectors and plan rules see them),
+    read from a model built on the meta device (no memory, no random numbers drawn)."""
+    with torch.device("meta"):
+        model = GPT(size)
+    leaves = [
+        module
+        for module in model.modules()
+        if isinstance(module, NamedModule) and not any(isinstance(child, NamedModule) for child in list(module.modules())[1:])
+    ]
+    return {name: types for leaf in leaves for name, types in leaf.debug_layers()}
+
+
+def planned_recipes(plan: PrecisionPlan, size: Size, recipe: Recipe | None) -> dict[str, GemmRecipes]:
+    """Each GEMM layer's training recipes (None: high precision) under ``plan`` in an autocast of ``recipe`` (None: no
+    autocast), as the run resolves them."""
+    return {name: plan.resolve(name, types).gemm_recipes(True, recipe) for name, types in gemm_layers(size).items()}
+
+
+def cast_tensors(recipes: GemmRecipes) -> tuple[str, ...]:
+    """The input tensors of a layer that one of its GEMMs casts (the others it reads in high precision only)."""
+    return tuple(tensor for tensor in INPUT_TENSORS if any(recipes.of(gemm) is not None for gemm in TENSOR_GEMMS[tensor]))
+
+
+def plan_statistics_config(planned: Mapping[str, GemmRecipes], freq: int) -> dict:
+    """Statistics for a model of several formats: ``LogTensorStats`` of every GEMM input, and ``LogFp8TensorStats``'
+    ``underflows%`` and ``mse`` of each cast tensor in its layer's own format (FP8, MX, block or NVFP4). A tensor no
+    GEMM of its layer casts has no own format, so no quantization statistics (a section would refuse it)."""
+    config: dict = {
+        "plan_tensor_statistics": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": r"gpt\..*"},
+            "transformer_engine": {
+                "LogTensorStats": {
+                    "enabled": True,
+                    "tensors": list(INPUT_TENSORS),
+                    "stats": ["max", "std", "dynamic_range"],
+                    "freq": freq,
+                }
+            },
+        }
+    }
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, recipes in planned.items():
+        tensors = cast_tensors(recipes)
+        if tensors:
+            groups.setdefault(tensors, []).append(name)
+    for tensors, names in groups.items():
+        stats = {"enabled": True, "tensors": list(tensors), "stats": list(PLAN_STATS), "freq": freq}
+        config[f"plan_quantization_{'_'.join(tensors)}"] = {
+            "enabled": True,
+            "layers": {"exact_layer_names": names},
+            "transformer_engine": {"LogFp8TensorStats": stats},
+        }
+    return config
+
+
+def plan_lines(plan: PrecisionPlan, planned: Mapping[str, GemmRecipes], recipe: Recipe | None) -> list[str]:
+    """What a run under ``plan`` prints first: the plan, the autocast's recipe, and the layers it leaves in high
+    precision."""
+    lines = [f"plan:       {plan.describe()}", f"autocast:   {describe(recipe)} (the layers the plan leaves to the autocast)"]
+    high = [name for name, recipes in planned.items() if all(recipes.of(gemm) is None for gemm in GEMMS)]
+    if high:
+        lines.append(f"in high precision: {', '.join(high)}")
+    return lines
 
 
 class RunNotSaved(WriteError):
@@ -225,6 +304,7 @@ def run_demo(
     autocast: torch.dtype | None = None,
     threads: int | None = None,
     learning_rate: float = DEMO_LEARNING_RATE,
+    plan: str | os.PathLike | Mapping | PrecisionPlan | None = None,
 ) -> dict:
     """Train, log, write the report; returns the first and last losses, every step's loss and the paths written.
 
@@ -234,6 +314,10 @@ def run_demo(
     ``threads``: torch's CPU threads while training (``choose_threads``: by default from the free cores, so that a
     busy machine is not oversubscribed); the caller's setting is restored afterwards. ``learning_rate``: AdamW's
     peak rate (``DEMO_LEARNING_RATE``: high enough for the precision problem the demo exhibits).
+    ``plan``: a precision plan (a YAML path, which may be the debug config itself when it holds a ``precision_plan:``
+    key; a mapping; a ``lowprec.plan.PrecisionPlan``): the layers its rules select train in its formats, the others
+    under ``recipe``. It is printed first and returned (``result["plan"]``); without a ``config`` the run logs
+    ``plan_statistics_config``'s statistics (written to ``plan_config.yaml`` in ``log_dir``).
     A run that trained but could not write all its files (a full disk) raises ``RunNotSaved``, which names the
     disk and holds the result; the training is never stopped by it.
     """
@@ -247,11 +331,20 @@ def run_demo(
         raise LowprecValueError(f"steps must be a positive integer, got {steps!r}")
     if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not 0 < learning_rate < math.inf:
         raise LowprecValueError(f"learning_rate must be a positive number, got {learning_rate!r}")
+    precision_plan = None if plan is None else load_plan(plan)
     device = check_device(device)
     threads, why = choose_threads(threads)
     print(threads_line(threads, why), flush=True)
     shape = SIZES[size]
     log_dir = Path(log_dir)
+    if precision_plan is not None:
+        planned = planned_recipes(precision_plan, shape, recipe)
+        print("\n".join(plan_lines(precision_plan, planned, recipe)), flush=True)
+        if config is None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            text = yaml.safe_dump(plan_statistics_config(planned, freq=5), sort_keys=False)
+            config = write_text_atomic(log_dir / PLAN_CONFIG, text, "the plan's statistics config")
+            print(f"config:     {config}  (statistics suited to the plan's formats)", flush=True)
     debug_api.initialize(config_file=str(config or DEMO_CONFIG), feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
     write_faults = get_logger().faults  # still readable after end_debug: which log lines a full disk cost
     previous_threads = torch.get_num_threads()
@@ -277,7 +370,7 @@ def run_demo(
             window = torch.stack([text[s : s + shape.seq + 1] for s in starts])
             with (
                 torch.autocast(torch.device(device).type, dtype=autocast, enabled=autocast is not None),
-                lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe),
+                lowprec.autocast(enabled=recipe is not None, recipe=recipe, plan=precision_plan),
             ):
                 logits = model(window[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, 256), window[:, 1:].reshape(-1))
@@ -299,6 +392,7 @@ def run_demo(
 
     result = {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "report": None}
     result["losses"] = losses
+    result["plan"] = None if precision_plan is None else precision_plan.describe()
     result["step_ms"], result["step_clock"] = step_ms, "process CPU time" if on_cpu else "wall time"
     result["statistics"] = log_dir / STATISTICS_LOG_DIR
     result["records"] = log_dir / STATISTICS_RECORDS_DIR
@@ -323,19 +417,25 @@ def run_demo(
     print(f"records:    {result['records']}  (structured .jsonl per rank)")
     print(f"debug log:  {result['debug_log']}")
     print(f"report:     {report}  (open it in a browser)")
-    for line in next_steps(log_dir, Path(config or DEMO_CONFIG), steps, size):
+    plan_file = plan if isinstance(plan, (str, os.PathLike)) else None
+    for line in next_steps(log_dir, Path(config or DEMO_CONFIG), steps, size, plan_file):
         print(line)
+    if precision_plan is not None and plan_file is None:
+        print("note:       these commands run without the plan, given as no file: write it to a YAML file for --plan")
     return result
 
 
-def next_steps(log_dir: Path, config: Path, steps: int, size: str) -> list[str]:
+def next_steps(log_dir: Path, config: Path, steps: int, size: str, plan: str | os.PathLike | None = None) -> list[str]:
     """The loop that follows a demo run, as commands this shell can run: diagnose it against its own config (one
-    merged config comes out), then train again with that config, same data and size, into a directory beside it."""
+    merged config comes out), then train again with that config, same data, size and plan file, into a directory
+    beside it."""
     quote, run = lambda path: shlex.quote(str(path)), command()
     fixed = log_dir.with_name(log_dir.name + "_fixed")
     same = "".join(
         f" {flag} {value}" for flag, value, default in (("--steps", steps, 300), ("--size", size, "small")) if value != default
     )
+    if plan is not None:
+        same += f" --plan {quote(plan)}"
     return [
         f"next:       {run} diagnose {quote(log_dir)} --config {quote(config)}  (findings, and your config with their fixes)",
         f"then:       {run} demo --config {quote(log_dir / 'diagnose_config.yaml')} --log-dir {quote(fixed)}{same}"

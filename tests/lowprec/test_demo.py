@@ -1,5 +1,5 @@
 """The demo: a small GPT on Python's help texts learns in emulated FP8, logs its statistics and writes
-the report; the command line runs it too."""
+the report; the command line runs it too, also under a precision plan."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from demo_plan import HIGH_PRECISION, QUANTIZED, check_planned_formats, write_plan
 
 import nvdlfw_inspect
 from lowprec.cli import main
-from lowprec.demo import DEMO_CONFIG, TimeLeft, choose_threads, command, corpus, read_losses, run_demo
-from nvdlfw_inspect.reading import read_routing
+from lowprec.demo import DEMO_CONFIG, PLAN_CONFIG, TimeLeft, choose_threads, command, corpus, read_losses, run_demo
+from lowprec.plan import load_plan
+from nvdlfw_inspect.reading import iter_statistics, read_routing
 
 
 def test_corpus_is_real_text():
@@ -87,6 +89,51 @@ def test_demo_from_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--steps", "0", "--log-dir", str(tmp_path)])
     assert exit_info.value.code == 2 and "must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_a_demo_under_a_plan_trains_each_layer_in_its_format_with_statistics_that_suit_them(tmp_path, capsys):
+    """Without a config of its own the run logs tensor statistics of every layer and, in each layer's own format,
+    quantization statistics of the layers the plan quantizes; the plan is printed first, returned, and kept in the
+    command to run next."""
+    plan = write_plan(tmp_path)
+    log_dir = tmp_path / "logs"
+    result = run_demo(steps=2, size="tiny", log_dir=log_dir, plan=plan, threads=1)
+    assert result["plan"] == load_plan(plan).describe() and len(result["losses"]) == 2
+    assert math.isclose(result["first_loss"], math.log(256), rel_tol=0.1)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == f"plan:       precision plan file {str(plan)!r} (lowprec format), first matching rule wins:"
+    assert out[2].startswith("  #0 last block and head in high precision: fprop: high_precision,")
+    assert "autocast:   DelayedScaling() (the layers the plan leaves to the autocast)" in out
+    assert f"in high precision: {', '.join(HIGH_PRECISION)}" in out
+    assert f"config:     {log_dir / PLAN_CONFIG}  (statistics suited to the plan's formats)" in out
+    assert out[-1].split("  (")[0].endswith(f"--steps 2 --size tiny --plan {plan}")
+    run_demo(steps=1, size="tiny", log_dir=tmp_path / "object", plan=load_plan(plan), threads=1)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "note:       these commands run without the plan, given as no file: write it to a YAML file for --plan"
+    )
+    check_planned_formats(log_dir)
+    logged = {(record.layer, record.stat) for record in iter_statistics(log_dir)}
+    assert {layer for layer, stat in logged if stat in ("underflows%", "mse")} == set(QUANTIZED)
+    assert {layer for layer, stat in logged if stat == "std"} == set(QUANTIZED + HIGH_PRECISION)
+    assert result["report"].is_file()
+
+
+def test_the_demo_command_takes_a_plan_held_by_its_debug_config_and_refuses_a_bad_one(tmp_path, capsys):
+    sections = (
+        "tensor_statistics:\n  enabled: True\n  layers: {layer_name_regex_pattern: 'gpt\\..*'}\n  transformer_engine:\n"
+        "    LogTensorStats: {enabled: True, tensors: [activation], stats: [max], freq: 1}\n"
+    )
+    config = write_plan(tmp_path, sections)
+    args = ["demo", "--steps", "2", "--size", "tiny", "--log-dir", str(tmp_path / "logs"), "--threads", "1"]
+    assert main([*args, "--config", str(config), "--plan", str(config)]) == 0
+    check_planned_formats(tmp_path / "logs")
+    assert not (tmp_path / "logs" / PLAN_CONFIG).exists()  # the given config's statistics
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("precision_plan:\n  rules:\n    - layers: {layer_types: [linear]}\n      recipe: fp9\n")
+    assert main(["demo", "--plan", str(bad), "--log-dir", str(tmp_path / "bad_logs")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-2].startswith(f"{bad}:4: precision plan file {str(bad)!r}: key 'precision_plan.rules.0.recipe': unknown recipe")
+    assert err[-1] == f"{bad}: 1 error" and not (tmp_path / "bad_logs").exists()  # refused before anything started
 
 
 def test_a_config_that_logs_nothing_says_why_in_one_line(tmp_path, capsys):

@@ -216,9 +216,31 @@ def _failures(failed: list[dict]) -> str:
     return f"<h2>Failed recipes</h2><table><tr><th>recipe</th><th>format</th><th>error</th></tr>{rows}</table>\n"
 
 
+def plan_sections(runs: list[dict]) -> str:
+    """Each plan run's plan as it describes itself, the autocast recipe of the layers it leaves, and every layer's
+    recipe per GEMM: which formats the run's curve and statistics come from."""
+    parts = []
+    for run in runs:
+        plan = run.get("plan")
+        if plan is None:
+            continue
+        rows = "".join(
+            f"<tr><td>{html.escape(layer)}</td>{''.join(f'<td>{html.escape(recipe)}</td>' for recipe in gemms.values())}</tr>"
+            for layer, gemms in plan["layers"].items()
+        )
+        parts.append(
+            f"<h2>Precision {html.escape(run['label'])}</h2>"
+            f"<p class=note>Layers it leaves to the autocast run {html.escape(plan['autocast'])}; high_precision is no "
+            "cast, the layer's own dtype (float32 here, as in the quantized runs), and has no quantization statistics.</p>"
+            f"<pre>{html.escape(plan['description'])}</pre>"
+            f"<table><tr><th>layer</th><th>fprop</th><th>dgrad</th><th>wgrad</th></tr>{rows}</table>"
+        )
+    return "\n".join(parts)
+
+
 def render(data: dict) -> str:
     """The page for ``data`` (``compare_formats`` makes it): title, the recipes that failed, the runs, each
-    with its losses and outliers."""
+    with its losses and outliers, and each plan run's plan."""
     runs = data["runs"]
     losses = f"{loss_charts(runs)}{_loss_table(runs)}" if runs else "<p class=note>No recipe finished.</p>"
     verdict = verdict_table(runs) if runs else ""
@@ -231,7 +253,7 @@ def render(data: dict) -> str:
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{STYLE}</style></head>\n'
         f"<body><h1>{title}</h1><p class=note>{html.escape(data['setup'])}</p>\n{_failures(data.get('failed', []))}"
-        f"{verdict}<h2>Loss</h2>{losses}\n"
+        f"{verdict}<h2>Loss</h2>{losses}\n{plan_sections(runs)}\n"
         f"<h2>Tensors that stand out, per format</h2><p class=note>{html.escape(data['ranking'])}</p>{sections}\n"
         f'<script type="application/json" id="compare-data">{script_json(data)}</script>\n</body></html>\n'
     )

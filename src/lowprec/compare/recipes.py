@@ -7,6 +7,10 @@ trains without either. Each FP8 and block recipe logs ``LogFp8TensorStats`` of i
 (Transformer Engine's), ``mxfp8_ocp``, ``mxfp6_e3m2``, ``mxfp6_e2m3`` and ``mxfp4`` (the OCP rule, their
 default) and ``mxfp4_nvidia`` (scales rounded up, as the default ``ROUND_UP`` mode of OpenAI's
 triton_kernels, which gpt-oss's MXFP4 kernels come from, rounds them).
+
+A precision plan runs as one more entry (``plan_entry``): the layers its rules select in its formats, the others
+under the autocast's recipe, high precision (float32, as the quantized runs' unquantized parts) unless a recipe is
+named; its ``LogFp8TensorStats`` describe each layer's own format.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from lowprec.demo import PLAN_STATS
 from lowprec.errors import LowprecValueError
+from lowprec.plan import PrecisionPlan
 from lowprec.plan.recipes import named_recipe
 from lowprec.recipe import Recipe
 
@@ -26,8 +32,9 @@ OWN_STATS = ("underflows%", "mse")
 @dataclass(frozen=True)
 class Entry:
     """One comparable recipe: its label on the page, how to make it from the seed (None: high precision),
-    the quantization statistics it logs, with which feature and under which prefix (``nvfp4_``), and the
-    ``torch.autocast`` dtype of its forward (None: none)."""
+    the quantization statistics it logs, with which feature and under which prefix (``nvfp4_``), the
+    ``torch.autocast`` dtype of its forward (None: none), and the precision plan it trains under (None: none;
+    ``make`` then gives the recipe of the layers the plan leaves to the autocast)."""
 
     label: str
     make: Callable[[int], Recipe | None]
@@ -35,6 +42,7 @@ class Entry:
     feature: str = "LogFp8TensorStats"
     prefix: str = ""
     autocast: torch.dtype | None = None
+    plan: PrecisionPlan | None = None
 
 
 RECIPES: dict[str, Entry] = {
@@ -69,3 +77,24 @@ def parse_recipes(names: str | list[str] | tuple[str, ...]) -> list[str]:
     if repeated:
         raise LowprecValueError(f"recipe{'s' if len(repeated) > 1 else ''} given twice: {', '.join(repeated)}")
     return listed
+
+
+PLAN_RUN = "plan"
+"""The name of the precision plan's run: its directory and its name on the page."""
+
+
+def autocast_recipes() -> list[str]:
+    """The names a plan run's autocast may take: the quantized recipes (the high-precision ones are the default)."""
+    return [name for name, entry in RECIPES.items() if entry.make(0) is not None]
+
+
+def plan_entry(plan: PrecisionPlan, label: str, recipe: str | None = None) -> Entry:
+    """The plan's run, labelled ``plan: <label>``: the layers it leaves to the autocast run ``recipe`` (a name of
+    ``autocast_recipes``; None: high precision). Its statistics describe each layer's own format."""
+    if recipe is not None and recipe not in autocast_recipes():
+        raise LowprecValueError(
+            f"the plan run's autocast recipe must be one of {', '.join(autocast_recipes())} (or none: high precision), "
+            f"got {recipe!r}"
+        )
+    make = RECIPES[recipe].make if recipe is not None else (lambda seed: None)
+    return Entry(f"plan: {label}", make, PLAN_STATS, plan=plan)

@@ -14,8 +14,10 @@
 
 Entering starts the run, with the layers named from the model without its wrappers (``accelerator.prepare``'s
 DDP, FSDP, DeepSpeed, ``torch.compile``; PEFT); leaving ends it, also when the loop raises. The prepared model's
-forward runs under ``lowprec.autocast(recipe=...)`` in train mode, and in eval mode (an evaluation inside the loop)
-under the same recipe with inspection paused, so that evaluation adds nothing to the statistics.
+forward runs under ``lowprec.autocast(recipe=..., plan=...)`` in train mode, and in eval mode (an evaluation inside
+the loop) under the same autocast with inspection paused, so that evaluation adds nothing to the statistics. With
+``plan`` (a precision plan: a YAML path, a mapping or a ``lowprec.plan.PrecisionPlan``), the layers its rules select
+run its recipes, per GEMM and for evaluation forwards, the others ``recipe``.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from lowprec.integrations.session import DebugSession
 
 class DebugRun:
     """Arguments after ``model`` as ``lowprec.integrations.session.DebugSession``'s (config, feature dirs, log dir,
-    ``initialize`` keywords, recipe, ``fp8``, ``convert``); ``init_training_step`` sets the first iteration (a
-    resumed training)."""
+    ``initialize`` keywords, recipe, ``fp8``, ``plan``, ``convert``; a bad plan raises its ``ConfigError`` here);
+    ``init_training_step`` sets the first iteration (a resumed training)."""
 
     def __init__(
         self,

@@ -11,8 +11,10 @@ LightningModule's inner model (``inner_model``) without its wrappers, as a plain
 LightningModule holding a LlamaForCausalLM in ``self.model`` gives ``model.model.layers.0.self_attn.q_proj``, not
 ``model.model.model...``. It steps after each training batch that made an optimizer step, so once per optimizer step
 whatever ``accumulate_grad_batches``; it ends at ``on_fit_end`` and, when fitting raises, at ``on_exception``.
-``training_step`` runs under ``lowprec.autocast(recipe=...)``; ``validation_step`` (the sanity check included)
-under the same recipe with inspection paused, so validation adds nothing to the statistics.
+``training_step`` runs under ``lowprec.autocast(recipe=..., plan=...)``; ``validation_step`` (the sanity check
+included) under the same autocast with inspection paused, so validation adds nothing to the statistics. With
+``plan`` (a precision plan: a YAML path, a mapping or a ``lowprec.plan.PrecisionPlan``), the layers its rules select
+run its recipes, per GEMM and for validation forwards, the others ``recipe``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from nvdlfw_inspect.logging import say_once
 
 
 class DebugCallback(Callback):
-    """Arguments as ``lowprec.integrations.session.DebugSession``'s, and ``inner_model``: the attribute path of the
+    """Arguments as ``lowprec.integrations.session.DebugSession``'s (``plan`` included: a bad one raises its
+    ``ConfigError`` here, before fitting), and ``inner_model``: the attribute path of the
     model to name inside the LightningModule (``"model"``, ``"net.backbone"``; ``""``: the LightningModule itself).
     None: the LightningModule's one child that holds parameters, when it has no other and no parameters of its own;
     else the LightningModule itself, said once."""

@@ -2,16 +2,17 @@
 
 ``start``: ``debug_api.initialize`` from the config, optionally ``lowprec.convert``, names for the layers of the
 user's own model (wrappers removed), and the model's training entry wrapped so that training forwards run under
-``lowprec.autocast`` and evaluation forwards (the module in eval mode) under the same recipe inside
-``debug_api.paused()``. ``step``: ``debug_api.step()``, called by the integration once per optimizer step. ``end``:
-the wrapping undone and ``debug_api.end_debug()``, also after a failed training; calling it twice is harmless.
+``lowprec.autocast`` (its recipe and precision plan) and evaluation forwards (the module in eval mode) under the same
+autocast inside ``debug_api.paused()``. ``step``: ``debug_api.step()``, called by the integration once per optimizer
+step. ``end``: the wrapping undone and ``debug_api.end_debug()``, also after a failed training; calling it twice is
+harmless.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -21,6 +22,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import autocast, checked_recipe
 from lowprec.errors import LowprecTypeError, LowprecValueError
 from lowprec.modules.convert import convert_with_report
+from lowprec.plan import PrecisionPlan, load_plan
 from lowprec.recipe import Recipe
 from nvdlfw_inspect.logging import say_once
 
@@ -50,9 +52,13 @@ class DebugSession:
     ``config_file``: the YAML config (a path, or a dict); ``feature_dirs``, ``log_dir`` and ``initialize_kwargs``
     (``statistics_logger``, ``tb_writer``, ...) go to ``debug_api.initialize``. ``recipe``: the ``lowprec`` recipe
     of the training forwards (None: ``lowprec.autocast``'s default, delayed scaling); ``fp8=False`` trains in high
-    precision and still collects statistics. ``convert=True`` converts the model's ``nn.Linear`` layers with
-    ``lowprec.convert`` at start (they share their Parameters, so the optimizer keeps training them); by default the
-    model is used as given.
+    precision and still collects statistics. ``plan``: a precision plan (a YAML file's path, a mapping or a
+    ``lowprec.plan.PrecisionPlan``; a debug config holding a ``precision_plan:`` key serves too) that gives the layers
+    its rules select their own recipes, per GEMM and for evaluation forwards (``lowprec.autocast(plan=...)``); the
+    others run ``recipe`` (with ``fp8=False``, high precision). It is read here, so that a bad plan fails before any
+    training, with the ``ConfigError`` naming its key and value. ``convert=True`` converts the model's ``nn.Linear``
+    layers with ``lowprec.convert`` at start (they share their Parameters, so the optimizer keeps training them); by
+    default the model is used as given.
     """
 
     def __init__(
@@ -63,6 +69,7 @@ class DebugSession:
         log_dir: str | os.PathLike = ".",
         recipe: Recipe | None = None,
         fp8: bool = True,
+        plan: str | os.PathLike | Mapping | PrecisionPlan | None = None,
         convert: bool = False,
         **initialize_kwargs: Any,
     ):
@@ -80,6 +87,7 @@ class DebugSession:
                 raise LowprecTypeError(f"{name} must be a bool, got {value!r}")
         self.recipe = checked_recipe(recipe, "recipe")
         self.fp8 = fp8
+        self.plan = None if plan is None else load_plan(plan)
         self.convert = convert
         self._initialize_args = {"config_file": config_file, "feature_dirs": feature_dirs, "log_dir": log_dir}
         self._initialize_kwargs = initialize_kwargs
@@ -144,10 +152,11 @@ class DebugSession:
 
     @contextmanager
     def context(self, training: bool) -> Iterator[None]:
-        """The recipe of the run; outside training (an evaluation) also ``debug_api.paused()``, so that evaluation
-        computes as training does and adds nothing to the statistics."""
+        """The recipe and precision plan of the run; outside training (an evaluation) also ``debug_api.paused()``, so
+        that evaluation computes as training does (or as the plan says evaluation forwards do) and adds nothing to the
+        statistics."""
         with ExitStack() as stack:
-            stack.enter_context(autocast(enabled=self.fp8, recipe=self.recipe))
+            stack.enter_context(autocast(enabled=self.fp8, recipe=self.recipe, plan=self.plan))
             if not training:
                 stack.enter_context(debug_api.paused())
             yield

@@ -124,12 +124,17 @@ def _made(name: Any, options: dict[Any, Any], name_location: ConfigLocation, loc
 
 
 def describe(recipe: Recipe | None) -> str:
-    """A recipe in a few words, for messages: its class and the options that differ from the defaults."""
+    """A recipe in a few words, for messages: its class and the options that differ from the defaults (a format by
+    its name, ``Format.E4M3``, not its elements' whole repr)."""
     if recipe is None:
         return "high_precision"
     changed = [
-        f"{field.name}={getattr(recipe, field.name)!r}"
+        f"{field.name}={_short(getattr(recipe, field.name))}"
         for field in dataclasses.fields(recipe)
         if getattr(recipe, field.name) != field.default
     ]
     return f"{type(recipe).__name__}({', '.join(changed)})"
+
+
+def _short(value: Any) -> str:
+    return f"Format.{value.name}" if isinstance(value, Format) else repr(value)

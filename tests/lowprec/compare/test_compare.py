@@ -1,8 +1,9 @@
 """``nvdlfw-inspect compare``: the demo GPT trained once per recipe from one seed, and the page comparing
-the runs (its embedded data is what the runs logged)."""
+the runs (its embedded data is what the runs logged), a precision plan's run among them."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch
 import yaml
 from browser import CHROMIUM, screenshot
+from demo_plan import HIGH_PRECISION, QUANTIZED, check_planned_formats, write_plan
 from full_disk import NO_SPACE, fill_disk
 
 from lowprec.cli import main
@@ -19,8 +21,9 @@ from lowprec.compare.outliers import outliers, settled
 from lowprec.compare.page import nice_ticks, tick_label
 from lowprec.compare.runs import CONFIG
 from lowprec.demo import read_losses, run_demo
+from lowprec.plan import load_plan
 from nvdlfw_inspect.files import WriteError
-from nvdlfw_inspect.reading import Statistic
+from nvdlfw_inspect.reading import Statistic, iter_statistics, read_routing
 
 STEPS, SEED = 4, 3
 
@@ -222,3 +225,93 @@ def test_a_real_full_disk_is_named_and_each_recipe_still_prints_its_losses(small
         assert re.search(rf"^{name}: loss \d+\.\d+ -> \d+\.\d+ \(\d+ ms of process CPU time per step\)$", printed, re.M)
         said = re.search(rf"^{name}: not compared: (.*)$", printed, re.M).group(1)
         assert f"{out / name}" in said and NO_SPACE in said and f"the file system at {out}" in said
+
+
+def test_a_plan_runs_beside_the_recipes_on_the_same_page(tmp_path, capsys):
+    """The plan's run starts from the recipes' weights and batches, trains each layer in the plan's format (the others,
+    here none, in high precision), and its statistics describe each quantized layer's own format; the page draws it with
+    the others and shows the plan and every layer's recipe per GEMM."""
+    plan = write_plan(tmp_path)
+    page = compare_formats(["fp32"], steps=3, size="tiny", out=tmp_path / "out", seed=SEED, device="cpu", threads=1, plan=plan)
+    data = page_data(page)
+    fp32, planned = data["runs"]
+    assert (planned["name"], planned["label"], planned["stats"]) == ("plan", "plan: plan.yaml", ["underflows%", "mse"])
+    assert data["title"] == "Formats compared: fp32, plan: plan.yaml"
+    assert planned["loss"] == read_losses(page.parent / "plan") and len(planned["loss"]) == 3
+    assert abs(planned["loss"][0] - fp32["loss"][0]) < 0.01 * fp32["loss"][0] and planned["loss"] != fp32["loss"]
+    check_planned_formats(page.parent / "plan")
+    underflows = {r.layer for r in iter_statistics(page.parent / "plan") if r.stat == "underflows%"}
+    assert underflows == set(QUANTIZED)  # no quantization statistics for the layers in high precision
+    assert {row["layer"] for row in planned["outliers"]["underflows%"]} <= set(QUANTIZED)
+    assert planned["plan"]["autocast"] == "high_precision"
+    assert planned["plan"]["layers"]["gpt.layers.0.self_attention.proj"] == {
+        "fprop": "MXFP8BlockScaling()",
+        "dgrad": "MXFP8BlockScaling()",
+        "wgrad": "Float8CurrentScaling()",
+    }
+    assert planned["plan"]["layers"]["gpt.layers.0.layernorm_mlp.fc2"]["wgrad"] == (
+        "NVFP4BlockScaling(disable_stochastic_rounding=True)"
+    )
+    assert all(set(planned["plan"]["layers"][layer].values()) == {"high_precision"} for layer in HIGH_PRECISION)
+    text = page.read_text()
+    assert text.count("<polyline") == 3 and "<h2>Precision plan: plan.yaml</h2>" in text  # losses, plan - fp32
+    assert html.escape(load_plan(plan).describe()) in text
+    assert "<tr><td>gpt.head</td><td>high_precision</td><td>high_precision</td><td>high_precision</td></tr>" in text
+    assert capsys.readouterr().out.splitlines()[-1].startswith("plan: loss ")
+
+
+@pytest.mark.parametrize(
+    ("plan", "recipe", "message"),
+    [
+        ({"rules": [{"layers": {"layer_name_regex_pattern": "gpt"}, "recipe": "bf16"}]}, None, "quantizes no GEMM of the demo"),
+        ({"rules": []}, None, r"under an autocast of high_precision: .* \(plan_recipe, --plan-recipe\)"),
+        ({"rules": []}, "bf16", r"the plan run's autocast recipe must be one of delayed, current, .*got 'bf16'"),
+        (None, "nvfp4", r"plan_recipe='nvfp4' is the autocast recipe of a plan's run: give the plan too"),
+        ({"rules": [{"layers": {"layer_types": ["linear"]}, "recipe": "fp9"}]}, None, r"key 'rules\.0\.recipe': unknown recipe"),
+    ],
+)
+def test_a_plan_that_cannot_run_is_refused_before_any_run(tmp_path, plan, recipe, message):
+    with pytest.raises(ValueError, match=message):
+        compare_formats(["fp32"], steps=1, out=tmp_path / "out", plan=plan, plan_recipe=recipe)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_megatron_plan_runs_under_the_recipe_it_overrides(tmp_path):
+    """Megatron's configs replace a quantizing autocast's recipe only: under --plan-recipe the layers its matcher
+    selects run its NVFP4, the others the autocast's MXFP8."""
+    megatron = tmp_path / "megatron.yaml"
+    megatron.write_text(
+        "configs:\n  fp4:\n    transformer_engine_config_type: TEQuantizationParams\n"
+        "    training_recipe: {fp4_quantization_recipe: nvfp4}\n"
+        "matchers:\n  mlp:\n    config: fp4\n    type: glob\n    pattern: '*layernorm_mlp*'\n    enabled: true\n"
+    )
+    with pytest.raises(ValueError, match="quantizes no GEMM of the demo GPT under an autocast of high_precision"):
+        compare_formats(["fp32"], steps=1, out=tmp_path / "refused", plan=megatron)
+    out = tmp_path / "out"
+    assert (
+        main(
+            [
+                "compare",
+                "--recipes",
+                "fp32",
+                "--steps",
+                "1",
+                "--out",
+                str(out),
+                "--threads",
+                "1",
+                "--device",
+                "cpu",
+                "--plan",
+                str(megatron),
+                "--plan-recipe",
+                "mxfp8",
+            ]
+        )
+        == 0
+    )
+    planned = page_data(out / "compare.html")["runs"][1]["plan"]
+    assert planned["autocast"] == "MXFP8BlockScaling()"
+    formats = {(r.layer, r.gemm): r.format for r in read_routing(out / "plan")}
+    assert formats[("gpt.layers.1.layernorm_mlp.fc1", "wgrad")] == "nvfp4"
+    assert formats[("gpt.head", "fprop")] == formats[("gpt.layers.0.self_attention.proj", "dgrad")] == "mxfp8"

@@ -22,6 +22,7 @@ from trainrun import (
 import lowprec
 import nvdlfw_inspect.api as debug_api
 from lowprec.errors import LowprecTypeError, LowprecValueError
+from nvdlfw_inspect.errors import ConfigError
 
 accelerate = pytest.importorskip("accelerate")
 
@@ -89,3 +90,5 @@ def test_bad_arguments_name_the_value_and_what_is_allowed(tmp_path):
         DebugRun(accelerator, model, "")
     with pytest.raises(LowprecTypeError, match="convert must be a bool, got 'yes'"):
         DebugRun(accelerator, model, config_file(tmp_path), convert="yes")
+    with pytest.raises(ConfigError, match=r"key 'rules\.0': missing required key 'layers'"):
+        DebugRun(accelerator, model, config_file(tmp_path), plan={"rules": [{"recipe": "nvfp4"}]})

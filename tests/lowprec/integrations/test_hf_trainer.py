@@ -1,5 +1,6 @@
 """lowprec.integrations.hf.DebugCallback: one record per optimizer step with gradient accumulation, none from the
-evaluations the Trainer runs in between, names of the unwrapped model, the run ended also when training raises."""
+evaluations the Trainer runs in between, names of the unwrapped model, the run ended also when training raises, the
+layers a precision plan selects in its formats."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import pytest
 from trainrun import (
     ACCUMULATION,
     BATCH,
+    PLAN_YAML,
     RECIPE,
     STEPS,
     check_one_record_per_optimizer_step,
+    check_planned_formats,
     config_file,
     eval_samples,
     tiny_llama,
@@ -21,6 +24,7 @@ from trainrun import (
 import nvdlfw_inspect.api as debug_api
 from lowprec.autocast import active_recipe
 from lowprec.errors import LowprecTypeError
+from nvdlfw_inspect.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
 
@@ -121,3 +125,23 @@ def test_a_resumed_training_logs_at_its_own_steps(tmp_path):
 def test_the_iteration_is_not_an_initialize_keyword_here(tmp_path):
     with pytest.raises(LowprecTypeError, match="init_training_step is set by the integration"):
         DebugCallback(config_file(tmp_path), init_training_step=3)
+
+
+def test_a_precision_plan_gives_the_layers_it_selects_their_formats(tmp_path):
+    """The plan as a file of its own: q_proj trains in NVFP4 and one down_proj's wgrad in MXFP8, every other GEMM in the
+    callback's recipe; the statistics still come once per optimizer step."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN_YAML)
+    callback = DebugCallback(config_file(tmp_path), log_dir=tmp_path / "logs", recipe=RECIPE, plan=plan)
+    with callback:
+        output = trainer(tmp_path, tiny_llama(), callback, evaluate=False).train()
+    assert output.global_step == STEPS and math.isfinite(output.training_loss)
+    check_one_record_per_optimizer_step(tmp_path / "logs")
+    check_planned_formats(tmp_path / "logs")
+
+
+def test_a_bad_plan_fails_at_construction_naming_its_key_and_value(tmp_path):
+    plan = {"rules": [{"layers": {"layer_name_regex_pattern": "q_proj$"}, "recipe": "fp9"}]}
+    with pytest.raises(ConfigError, match=r"key 'rules\.0\.recipe'.*unknown recipe.*'fp9'"):
+        DebugCallback(config_file(tmp_path), log_dir=tmp_path / "logs", plan=plan)
+    assert debug_api.DEBUG_MANAGER is None and not (tmp_path / "logs").exists()  # nothing started

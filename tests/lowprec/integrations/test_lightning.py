@@ -1,6 +1,6 @@
 """lowprec.integrations.lightning.DebugCallback: one record per optimizer step with accumulate_grad_batches, none
 from validation (the sanity check included), names of the LightningModule's inner model, the run ended also when
-fitting raises."""
+fitting raises, the layers a precision plan selects in its formats."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from trainrun import (
     RECIPE,
     STEPS,
     check_one_record_per_optimizer_step,
+    check_planned_formats,
     config_file,
     eval_samples,
     tiny_llama,
@@ -87,6 +88,17 @@ def test_fit_logs_one_record_per_optimizer_step_and_none_from_validation(tmp_pat
     plain, _ = run(tmp_path, "without_val", validate=False)
     assert validated == plain  # the sanity check and the validations after every step added nothing
     assert module.model.model.layers[0].self_attn.q_proj.name == "model.model.layers.0.self_attn.q_proj"
+
+
+def test_a_precision_plan_in_the_debug_config_gives_the_layers_it_selects_their_formats(tmp_path):
+    """One file holds the debug config and, under ``precision_plan:``, the plan: initialize skips that key, the
+    callback's plan reads only it."""
+    config = config_file(tmp_path, plan=True)
+    module = LitLlama()
+    trainer = fit(module, DebugCallback(config, log_dir=tmp_path / "logs", recipe=RECIPE, plan=config), validate=False)
+    assert trainer.global_step == STEPS and all(math.isfinite(loss) for loss in module.losses)
+    check_one_record_per_optimizer_step(tmp_path / "logs")
+    check_planned_formats(tmp_path / "logs")
 
 
 def test_a_fit_that_raises_ends_the_run(tmp_path):

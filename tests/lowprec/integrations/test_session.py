@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainrun import RECIPE, config_file, tiny_llama
+from trainrun import PLAN_YAML, RECIPE, config_file, tiny_llama
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
-from lowprec.autocast import active_recipe
+from lowprec.autocast import active_recipe, current_state
 from lowprec.errors import LowprecValueError
 from lowprec.integrations.session import DebugSession, unwrap
+from lowprec.plan import PrecisionPlan
 
 
 def test_unwrap_removes_every_wrapper_however_nested():
@@ -90,3 +91,32 @@ def test_a_run_left_open_is_ended_at_the_next_start_and_a_failed_start_leaves_no
         session.start(torch.nn.Linear(2, 2))
     assert debug_api.DEBUG_MANAGER is None and not session.active
     assert isinstance(model.lm_head, lowprec.Linear)
+
+
+def test_the_plan_is_read_at_construction_and_in_force_in_training_and_evaluation(tmp_path):
+    """The plan's file is read once, when the session is made (a file changed later changes nothing), and every
+    forward, training or evaluation, runs under it and the recipe."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN_YAML)
+    session = DebugSession(config_file(tmp_path), log_dir=tmp_path / "logs", recipe=RECIPE, plan=plan)
+    plan.write_text("not: a plan")
+    assert isinstance(session.plan, PrecisionPlan) and [rule.name for rule in session.plan.rules] == [
+        "q_proj in NVFP4",
+        "layer 1's down_proj wgrad in MXFP8",
+    ]
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append((current_state().recipe, current_state().plan))
+            return x
+
+    probe = Probe()
+    session.start(probe)
+    probe(1)
+    probe.eval()
+    probe(1)
+    session.end()
+    assert seen == [(RECIPE, session.plan)] * 2
+    with pytest.raises(FileNotFoundError, match=r"precision plan file '.*missing.yaml' not found"):
+        DebugSession(config_file(tmp_path), plan=tmp_path / "missing.yaml")

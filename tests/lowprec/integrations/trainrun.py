@@ -1,5 +1,5 @@
-"""Shared by the training-loop integration tests: a tiny converted Llama, its data, the debug config, and the
-records a run logged."""
+"""Shared by the training-loop integration tests: a tiny converted Llama, its data, the debug config, a precision
+plan, and the records a run logged."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tiny_models import tiny_llama_config
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
-from nvdlfw_inspect.reading import iter_statistics
+from nvdlfw_inspect.reading import iter_statistics, read_routing
 
 RECIPE = lowprec.Float8CurrentScaling()  # stateless: an evaluation cannot change the next training step's scales
 STEPS = 3  # optimizer steps
@@ -34,10 +34,40 @@ stats:
 """
 
 
-def config_file(tmp_path: Path) -> Path:
+PLANNED_WGRAD = "model.model.layers.1.mlp.down_proj"
+PLAN_YAML = f"""\
+precision_plan:
+  rules:
+    - name: q_proj in NVFP4
+      layers: {{layer_name_regex_pattern: 'q_proj$'}}
+      recipe: nvfp4
+    - name: layer 1's down_proj wgrad in MXFP8
+      layers: {{exact_layer_names: [{PLANNED_WGRAD}]}}
+      wgrad: mxfp8
+"""
+
+
+def planned_format(layer: str, gemm: str) -> str:
+    """The format each GEMM reads its operands in under ``PLAN_YAML`` and ``RECIPE`` (current scaling)."""
+    if layer.endswith("q_proj"):
+        return "nvfp4"
+    return "mxfp8" if (layer, gemm) == (PLANNED_WGRAD, "wgrad") else "fp8_current_scaling"
+
+
+def config_file(tmp_path: Path, plan: bool = False) -> Path:
+    """The debug config; with ``plan``, holding the precision plan as well (its ``precision_plan:`` key)."""
     path = tmp_path / "config.yaml"
-    path.write_text(CONFIG)
+    path.write_text(CONFIG + (PLAN_YAML if plan else ""))
     return path
+
+
+def check_planned_formats(log_dir: Path) -> None:
+    """Every GEMM of every layer read both its operands, at every step, in the format ``planned_format`` gives it."""
+    formats: dict[tuple[str, str], set[str]] = {}
+    for record in read_routing(log_dir):
+        formats.setdefault((record.layer, record.gemm), set()).add(record.format)
+    assert len(formats) == 15 * 3  # 2 x (q, k, v, o, gate, up, down) and lm_head, 3 GEMMs each
+    assert formats == {(layer, gemm): {planned_format(layer, gemm)} for layer, gemm in formats}
 
 
 def tiny_llama(convert: bool = True) -> torch.nn.Module:

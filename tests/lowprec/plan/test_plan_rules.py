@@ -143,6 +143,15 @@ def test_named_recipe_shared_with_compare():
         named_recipe("mxfp8", seed=1)
 
 
+def test_describe_names_a_recipe_by_its_class_and_changed_options():
+    from lowprec.plan.recipes import describe
+
+    assert describe(None) == "high_precision"
+    assert describe(MXFP8BlockScaling()) == "MXFP8BlockScaling()"
+    assert describe(Float8CurrentScaling(fp8_format=Format.E4M3)) == "Float8CurrentScaling(fp8_format=Format.E4M3)"
+    assert describe(NVFP4BlockScaling(seed=3)) == "NVFP4BlockScaling(seed=3)"
+
+
 def _error(body, source="precision plan dict"):
     with pytest.raises(ConfigError) as info:
         load_plan({"precision_plan": body})
