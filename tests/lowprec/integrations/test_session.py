@@ -69,15 +69,22 @@ def test_the_wrapped_entry_runs_under_the_recipe_paused_in_eval_mode_and_is_rest
     assert vars(probe)["forward"] is previous and debug_api.DEBUG_MANAGER is None
 
 
-def test_fp8_false_trains_in_high_precision_with_statistics(tmp_path):
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fp8_false_trains_in_high_precision_with_statistics(tmp_path, fp8):
+    """The recipe in force inside the wrapped forward (a pre-hook runs outside it): none with ``fp8=False``."""
     seen = []
-    probe = torch.nn.Identity()
-    probe.register_forward_pre_hook(lambda module, args: seen.append(active_recipe()))
-    session = DebugSession(config_file(tmp_path), log_dir=tmp_path / "logs", fp8=False)
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(active_recipe())
+            return x
+
+    probe = Probe()
+    session = DebugSession(config_file(tmp_path), log_dir=tmp_path / "logs", fp8=fp8, recipe=RECIPE)
     session.start(probe)
     probe(1)
     session.end()
-    assert seen == [None]
+    assert seen == [RECIPE if fp8 else None]
 
 
 def test_a_run_left_open_is_ended_at_the_next_start_and_a_failed_start_leaves_none(tmp_path):
