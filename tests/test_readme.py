@@ -116,6 +116,14 @@ def check_quantize(directory: Path, stdout: str) -> None:
     assert "scales (16, 64) torch.uint8" in lines[0] and "scales (256, 32) torch.uint8" in lines[1]
 
 
+def check_quantize_details(directory: Path, stdout: str) -> None:
+    lines = stdout.strip().splitlines()
+    assert lines[0].startswith("signs transformer_engine: global amax ") and "first block scales [" in lines[0]
+    errors = [float(line.split("relative error ")[1].rstrip("%")) for line in lines[1:4]]
+    assert all(5 < error < 25 for error in errors) and errors[1] == errors[2]  # the Hadamard transform is orthogonal
+    assert lines[4] == "MXFP4 scales [nan, 0.25] codes [6, 6, 6, 0, 6] dequantized [nan, nan, 1.0]"  # OCP: 1 = 4 * 2**-2
+
+
 def check_mx_family(directory: Path, stdout: str) -> None:
     errors = {line.split(":")[0]: float(line.split("relative error ")[1].rstrip("%")) for line in stdout.strip().splitlines()}
     assert len(errors) == 5 and all(0 < error < 30 for error in errors.values())
@@ -154,6 +162,7 @@ CHECKS = {
     "Lightning": check_training_loop("pl_logs"),
     "accelerate": check_training_loop("acc_logs"),
     "Studying a format on your own tensors: `lowprec.quantize`": check_quantize,
+    "Scales as numbers, each orientation's values, the Hadamard domain, reproducible noise": check_quantize_details,
     "Block-scaled recipes: MXFP8, FP8 block scaling, NVFP4, the OCP MX family (MXFP6, MXFP4)": check_mx_family,
     "Debugging FP8 training (config namespace `transformer_engine`)": check_fp8_debugging,
 }
