@@ -12,8 +12,8 @@ Stochastic rounding (NVFP4's gradients, unless ``disable_stochastic_rounding``) 
 gradient quantizer numbers its casts 0, 1, 2, ... in order: one cast per backward of the layer (both
 orientations, for dgrad and wgrad, come from that one cast); a recomputed forward (activation checkpointing)
 and statistics replay a cast's noise without advancing the count. So the gradient a layer named ``X`` casts in
-the backward of its Nth training step (one backward per step, counted from the layer's first training forward
-under the recipe) is ``quantize(dy, recipe, "gradient", layer_name="X", cast_index=N - 1)``, bit for bit.
+its Nth backward (counted from its first training forward under the recipe; with gradient accumulation, one per
+micro-batch) is ``quantize(dy, recipe, "gradient", layer_name="X", cast_index=N - 1)``, bit for bit.
 """
 
 from __future__ import annotations

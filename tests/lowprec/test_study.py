@@ -73,6 +73,8 @@ def test_bad_arguments_name_what_is_allowed():
         lowprec.quantize(sample(), "mxfp8")
     with pytest.raises(TypeError, match="tensor must be a floating-point torch.Tensor"):
         lowprec.quantize(torch.arange(4), lowprec.MXFP8BlockScaling())
+    with pytest.raises(TypeError, match="layer_name must be a str; got 3"):
+        lowprec.quantize(sample(), lowprec.NVFP4BlockScaling(), "gradient", layer_name=3)
 
 
 # --- scales as numbers, both orientations, the Hadamard domain, reproducible noise, scale bytes, NaN blocks ---
