@@ -21,7 +21,8 @@ from lowprec.quant.protocol import BlockScaledData, Float8Tensor
 class Quantized:
     """``data``: the stored codes of ``element`` (padded for block formats); ``scale_inv``: every scale_inv,
     flat; ``dequantized``: the values in the tensor's 2-D shape (fp32); ``fp8``: the per-tensor cast, for
-    overflows; ``block_scales``: each block's whole dequantization scale (fp32), None per tensor."""
+    overflows; ``block_scales``: each block's whole dequantization scale (fp32), None per tensor; ``part``: the
+    block cast's orientation it came from (None per tensor), ``columnwise`` whether that quantizes the transpose."""
 
     data: torch.Tensor
     scale_inv: torch.Tensor
@@ -29,6 +30,8 @@ class Quantized:
     element: ElementFormat
     fp8: Float8Tensor | None = None
     block_scales: torch.Tensor | None = None
+    part: BlockScaledData | None = None
+    columnwise: bool = False
 
 
 def per_tensor(q: Float8Tensor) -> Quantized:
@@ -55,6 +58,8 @@ def from_block(part: BlockScaledData, columnwise: bool) -> Quantized:
         dequantized.t() if columnwise else dequantized,
         part.layout.element,
         block_scales=block_scales,
+        part=part,
+        columnwise=columnwise,
     )
 
 

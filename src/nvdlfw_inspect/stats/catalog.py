@@ -14,6 +14,7 @@ correctly rounded (``math``'s are).
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,10 @@ from typing import Any
 import torch
 
 from nvdlfw_inspect.stats.fields import FIELDS, OPTIONAL_FIELDS
+
+_LOW_WORD = (1 << 32) - 1
+LOCATION_BIAS = 1 << 20
+"""Added to a location key's high word (``lowprec.debug.per_block_stats``), so that every key is a normal float64."""
 
 
 class _TensorOps:
@@ -37,6 +42,11 @@ class _TensorOps:
     @staticmethod
     def clamp_min(x: torch.Tensor, low: float) -> torch.Tensor:
         return x.clamp(min=low)
+
+    @staticmethod
+    def location(key: torch.Tensor) -> torch.Tensor:
+        index = (key.double().contiguous().view(torch.int64) & _LOW_WORD).double()
+        return torch.where(key.isfinite(), index, math.nan)
 
 
 class _FloatOps:
@@ -67,6 +77,12 @@ class _FloatOps:
     @staticmethod
     def clamp_min(x: float, low: float) -> float:
         return low if x < low else x  # NaN stays NaN
+
+    @staticmethod
+    def location(key: float) -> float:
+        if not math.isfinite(key):
+            return math.nan
+        return float(struct.unpack("<q", struct.pack("<d", key))[0] & _LOW_WORD)
 
 
 Fields = Mapping[str, Any]  # field name -> a tensor (or column) or a float
@@ -109,14 +125,20 @@ def _field(name: str) -> Derivation:
     return lambda p, ops: p[name]
 
 
-GROUPS = ("tensor", "quantization", "feature")
+def _location(p: Fields, ops: Any) -> Any:
+    """The index a location key carries in its low 32 bits (``max``: the largest key, the largest value's)."""
+    return ops.where(p["count"] > 0, ops.location(p["max"]), math.nan)
+
+
+GROUPS = ("tensor", "quantization", "block", "feature")
 
 
 @dataclass(frozen=True)
 class Statistic:
     """``fields``: every partial field ``derive`` reads. ``group``: ``"tensor"``, a statistic of any tensor's
     values (``supported_stats``); ``"quantization"``, of a cast of it (the fields of a quantization grid);
-    ``"feature"``, a value a feature logs under a name of its own. ``torch``: torch's own reduction of the
+    ``"block"``, of each block of a block-scaled cast (``lowprec.debug.per_block_stats``: ``count`` holds the
+    blocks); ``"feature"``, a value a feature logs under a name of its own. ``torch``: torch's own reduction of the
     tensor, which the base namespace's ``LogTensorStats`` returns (the statistics of the reference framework)."""
 
     name: str
@@ -144,6 +166,13 @@ CATALOG: dict[str, Statistic] = {
         Statistic(
             "mse", ("count", "sq_err"), _nan_if_empty(lambda p, ops: p["sq_err"] / ops.clamp_min(p["count"], 1.0)), "quantization"
         ),
+        # per block of a block-scaled cast (lowprec.debug.per_block_stats): count = blocks, underflows and overflows
+        # = blocks that flush or saturate, max = the worst block's relative error, or a location key (max with argmax)
+        Statistic("underflow_blocks%", ("count", "underflows"), _percent("underflows"), "block"),
+        Statistic("saturated_blocks%", ("count", "overflows"), _percent("overflows"), "block"),
+        Statistic("worst_block_rel_err", ("count", "max"), _nan_if_empty(_field("max")), "block"),
+        Statistic("worst_block_row", ("count", "max"), _location, "block"),
+        Statistic("worst_block_col", ("count", "max"), _location, "block"),
         Statistic("max_blockwise_dynamic_range", ("count", "blockwise_dr"), _nan_if_empty(_field("blockwise_dr")), "feature"),
         # values of magnitude at most a threshold (``stats.zeros``: the family's names carry the threshold)
         Statistic("num_zeros", ("zeros",), _field("zeros"), "feature"),

@@ -4,7 +4,9 @@ A stat is ``[recipe_]name[_columnwise]``: ``underflows%`` (non-zero values that 
 elements, zeros included, as Transformer Engine counts),
 ``overflows%`` (values beyond the FP8 range under delayed scaling, which then saturate),
 ``scale_inv_min``, ``scale_inv_max``, ``mse`` (mean squared quantization error), and for block recipes
-``scale_inv_std`` and ``scale_exp_hist`` (``block_scale_stats``). Without a recipe
+``scale_inv_std`` and ``scale_exp_hist`` (``block_scale_stats``) and the per-block ``underflow_blocks%``,
+``saturated_blocks%``, ``worst_block_rel_err``, ``worst_block_row`` and ``worst_block_col`` (``per_block_stats``;
+option ``block_underflow_threshold``). Without a recipe
 prefix the stat describes the layer's own recipe (any of lowprec's, NVFP4 and the block recipes
 included: their own operands, blockwise scales and, with ``_columnwise``, the transposed copy); with ``fp8_current_scaling_``,
 ``fp8_delayed_scaling_``, an MX prefix or ``fp8_block_scaling_`` it is computed as if that recipe were
@@ -26,6 +28,7 @@ import torch
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.block_scale_stats import COLUMNWISE, SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
+from lowprec.debug.per_block_stats import BLOCK_STATS, THRESHOLD_KEY, feed_block_stats, parse_threshold
 from lowprec.debug.quantized_stats import Quantized, from_block, per_tensor, quantization_fields
 from lowprec.formats.elements import E4M3, E5M2, FP8Format
 from lowprec.quant.block import FLOAT8_BLOCK_LABEL, MX_WHAT_IF, block_scaling_quantizer, mx_what_if_quantizer
@@ -33,7 +36,7 @@ from lowprec.quant.per_tensor import CURRENT_LABEL, DELAYED_LABEL, CurrentScalin
 from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor, QuantizedTensor, Quantizer
 from lowprec.recipe import DelayedScaling
 from nvdlfw_inspect.debug_features.log_tensor_stats import stats_list, window_key
-from nvdlfw_inspect.errors import ConfigLocation
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector
 from nvdlfw_inspect.logging import say_once
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
@@ -43,7 +46,8 @@ from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 DELAYED, CURRENT, BLOCK = DELAYED_LABEL, CURRENT_LABEL, FLOAT8_BLOCK_LABEL
 RECIPES = (DELAYED, CURRENT, *MX_WHAT_IF, BLOCK)  # what-if recipes (what-if NVFP4 is LogNvfp4TensorStats)
 PER_TENSOR = (DELAYED, CURRENT)
-NAMES = (*stats_of("quantization"), *SCALE_STATS)
+NAMES = (*stats_of("quantization"), *SCALE_STATS, *BLOCK_STATS)
+BLOCK_ONLY = (*SCALE_STATS, *BLOCK_STATS)  # statistics of block scales or of blocks: none per tensor
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ def _problem(recipe: str | None, name: str, columnwise: bool) -> str | None:
         return "overflows% exists only under delayed scaling (fp8_delayed_scaling_ or no prefix)"
     if name in SCALE_STATS and recipe in PER_TENSOR:
         return f"{name} describes block scales: per-tensor recipes have one scale"
+    if name in BLOCK_STATS and recipe in PER_TENSOR:
+        return f"{name} describes the blocks of a block-scaled cast: per-tensor recipes have none"
     if columnwise and recipe in PER_TENSOR:
         return "per-tensor recipes have one scale: columnwise statistics equal the rowwise ones"
     return None
@@ -129,19 +135,31 @@ class LogFp8TensorStats(ScheduledStats):
 
     ``stats``: ``[recipe_]name[_columnwise]`` with name ``underflows%``, ``overflows%`` (delayed scaling
     only), ``scale_inv_min``, ``scale_inv_max``, ``mse``, ``scale_inv_std`` or ``scale_exp_hist`` (block recipes
-    only: a count per power of two, see ``block_scale_stats``), and recipe ``fp8_current_scaling``,
+    only: a count per power of two, see ``block_scale_stats``), ``underflow_blocks%``, ``saturated_blocks%``,
+    ``worst_block_rel_err``, ``worst_block_row`` or ``worst_block_col`` (block recipes only: per block, see
+    ``per_block_stats``), and recipe ``fp8_current_scaling``,
     ``fp8_delayed_scaling``, an MX one (``mxfp8``, ``mxfp8_ocp``, ``mxfp6_e3m2``, ``mxfp6_e2m3``, ``mxfp4``, or
     the last three with ``_nvidia``) or ``fp8_block_scaling`` (none: the layer's own recipe, also
     MXFP8BlockScaling, MXBlockScaling, Float8BlockScaling and NVFP4BlockScaling, where ``_columnwise`` reads the
     transposed copy).
     Other keys: ``tensors``/``tensors_struct``, ``freq``, ``start_step``, ``end_step``,
-    ``start_end_list``. What-if casts use the layer's FP8 format, or E4M3 (E5M2 for gradients) when the
-    layer runs without one (what-if MXFP6 and MXFP4 their own element); what-if delayed scaling keeps its own
-    amax history per layer and tensor.
+    ``start_end_list``, ``block_underflow_threshold`` (``underflow_blocks%`` counts the blocks in which more than
+    this % of the non-zero values flush to zero; default 50). What-if casts use the layer's FP8 format, or E4M3
+    (E5M2 for gradients) when the layer runs without one (what-if MXFP6 and MXFP4 their own element); what-if
+    delayed scaling keeps its own amax history per layer and tensor.
     """
 
     allowed_tensors = ("activation", "gradient", "weight")
     parse_stats = staticmethod(parse_fp8_stats)
+    option_keys = ScheduledStats.option_keys | {THRESHOLD_KEY}
+
+    def validate_options(self, view: dict, location: ConfigLocation) -> None:
+        collector = ErrorCollector()
+        with collector.check():
+            super().validate_options(view, location)
+        with collector.check():
+            parse_threshold(view, location)
+        collector.raise_errors()
 
     def __init__(self) -> None:
         super().__init__()
@@ -179,7 +197,7 @@ class LogFp8TensorStats(ScheduledStats):
                         self._pending_amax[(layer_name, tensor_name, fmt)] = amax_out
                     continue
             q = self._quantize(variant.recipe, variant.columnwise, tensor, fmt, own)
-            plain = [stat for stat in variant.stats if stat[1] not in SCALE_STATS]
+            plain = [stat for stat in variant.stats if stat[1] not in BLOCK_ONLY]
             if plain:
                 fields = quantization_fields(tensor, q, overflows=variant.recipe == DELAYED)
                 request["stats"] = plain
@@ -188,14 +206,19 @@ class LogFp8TensorStats(ScheduledStats):
             if scale_stats:
                 request.pop("stats")
                 feed_scale_stats(variant.key, q.scale_inv, q.block_scales, scale_stats, **request)
+            block_stats = [stat for stat in variant.stats if stat[1] in BLOCK_STATS]
+            if block_stats:
+                request.pop("stats", None)
+                threshold = parse_threshold(config, ConfigLocation("config"))
+                feed_block_stats(variant.key, tensor, q, block_stats, threshold, **request)
 
     @staticmethod
     def _feed_unquantized(variant: Variant, tensor: torch.Tensor, operand: torch.Tensor, request: dict) -> None:
         """The layer's own statistics when no GEMM reads the recipe's cast (``unquantized_operand``): what the GEMMs
         read instead loses what ``operand`` lost against ``tensor``, nothing at all for the tensor itself; its scale_inv
         is 1 (no scale), so a remedy in place shows in the statistics it was chosen from."""
-        plain = [stat for stat in variant.stats if stat[1] not in SCALE_STATS]
-        skipped = [written for written, name in variant.stats if name in SCALE_STATS]
+        plain = [stat for stat in variant.stats if stat[1] not in BLOCK_ONLY]
+        skipped = [written for written, name in variant.stats if name in BLOCK_ONLY]
         if skipped:
             debug_api.log_message(
                 f"LogFp8TensorStats: {', '.join(skipped)} of {request['tensor_name']} not logged: its GEMMs read it "
@@ -275,8 +298,8 @@ class LogFp8TensorStats(ScheduledStats):
             )
         elif stat.name == "overflows%" and own_recipe != DELAYED:
             why = f"runs {own_recipe}: overflows% exists only under delayed scaling"
-        elif stat.name in SCALE_STATS and own_recipe in PER_TENSOR:
-            why = f"runs {own_recipe}, which has one scale per tensor: {stat.name} describes block scales"
+        elif stat.name in BLOCK_ONLY and own_recipe in PER_TENSOR:
+            why = f"runs {own_recipe}, which has one scale per tensor: {stat.name} describes block scales or blocks"
         elif stat.columnwise and own_recipe in PER_TENSOR:
             why = f"runs {own_recipe}, which has one scale per tensor: its columnwise statistics equal the rowwise ones"
         else:

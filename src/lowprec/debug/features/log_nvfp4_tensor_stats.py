@@ -18,6 +18,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.block_scale_stats import SCALE_STATS, feed_scale_stats
 from lowprec.debug.features.log_fp8_tensor_stats import own_quantization, recipe_of
 from lowprec.debug.features.log_tensor_stats import ScheduledStats, parse_each, stats_reduction
+from lowprec.debug.per_block_stats import BLOCK_STATS, THRESHOLD_KEY, feed_block_stats, parse_threshold
 from lowprec.debug.quantized_stats import Quantized, from_block, quantization_fields
 from lowprec.quant.block import NVFP4_LABEL, BlockQuantizer
 from lowprec.quant.protocol import QuantizedTensor
@@ -29,7 +30,8 @@ from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.stats.catalog import stats_of
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
-STATS = (*(stat for stat in stats_of("quantization") if stat != "overflows%"), *SCALE_STATS)  # E2M1 saturates, never overflows
+# E2M1 saturates, never overflows (saturated_blocks% counts the blocks where it did)
+STATS = (*(stat for stat in stats_of("quantization") if stat != "overflows%"), *SCALE_STATS, *BLOCK_STATS)
 PREFIX = "nvfp4_"
 # What-if casts: NVFP4BlockScaling's quantizers (16 x 16 weight blocks) rounding to nearest, so that the
 # statistics repeat; the rowwise copy never goes through the Hadamard transform.
@@ -72,7 +74,10 @@ class LogNvfp4TensorStats(ScheduledStats):
 
     ``stats``: ``underflows%`` (non-zero values whose E2M1 code is +0 or -0), ``mse`` (mean squared
     quantization error), ``scale_inv_min`` (smallest non-zero E4M3 block scale), ``scale_inv_max``,
-    ``scale_inv_std`` and ``scale_exp_hist`` (see ``block_scale_stats``). Layers
+    ``scale_inv_std`` and ``scale_exp_hist`` (see ``block_scale_stats``), and per 16-value block (see
+    ``per_block_stats``) ``underflow_blocks%`` (blocks in which more than ``block_underflow_threshold`` %, default
+    50, of the non-zero values flush to zero), ``saturated_blocks%``, ``worst_block_rel_err``, ``worst_block_row``
+    and ``worst_block_col``. Layers
     under ``NVFP4BlockScaling`` report their own operands. The others are skipped (said once per layer and tensor),
     unless ``what_if: true``: then they report the cast NVFP4BlockScaling would make, rounding to nearest. Other
     keys: ``tensors``/``tensors_struct``, ``freq``, ``start_step``, ``end_step``, ``start_end_list``.
@@ -80,7 +85,7 @@ class LogNvfp4TensorStats(ScheduledStats):
 
     allowed_tensors = ("activation", "gradient", "weight")
     parse_stats = staticmethod(parse_nvfp4_stats)
-    option_keys = ScheduledStats.option_keys | {"what_if"}
+    option_keys = ScheduledStats.option_keys | {"what_if", THRESHOLD_KEY}
 
     def validate_options(self, view: dict, location: ConfigLocation) -> None:
         collector = ErrorCollector()
@@ -88,6 +93,8 @@ class LogNvfp4TensorStats(ScheduledStats):
             super().validate_options(view, location)
         with collector.check():
             parse_what_if(view, location)
+        with collector.check():
+            parse_threshold(view, location)
         collector.raise_errors()
 
     @api_method
@@ -114,10 +121,14 @@ class LogNvfp4TensorStats(ScheduledStats):
         key = (layer_name, tensor_name, "LogNvfp4TensorStats", tuple(stats), window_key(config))
         request = dict(layer_name=layer_name, tensor_name=tensor_name, iteration=iteration)
         request |= stats_reduction(tensor_name, kwargs.get("tp_group"), kwargs.get("tp_size", 1))
-        plain = [(PREFIX + stat, stat) for stat in stats if stat not in SCALE_STATS]
+        plain = [(PREFIX + stat, stat) for stat in stats if stat not in SCALE_STATS and stat not in BLOCK_STATS]
         if plain:
             partials = set_fields(empty_partials(tensor.device), quantization_fields(tensor, q, overflows=False))
             STATS_BUFFERS.feed(key, stats=plain, partials=partials, **request)
         scale_stats = [(PREFIX + stat, stat) for stat in stats if stat in SCALE_STATS]
         if scale_stats:
             feed_scale_stats(key, q.scale_inv, q.block_scales, scale_stats, **request)
+        block_stats = [(PREFIX + stat, stat) for stat in stats if stat in BLOCK_STATS]
+        if block_stats:
+            threshold = parse_threshold(config, ConfigLocation("config"))
+            feed_block_stats(key, tensor, q, block_stats, threshold, **request)
