@@ -43,7 +43,11 @@ def diagnose_run(
     text = remedy_config.to_yaml(config, reasons, source) if config else None
     iterations = [i for points in run.points.values() for i in (min(points), max(points)) if points]
     span = (min(iterations), max(iterations)) if iterations else None
-    caution = one_iteration_caution(span[0]) if span is not None and span[0] == span[1] else None
+    caution = None
+    if span is not None and span[0] == span[1]:
+        caution = one_iteration_caution(span[0])
+    elif span is not None and span[1] < span[0] + thresholds.warmup:
+        caution = warmup_caution(span, thresholds.warmup)
     return Diagnosis(findings, config, text, thresholds, span, not_measured(run), in_place, layers, caution, skipped)
 
 
@@ -53,6 +57,15 @@ def one_iteration_caution(iteration: int) -> str:
         f"every statistic is from iteration {iteration} alone, so what persists or grows cannot be judged and no "
         "finding is no all-clear; if the run trained more than one step, debug_api.step() was never called and "
         "every step was merged into that iteration: call it once per training step, after optimizer.step()"
+    )
+
+
+def warmup_caution(span: tuple[int, int], warmup: int) -> str:
+    """What a run no longer than its warm-up shows: its warm-up values, judged for want of any others."""
+    return (
+        f"every statistic is from iterations {span[0]} to {span[1]}, all in the warm-up (the first {warmup} iterations), "
+        "whose values are usually transients: they are judged as they are, for want of others; run past the warm-up "
+        "(or lower the warmup threshold) to tell a transient from what persists"
     )
 
 

@@ -41,19 +41,27 @@ MEASURES = (
 
 
 def _persistence(summary: Summary, unit: str) -> str:
-    """How long and how badly: the iterations over the threshold, the worst value, and the end of the run."""
+    """How long and how badly: the iterations over the threshold, the worst value, and the end of the run, all after
+    warm-up; a larger value in the warm-up set aside comes last, as an aside. A run no longer than its warm-up has
+    nothing else to show: its warm-up values, said to be so."""
 
     def shown(value: float) -> str:
         if math.isnan(value):  # a run that ends in NaN
             return "NaN"
         return f"x{value:.3g}" if unit == "x" else f"{value:.3g}{unit}"
 
-    warmup = " (warm-up)" if summary.worst_in_warmup else ""
-    return (
-        f"over {shown(summary.threshold)} in {summary.above:.0%} of the iterations after warm-up (first {summary.first_above}), "
-        f"worst {shown(summary.worst)} at {summary.worst_iteration}{warmup}, {shown(summary.persistent)} at the end "
+    which = "of the iterations, all warm-up" if summary.warmup_only else "of the iterations after warm-up"
+    text = (
+        f"over {shown(summary.threshold)} in {summary.above:.0%} {which} (first {summary.first_above}), "
+        f"worst {shown(summary.worst)} at {summary.worst_iteration}, {shown(summary.persistent)} at the end "
         f"(median of the last iterations)"
     )
+    if summary.warmup_only:
+        return f"{text}; the run is no longer than its warm-up, so these are warm-up values"
+    if summary.warmup_exceeds:
+        assert summary.warmup_worst is not None
+        return f"{text}; {shown(summary.warmup_worst)} at {summary.warmup_worst_iteration} in warm-up, set aside"
+    return text
 
 
 class Detector:

@@ -108,7 +108,8 @@ class Diagnosis:
     which checks had nothing logged to read (None when none), so that no finding is not read as no problem;
     ``in_place``: the remedies the run already had, each with whether it worked; ``layers``: the names of the run's
     layers (its statistics' and routing records'), which a merged config is written for (not in ``as_dict``);
-    ``caution``: why no finding may still not be an all-clear (every statistic from one iteration), or None;
+    ``caution``: why no finding may still not be an all-clear (every statistic from one iteration, or all from the
+    warm-up), or None;
     ``skipped``: the layers the per-tensor FP8 checks were not applied to (block formats, high precision), or None."""
 
     findings: list[Finding]

@@ -105,8 +105,11 @@ class Summary:
 
     ``persistent``: the median of the last ``tail`` of the iterations after warm-up (NaN when the run ends
     in NaN); ``above``: the fraction of the finite ones over the threshold, and ``first_above`` the first of
-    them; ``worst`` and ``worst_iteration``: the largest finite value of the whole series (warm-up included);
-    ``warmup_only``: nothing was logged after warm-up, so those values stand in for it.
+    them; ``worst`` and ``worst_iteration``: their largest finite value; ``warmup_only``: nothing was logged after
+    warm-up, so the warm-up's values stand in for it (and ``worst`` is the warm-up's). ``warmup_worst`` and
+    ``warmup_worst_iteration``: the largest finite value of the warm-up that was set aside (None where no warm-up
+    value was logged, or the run is all warm-up), which headlines and colours leave out: at iteration 0 delayed
+    scaling's scale is still 1 and a tensor's values are those of an untrained model.
     """
 
     persistent: float
@@ -114,17 +117,28 @@ class Summary:
     first_above: int | None
     worst: float
     worst_iteration: int
-    worst_in_warmup: bool
     warmup_only: bool
     threshold: float
+    warmup_worst: float | None = None
+    warmup_worst_iteration: int | None = None
 
     def is_problem(self, persistence: float) -> bool:
         """Persistently over the threshold: at the end of the run, or for ``persistence`` of it."""
         return self.persistent > self.threshold or self.above >= persistence
 
     def is_transient(self, persistence: float) -> bool:
-        """Over the threshold at some point, but not persistently (a warm-up or a passing spike)."""
+        """Over the threshold at some point after warm-up, but not persistently (a passing spike)."""
         return self.worst > self.threshold and not self.is_problem(persistence)
+
+    def is_warmup_transient(self, persistence: float) -> bool:
+        """Over the threshold during warm-up alone: never after it, nor (a run all warm-up) persistently."""
+        over = self.warmup_worst is not None and self.warmup_worst > self.threshold
+        return over and self.worst <= self.threshold and not self.is_problem(persistence)
+
+    @property
+    def warmup_exceeds(self) -> bool:
+        """Whether the warm-up set aside held a larger value than any after it (worth a secondary clause)."""
+        return self.warmup_worst is not None and self.warmup_worst > self.worst
 
     def as_dict(self) -> dict[str, float | int | bool | None]:
         return {
@@ -133,8 +147,9 @@ class Summary:
             "first_above": self.first_above,
             "worst": self.worst,
             "worst_iteration": self.worst_iteration,
-            "worst_in_warmup": self.worst_in_warmup,
             "warmup_only": self.warmup_only,
+            "warmup_worst": self.warmup_worst,
+            "warmup_worst_iteration": self.warmup_worst_iteration,
             "threshold": self.threshold,
         }
 
@@ -148,25 +163,29 @@ def _median_nan_last(values: list[float]) -> float:
 
 
 def summarize(points: Points, threshold: float, warmup_end: int, tail: float) -> Summary | None:
-    """``points`` against ``threshold``; iterations before ``warmup_end`` are warm-up. The end of the run
-    (``persistent``) is taken over every logged value, NaN and inf included, so a run that ends broken does
-    not show its last finite values; the rest over the finite values. None when no value is finite."""
+    """``points`` against ``threshold``; iterations before ``warmup_end`` are warm-up, set aside unless they are all
+    there is. The end of the run (``persistent``) is taken over every logged value, NaN and inf included, so a run
+    that ends broken does not show its last finite values; the rest over the finite values. None when no value is
+    finite."""
     logged = sorted(points.items())
     finite = [(iteration, value) for iteration, value in logged if math.isfinite(value)]
     if not finite:
         return None
     warmup_only = finite[-1][0] < warmup_end
     steady = finite if warmup_only else [(i, v) for i, v in finite if i >= warmup_end]
+    warmup = [] if warmup_only else [(i, v) for i, v in finite if i < warmup_end]
     ending = [v for i, v in logged if i >= warmup_end] or [v for _, v in logged]
     over = [i for i, v in steady if v > threshold]
-    worst_iteration, worst = max(finite, key=lambda point: (point[1], point[0] >= warmup_end, -point[0]))  # ties: after warm-up
+    worst_iteration, worst = max(steady, key=lambda point: (point[1], -point[0]))  # ties: the first
+    warmup_worst_iteration, warmup_worst = max(warmup, key=lambda point: (point[1], -point[0])) if warmup else (None, None)
     return Summary(
         persistent=_median_nan_last(ending[-max(1, math.ceil(tail * len(ending))) :]),
         above=len(over) / len(steady),
         first_above=over[0] if over else None,
         worst=worst,
         worst_iteration=worst_iteration,
-        worst_in_warmup=worst_iteration < warmup_end,
         warmup_only=warmup_only,
         threshold=threshold,
+        warmup_worst=warmup_worst,
+        warmup_worst_iteration=warmup_worst_iteration,
     )

@@ -6,7 +6,8 @@ diagnosis at the top (what is wrong, what to change, and the config that does it
 tensors most at risk ranked on what persists, the precision map (which GEMM read which tensor in FP8, in
 high precision or as a feature modified it, from the routing records), heatmaps of layer x iteration for underflows%,
 overflows% and dynamic range across the page, coloured against the thresholds of the diagnosis (a
-statistic without one on its map's own range), and per layer each logged statistic over the
+statistic without one on its map's own range) on the values after warm-up (the warm-up's drawn faded, outside
+the scale, unless the run is all warm-up), and per layer each logged statistic over the
 iterations, forward tensors beside backward ones.
 """
 
@@ -98,6 +99,7 @@ def report_data(
         "skipped": diagnosis.skipped,
         "in_place": [entry.as_dict() for entry in diagnosis.in_place],
         "thresholds": thresholds.as_dict(),
+        "warmup_end": run.first_iteration + thresholds.warmup,  # the heatmaps' colour scales start here
         "precision_map": precision_map(routing),
     }
 

@@ -2,9 +2,10 @@
 
 A row holds the tensor's underflows%, overflows% and dynamic range (those that were logged, none
 shown as zero), each with its value at the end of the run (the median of the last quarter after
-warm-up), its threshold, how many iterations were over it, and its worst value with the iteration.
-Rows are ranked on the losses at the end against their thresholds, not on a maximum: a maximum at
-iteration 0, where delayed scaling's scale is still 1, is marked as a warm-up transient. Each row names the format
+warm-up), its threshold, how many iterations were over it, and its worst value after warm-up with the iteration
+(the warm-up's worst beside it where larger). Rows are ranked on the losses at the end against their thresholds, not
+on a maximum: a statistic over its threshold only in warm-up (iteration 0, where delayed scaling's scale is still 1)
+is a warm-up transient, never a caution. Each row names the format
 its layer reads the tensor in; the dynamic range of a tensor read without a per-tensor scale (block formats, high
 precision) is shown without a threshold, as no FP8 element's range bounds it.
 """
@@ -51,14 +52,17 @@ def _cell(summary: Summary) -> dict[str, Any]:
         "above": json_value(summary.above),
         "worst": json_value(summary.worst),
         "worst_iteration": summary.worst_iteration,
-        "worst_in_warmup": summary.worst_in_warmup,
+        "warmup_only": summary.warmup_only,  # the run is no longer than its warm-up: its values stand in
+        "warmup_worst": None if summary.warmup_worst is None else json_value(summary.warmup_worst),
+        "warmup_worst_iteration": summary.warmup_worst_iteration,
     }
 
 
 def _labels(cells: dict[str, Summary], found: list[Finding], persistence: float) -> tuple[bool, list[str]]:
     """Per statistic what it is, from the diagnosis's own findings: a problem where ``diagnose`` found one, a
     caution for a dynamic range beyond its format's while underflows% (logged, under its threshold) measures the
-    loss, else a warm-up transient or a transient. Whether any was a caution."""
+    loss, else a transient (over after warm-up, not persistently) or a warm-up transient (over in warm-up alone).
+    Whether any was a caution."""
     problems = {finding.stat for finding in found}
     caution, labels = False, [f"{stat}: problem" for stat in dict.fromkeys(finding.stat for finding in found)]
     for stat, summary in cells.items():
@@ -68,7 +72,9 @@ def _labels(cells: dict[str, Summary], found: list[Finding], persistence: float)
             caution = True
             labels.append(f"{stat}: caution, beyond the format's range (underflows% measures the loss)")
         elif summary.is_transient(persistence):
-            labels.append(f"{stat}: {'warm-up transient' if summary.worst_in_warmup else 'transient'}")
+            labels.append(f"{stat}: transient")
+        elif summary.is_warmup_transient(persistence):
+            labels.append(f"{stat}: warm-up transient")
     return caution, labels
 
 

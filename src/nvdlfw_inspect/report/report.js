@@ -12,6 +12,9 @@
   const NEUTRAL_STOPS = [[247, 251, 255], [107, 174, 214], [8, 48, 107]];
   const MAX_HEAT_COLUMNS = 1000, MIN_LABELED_ROW = 9, EAGER_LAYERS = 3, FINDINGS_SHOWN = 12;
   const NOT_LOGGED = [238, 240, 243];
+  // A warm-up cell: its colour on the scale of the iterations after it, faded toward grey (it sets no colour).
+  const WARMUP_GREY = [214, 217, 222], WARMUP_FADE = 0.7;
+  const faded = (rgb) => rgb.map((c, k) => Math.round(c + WARMUP_FADE * (WARMUP_GREY[k] - c)));
   const KIND_NAMES = {
     nonfinite: "NaN or inf", overflow: "overflow", underflow: "underflow",
     scale_change: "scale jumps", dynamic_range: "dynamic range beyond the format", peer_outlier: "unlike its peers",
@@ -125,8 +128,11 @@
     const end = number(cell.persistent);  // NaN or inf when the run ends broken
     const td = element("td", !Number.isFinite(end) ? { class: "bad" } : cell.above > 0 ? {} : { class: "quiet" });
     td.appendChild(element("div", {}, format(end)));
-    const warmup = cell.worst_in_warmup ? " (warm-up)" : "";
     const over = cell.threshold === null ? "not judged: no per-tensor FP8 scale" : `over ${format(cell.threshold)} in ${percent(cell.above)}`;
+    // the worst after warm-up; the warm-up's set aside, named after it where larger, and a run all warm-up said so
+    const warmup = cell.warmup_only ? " (all warm-up)"
+      : cell.warmup_worst !== null && number(cell.warmup_worst) > number(cell.worst)
+        ? `; warm-up ${format(number(cell.warmup_worst))} at ${cell.warmup_worst_iteration}` : "";
     td.appendChild(element("div", { class: "sub" }, `${over}; worst ${format(cell.worst)} at ${cell.worst_iteration}${warmup}`));
     return td;
   }
@@ -136,9 +142,10 @@
     body.replaceChildren();
     document.getElementById("risks-note").textContent = data.risks.length
       ? `Per tensor, each value at the end of the run (the median of the last ${percent(data.thresholds.tail)} of the ` +
-        `iterations after warm-up), then the share of those iterations over its threshold and the worst value with its ` +
-        `iteration. Ranked on the losses at the end against their thresholds; a maximum reached only in warm-up or in a ` +
-        `passing spike is a transient. Problems are the diagnosis's findings, in its order; a dynamic range beyond its ` +
+        `iterations after warm-up), then the share of those iterations over its threshold and the worst value after ` +
+        `warm-up with its iteration (the warm-up's beside it where larger). Ranked on the losses at the end against their ` +
+        `thresholds; a statistic over its threshold in a passing spike is a transient, and only in warm-up (the first ` +
+        `${data.thresholds.warmup} iteration${data.thresholds.warmup === 1 ? "" : "s"}) a warm-up transient. Problems are the diagnosis's findings, in its order; a dynamic range beyond its ` +
         `format's is a problem only where underflows% was not logged, and where it was, a caution: underflows% tells ` +
         `how much is lost. The format is the one the layer's GEMMs read the tensor in (its statistics describe the ` +
         `first GEMM's); the dynamic range of a tensor read without a per-tensor FP8 scale (block formats, whose every ` +
@@ -271,7 +278,7 @@
     return bar;
   }
 
-  function legend(low, high, threshold, broken, missing, formatsDiffer) {
+  function legend(low, high, threshold, broken, missing, formatsDiffer, warm) {
     const box = element("div", { class: "legend" });
     if (low <= high && threshold === null) {  // the colour scale, where any value is finite
       const why = formatsDiffer ? "its layers' formats differ" : "this map's own range";
@@ -287,6 +294,11 @@
         box.appendChild(element("span", {}, format(high)));
       }
     }
+    if (warm === "faded") {
+      box.appendChild(swatch(faded(ALARM_STOPS[1]), `warm-up (before iteration ${data.warmup_end}): faded, outside the scale`));
+    } else if (warm === "all") {
+      box.appendChild(element("span", {}, `every iteration is warm-up (before ${data.warmup_end}): its values set the scale`));
+    }
     if (broken) box.appendChild(swatch([0, 0, 0], "NaN or inf"));
     if (missing) box.appendChild(swatch(NOT_LOGGED, "not logged"));
     return box;
@@ -299,27 +311,41 @@
     const columns = Math.min(iterations.length, MAX_HEAT_COLUMNS);
     const columnOf = new Map(iterations.map((it, i) => [it, Math.floor((i * columns) / iterations.length)]));
     const rowOf = new Map(layers.map((l, i) => [l, i]));
+    // The scale is set by the iterations after warm-up (data.warmup_end on), unless the run has no other: the warm-up's
+    // values, kept apart (a cell of many iterations shows the ones after warm-up), are drawn faded on it.
+    const allWarmup = iterations[iterations.length - 1] < data.warmup_end;
     const cells = new Float64Array(columns * layers.length).fill(NaN);
+    const warmCells = new Float64Array(columns * layers.length).fill(NaN);
     const broken = new Uint8Array(columns * layers.length);
-    let low = Infinity, high = -Infinity, anyBroken = false;
+    let low = Infinity, high = -Infinity, warmLow = Infinity, warmHigh = -Infinity, anyBroken = false;
     group.forEach((s) => {
       if (!rowOf.has(s.layer)) return;
       s.values.forEach((v, k) => {
         const at = rowOf.get(s.layer) * columns + columnOf.get(s.it[k]);
         if (!Number.isFinite(v)) { broken[at] = 1; anyBroken = true; return; }
+        if (!allWarmup && s.it[k] < data.warmup_end) {
+          if (!(warmCells[at] >= v)) warmCells[at] = v;
+          warmLow = Math.min(warmLow, v); warmHigh = Math.max(warmHigh, v);
+          return;
+        }
         if (!(cells[at] >= v)) cells[at] = v;
         low = Math.min(low, v); high = Math.max(high, v);
       });
     });
+    if (low > high) { low = warmLow; high = warmHigh; }  // nothing finite after warm-up: the warm-up's scale
     if (!anyBroken && low > high) return null;  // nothing to draw
+    const warmDrawn = warmLow <= warmHigh;  // a warm-up value drawn faded
+    const warmDiffers = warmDrawn && (warmLow !== low || warmHigh !== high);
     // one tensor and stat: one threshold, unless its layers' formats give them different ones (or none)
     const thresholds = new Set(group.filter((s) => rowOf.has(s.layer)).map((s) => s.threshold));
     const formatsDiffer = thresholds.size > 1, threshold = formatsDiffer ? null : [...thresholds][0];
     const against = threshold === null ? "" : `, ${low > threshold ? "over" : "within"} its threshold ${format(threshold)}`;
     if (!anyBroken && low === high) {  // one value everywhere: said in words, not drawn as a blank map
+      const after = warmDiffers ? " after warm-up" : "";
+      const aside = warmDiffers ? `; in warm-up ${format(warmLow)} to ${format(warmHigh)}` : "";
       return element("p", { class: "flat" },
-        `${title}: ${format(low)} in every logged cell${against} (${layers.length} layer${layers.length > 1 ? "s" : ""}, ` +
-        `iterations ${iterations[0]} to ${iterations[iterations.length - 1]})`);
+        `${title}: ${format(low)} in every logged cell${after}${against} (${layers.length} layer${layers.length > 1 ? "s" : ""}, ` +
+        `iterations ${iterations[0]} to ${iterations[iterations.length - 1]})${aside}`);
     }
     const color = heatScale(low, high, threshold);
     const canvas = element("canvas", { width: columns, height: layers.length });  // as wide as the page (CSS)
@@ -329,8 +355,10 @@
     const image = context.createImageData(columns, layers.length);
     let missing = false;
     for (let i = 0; i < cells.length; i++) {
-      missing = missing || (!broken[i] && Number.isNaN(cells[i]));
-      const rgb = broken[i] ? [0, 0, 0] : Number.isNaN(cells[i]) ? NOT_LOGGED : color(cells[i]);
+      const empty = Number.isNaN(cells[i]) && Number.isNaN(warmCells[i]);
+      missing = missing || (!broken[i] && empty);
+      const rgb = broken[i] ? [0, 0, 0] : empty ? NOT_LOGGED
+        : Number.isNaN(cells[i]) ? faded(color(warmCells[i])) : color(cells[i]);
       image.data.set([...rgb, 255], i * 4);
     }
     context.putImageData(image, 0, 0);
@@ -344,7 +372,8 @@
       const { column, row } = where(event);
       const first = iterations[Math.ceil((column * iterations.length) / columns)];
       const at = row * columns + column;
-      const value = broken[at] ? "NaN or inf" : Number.isNaN(cells[at]) ? "not logged" : format(cells[at]);
+      const value = broken[at] ? "NaN or inf" : !Number.isNaN(cells[at]) ? format(cells[at])
+        : !Number.isNaN(warmCells[at]) ? `${format(warmCells[at])} (warm-up, outside the scale)` : "not logged";
       showTip(`${data.layers[layers[row]]}\niteration ${first}\n${title}: ${value}`, event);
     });
     canvas.addEventListener("mouseleave", hideTip);
@@ -354,7 +383,8 @@
     });
     const box = element("div", { class: "heatmap" });
     box.appendChild(element("div", { class: "caption" }, title));
-    box.appendChild(legend(low, high, threshold, anyBroken, missing, formatsDiffer));
+    const warm = warmDrawn ? "faded" : allWarmup ? "all" : null;
+    box.appendChild(legend(low, high, threshold, anyBroken, missing, formatsDiffer, warm));
     const body = element("div", { class: "heatmap-body" });
     if (rowScale >= MIN_LABELED_ROW) body.appendChild(rowLabels(layers, rowScale));
     const plot = element("div", { class: "plot" });

@@ -50,7 +50,8 @@ def test_planted_problems_are_found_with_their_remedies(planted):
     }
     assert diagnosis.findings[0].layer == "model.grow"  # overflow first
     deep = findings[("model.deep", "gradient")]
-    assert deep.summary.worst_in_warmup and deep.summary.worst_iteration == 0  # scale 1 at iteration 0: worst, but warm-up
+    assert deep.summary.warmup_worst_iteration == 0 and deep.summary.worst_iteration > 0  # scale 1 at iteration 0: set aside
+    assert deep.summary.warmup_worst > deep.summary.worst and "in warm-up, set aside" in deep.message
     assert deep.summary.above == 1.0 and 10 < deep.summary.persistent < 25
     assert "39." in deep.remedies[0].reason and "beyond every FP8 format's range" in deep.remedies[0].reason
     assert diagnosis.iterations == (0, 15)

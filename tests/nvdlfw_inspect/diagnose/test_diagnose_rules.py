@@ -41,8 +41,48 @@ def test_warm_up_maximum_is_a_transient_not_a_finding():
     stats = series("gpt.head", "gradient", "underflows%", [92.66] + [0.24, 0.1, 0.0] * 5, every=5)
     assert kinds(stats) == []
     summary = summarize({s.iteration: s.value for s in stats}, 1.0, warmup_end=1, tail=0.25)
-    assert (summary.worst, summary.worst_iteration, summary.worst_in_warmup) == (92.66, 0, True)
-    assert summary.is_transient(0.5) and summary.above == 0.0 and summary.persistent < 0.25
+    assert (summary.worst, summary.worst_iteration) == (0.24, 5)  # the worst after warm-up
+    assert (summary.warmup_worst, summary.warmup_worst_iteration, summary.warmup_only) == (92.66, 0, False)
+    assert summary.is_warmup_transient(0.5) and not summary.is_transient(0.5)
+    assert summary.above == 0.0 and summary.persistent < 0.25
+
+
+def test_warm_up_stays_out_of_the_headline():
+    """Issue 36: "worst 92.2% at 0 (warm-up)" headlined the demo's finding. A spike at iteration 0 alone is no finding,
+    and the real problem's worst is its worst after warm-up, the warm-up's larger one an aside at the end."""
+    stats = series("spike", "gradient", "underflows%", [95.0] + [0.1] * 15)  # over only at iteration 0
+    stats += series("real", "activation", "underflows%", [0.0] * 4 + [6.0, 7.5] + [6.0] * 10)  # from 4 on
+    stats += series("both", "gradient", "underflows%", [99.0] + [2.0] * 15)  # both, the warm-up's far larger
+    diagnosis = diagnose_statistics(stats)
+    assert [(f.layer, f.first_iteration) for f in diagnosis.findings] == [("real", 4), ("both", 1)]
+    real, both = diagnosis.findings
+    assert (real.summary.worst, real.summary.worst_iteration, real.summary.warmup_worst) == (7.5, 5, 0.0)
+    assert real.message.endswith(
+        "over 1% in 80% of the iterations after warm-up (first 4), worst 7.5% at 5, 6% at the end (median of the last iterations)"
+    )
+    assert both.message.endswith("worst 2% at 1, 2% at the end (median of the last iterations); 99% at 0 in warm-up, set aside")
+    summary = diagnosis.as_dict()["findings"][1]["summary"]
+    assert (summary["worst"], summary["worst_iteration"], summary["warmup_worst"], summary["warmup_worst_iteration"]) == (
+        2.0,
+        1,
+        99.0,
+        0,
+    )
+    assert summary["warmup_only"] is False and "worst_in_warmup" not in summary
+    assert "99%" not in text(diagnosis, "run", None).split("2. ")[0]  # the first finding's lines: no warm-up value
+
+
+def test_a_run_no_longer_than_its_warm_up_shows_its_values_and_says_so():
+    stats = series("l", "gradient", "underflows%", [50.0, 60.0, 40.0])
+    diagnosis = diagnose_statistics(stats, Thresholds(warmup=5))
+    (finding,) = diagnosis.findings
+    assert (finding.summary.worst, finding.summary.worst_iteration, finding.summary.warmup_only) == (60.0, 1, True)
+    assert finding.summary.warmup_worst is None  # nothing set aside: the warm-up is all there is
+    assert "over 1% in 100% of the iterations, all warm-up (first 0), worst 60% at 1" in finding.message
+    assert finding.message.endswith("; the run is no longer than its warm-up, so these are warm-up values")
+    assert diagnosis.caution.startswith("every statistic is from iterations 0 to 2, all in the warm-up (the first 5 iterations)")
+    assert diagnose_statistics(stats).caution is None  # 2 iterations after a warm-up of 1
+    assert diagnose_statistics(stats[:1]).caution.startswith("every statistic is from iteration 0 alone")
 
 
 def test_what_persists_is_a_finding_and_a_passing_spike_is_not():
