@@ -129,10 +129,12 @@
     const td = element("td", !Number.isFinite(end) ? { class: "bad" } : cell.above > 0 ? {} : { class: "quiet" });
     td.appendChild(element("div", {}, format(end)));
     const over = cell.threshold === null ? "not judged: no per-tensor FP8 scale" : `over ${format(cell.threshold)} in ${percent(cell.above)}`;
-    // the worst after warm-up; the warm-up's set aside, named after it where larger, and a run all warm-up said so
+    // the worst after warm-up; the warm-up's set aside, named after it where larger and over the threshold, and a run
+    // all warm-up said so
+    const early = cell.warmup_worst === null ? NaN : number(cell.warmup_worst);
     const warmup = cell.warmup_only ? " (all warm-up)"
-      : cell.warmup_worst !== null && number(cell.warmup_worst) > number(cell.worst)
-        ? `; warm-up ${format(number(cell.warmup_worst))} at ${cell.warmup_worst_iteration}` : "";
+      : early > number(cell.worst) && (cell.threshold === null || early > cell.threshold)
+        ? `; warm-up ${format(early)} at ${cell.warmup_worst_iteration}` : "";
     td.appendChild(element("div", { class: "sub" }, `${over}; worst ${format(cell.worst)} at ${cell.worst_iteration}${warmup}`));
     return td;
   }

@@ -11,7 +11,7 @@ import yaml
 from browser import CHROMIUM, dom
 from planted_runs import planted_run
 
-from nvdlfw_inspect.diagnose import diagnose, diagnose_statistics
+from nvdlfw_inspect.diagnose import Thresholds, diagnose, diagnose_statistics
 from nvdlfw_inspect.reading import Statistic
 from nvdlfw_inspect.report import render, report_data, write_report
 
@@ -44,10 +44,13 @@ def test_risks_rank_on_what_persists_and_mark_warm_up_transients():
         "persistent": 0.1,
         "threshold": 1.0,
         "above": 0.0,
-        "worst": 92.66,
-        "worst_iteration": 0,
-        "worst_in_warmup": True,
+        "worst": 0.24,  # after warm-up
+        "worst_iteration": 5,
+        "warmup_only": False,
+        "warmup_worst": 92.66,  # set aside: the page names it after the worst
+        "warmup_worst_iteration": 0,
     }
+    assert data["warmup_end"] == 1  # the heatmaps' colour scales start at iteration 1
     assert [(f["layer"], f["kind"], f["first_iteration"]) for f in data["findings"]] == [
         ("gpt.layers.0.layernorm_mlp.fc1", "underflow", 5)
     ]
@@ -62,6 +65,30 @@ def test_a_wide_range_whose_loss_is_measured_is_a_caution_not_a_problem():
     assert (row["problem"], row["caution"], row["status"]) == (False, True, [caution]) and data["findings"] == []
     (row,) = report_data(stats[:8], "t")["risks"]
     assert (row["problem"], row["caution"], row["status"]) == (True, False, ["dynamic_range: problem"])
+
+
+def test_a_tensor_over_only_in_warm_up_is_no_caution_and_ranks_below_the_real_problem():
+    """Issue 36: the first iterations dominated the table. A tensor over its thresholds at iteration 0 alone (its
+    dynamic range too) is a warm-up transient, below a tensor whose loss persists; a run all warm-up shows its values."""
+    stats = series("spike", "gradient", "dynamic_range", [40.0] + [10.0] * 7)
+    stats += series("spike", "gradient", "underflows%", [95.0] + [0.1] * 7)
+    stats += series("real", "activation", "underflows%", [0.0] * 3 + [4.0] * 5)
+    data = report_data(stats, "t")
+    assert [(r["layer"], r["problem"], r["caution"], r["status"]) for r in data["risks"]] == [
+        ("real", True, False, ["underflows%: problem"]),
+        ("spike", False, False, ["dynamic_range: warm-up transient", "underflows%: warm-up transient"]),
+    ]
+    spike = data["risks"][1]["stats"]
+    assert (spike["dynamic_range"]["worst"], spike["dynamic_range"]["warmup_worst"]) == (10.0, 40.0)
+    assert (spike["underflows%"]["worst"], spike["underflows%"]["warmup_worst"]) == (0.1, 95.0)
+    late = report_data([Statistic(0, "l", "gradient", "underflows%", 10 + i, v) for i, v in enumerate([9.0, 0.5])], "t")
+    assert late["warmup_end"] == 11  # counted from the run's first iteration
+    everything = report_data(stats, "t", Thresholds(warmup=40))  # no longer than its warm-up: its values, said so
+    row = next(r for r in everything["risks"] if r["layer"] == "spike")
+    spike = row["stats"]["dynamic_range"]
+    assert (spike["worst"], spike["worst_iteration"], spike["warmup_only"], spike["warmup_worst"]) == (40.0, 0, True, None)
+    assert row["status"] == ["dynamic_range: transient", "underflows%: transient"]  # the warm-up is all there is
+    assert everything["caution"].startswith("every statistic is from iterations 0 to 35, all in the warm-up")
 
 
 def test_the_table_agrees_with_the_diagnosis_row_for_row():
@@ -105,15 +132,23 @@ def test_page_draws_legends_states_flat_maps_and_zero_charts(tmp_path):
     flat = "gradient overflows%: 0 in every logged cell, within its threshold 0.1 (1 layer, iterations 0 to 60)"
     assert f'<p class="flat">{flat}</p>' in text
     (legend,) = re.findall(r'<div class="legend">(.*?)</div>', text)  # the one drawn heatmap: gradient underflows%
-    bar = "<canvas [^>]*></canvas>"  # calm up to the threshold, then warning to alarm
-    assert re.match(rf"<span>0</span>{bar}<span>threshold 1</span>{bar}<span>92\.66</span>", legend)
+    bar = "<canvas [^>]*></canvas>"  # calm up to the threshold, then warning to alarm up to the largest after warm-up
+    warm = r'<span class="swatch"><i [^>]*></i>warm-up \(before iteration 1\): faded, outside the scale</span>'
+    assert re.fullmatch(rf"<span>0</span>{bar}<span>threshold 1</span>{bar}<span>2</span>{warm}", legend)
     charts = dict(re.findall(r'<div class="caption">([^<]+)</div><svg[^>]*>(.*?)</svg>', text))
     zero_axis = re.findall(r"<text [^>]*>([^<]*)</text>", charts["gradient overflows%"])
     assert zero_axis[:2] == ["1", "0"]  # 0..1, not -1..1
     assert text.index('id="findings"') < text.index('id="risks"') < text.index('id="heatmaps"')
-    assert "underflows%: warm-up transient" in text and "over 1 in 0%; worst 92.66 at 0 (warm-up)" in text
+    assert "underflows%: warm-up transient" in text and "over 1 in 0%; worst 0.24 at 5; warm-up 92.66 at 0" in text
     unknown = '<td class="unlogged" title="no format in the routing records: judged as FP8 (HYBRID)">-</td>'
     assert text.count(unknown) == 3  # no routing records: each row's format is the run-wide one
+    page.write_text(render(report_data(stats, "t", Thresholds(warmup=100))), encoding="utf-8")  # all warm-up
+    text, errors = dom(page, height=4000)
+    assert errors == []
+    (legend,) = re.findall(r'<div class="legend">(.*?)</div>', text)
+    all_warmup = "<span>every iteration is warm-up \\(before 100\\): its values set the scale</span>"
+    assert re.fullmatch(rf"<span>0</span>{bar}<span>threshold 1</span>{bar}<span>92\.66</span>{all_warmup}", legend)
+    assert "over 1 in 8%; worst 92.66 at 0 (all warm-up)" in text
 
 
 @needs_browser
