@@ -77,6 +77,8 @@ def check_wandb(directory: Path, stdout: str) -> None:
 
 def check_read_stats(directory: Path, stdout: str) -> None:
     assert stdout.startswith("layer") and len(stdout.strip().splitlines()) >= 3  # a Series: header, rows, dtype
+    values = [float(line.split()[-1]) for line in stdout.strip().splitlines()[1:-1]]
+    assert values and max(values) < 90  # warm-up set aside: iteration 0's gradients lose over 90%
 
 
 def check_diagnose(directory: Path, stdout: str) -> None:
