@@ -17,7 +17,7 @@ from nvdlfw_inspect.config_manager import read_sections
 from nvdlfw_inspect.diagnose import Diagnosis, Thresholds, diagnose
 from nvdlfw_inspect.diagnose import config as remedy_config
 from nvdlfw_inspect.diagnose.merge import merge
-from nvdlfw_inspect.diagnose.thresholds import RECIPE_FORMATS
+from nvdlfw_inspect.diagnose.thresholds import CALIBRATED_UNDERFLOW_PCT, FORMAT_UNDERFLOW_PCT, RECIPE_FORMATS
 from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.files import write_text_atomic
 from nvdlfw_inspect.reading import run_directory
@@ -27,7 +27,11 @@ ConfigChecker = Callable[[dict, list[str]], list[ConfigError]]
 
 CONFIG_NAME = "diagnose_config.yaml"
 FLAGS = {
-    "underflow_pct": (float, "%% of all values (zeros too) that flush to zero from non-zero (underflows%%) that is a problem"),
+    "underflow_pct": (
+        float,
+        "%% of all values (zeros too) that flush to zero from non-zero (underflows%%) that is a problem in the formats with "
+        "FP8 elements (MXFP6, MXFP4 and NVFP4 have calibrated thresholds: --format-underflow-pct)",
+    ),
     "overflow_pct": (float, "%% of values saturated under delayed scaling (overflows%%) that is a problem"),
     "persistence": (float, "fraction of the iterations after warm-up a value must be over its threshold"),
     "tail": (float, "last fraction of the run whose median must stay under the threshold"),
@@ -60,6 +64,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the FP8 elements of per-tensor FP8 layers (and of runs whose routing records name no format): HYBRID is "
         "E4M3 forward and E5M2 gradients (default HYBRID)",
     )
+    calibrated = ", ".join(f"{label} {pct:g}" for label, pct in FORMAT_UNDERFLOW_PCT.items())
+    parser.add_argument(
+        "--format-underflow-pct",
+        metavar="FORMAT=PCT",
+        action="append",
+        type=_format_threshold,
+        default=[],
+        help=f"the underflows%% threshold of one format (repeatable), over its calibrated one ({calibrated}) or over "
+        f"--underflow-pct for the others; formats: {', '.join(CALIBRATED_UNDERFLOW_PCT)}",
+    )
+
+
+def _format_threshold(text: str) -> tuple[str, float]:
+    """``nvfp4=30`` as ``("nvfp4", 30.0)``; the label and range are checked by ``Thresholds``."""
+    label, sep, pct = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return label.strip().lower(), float(pct)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FORMAT=PCT (nvfp4=30), got {text!r}") from None
 
 
 def run(args: argparse.Namespace, out: TextIO, check: ConfigChecker | None = None) -> int:
@@ -67,7 +92,8 @@ def run(args: argparse.Namespace, out: TextIO, check: ConfigChecker | None = Non
     written is the user's merged with the remedies (``merge``), which ``check`` must find no error in on the run's
     layer names. Bad thresholds raise ValueError, a config that cannot be written ``WriteError`` (a previous config
     there stays whole)."""
-    thresholds = Thresholds(**{name: getattr(args, name) for name in [*FLAGS, "fp8_format"]})
+    given = dict(getattr(args, "format_underflow_pct", None) or [])
+    thresholds = Thresholds(**{name: getattr(args, name) for name in [*FLAGS, "fp8_format"]}, format_underflow_pct=given)
     log_dir = run_directory(args.log_dir)
     diagnosis = diagnose(log_dir, thresholds)
     path, written = None, diagnosis.config_yaml
@@ -143,5 +169,13 @@ def _thresholds(diagnosis: Diagnosis) -> str:
         f"peer ratio > x{t.peer_ratio:g}",
         f"range margin {t.range_margin_bits:g} bits" if not math.isclose(t.range_margin_bits, 0) else "",
         t.fp8_format,
+        _format_underflows(t),
     ]
     return ", ".join(part for part in parts if part)
+
+
+def _format_underflows(t: Thresholds) -> str:
+    """The underflow thresholds of the formats that have their own (calibrated or given): all of them, as the
+    diagnosis does not list the run's formats."""
+    own = {label: t.underflow_threshold(label) for label in {**FORMAT_UNDERFLOW_PCT, **t.format_underflow_pct}}
+    return "underflow by format " + ", ".join(f"{label} > {pct:g}%" for label, pct in own.items())

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from nvdlfw_inspect.diagnose.formats import INPUTS, Formats, format_name
+from nvdlfw_inspect.diagnose.formats import INPUTS, MECHANISMS, Formats, TensorFormat, format_name
 from nvdlfw_inspect.diagnose.model import Finding
 from nvdlfw_inspect.diagnose.series import Points, Run, Summary, summarize
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
@@ -111,11 +111,12 @@ class Detector:
         t = self.thresholds
         found = []
         for (layer, tensor, stat), points in sorted(self.series.items()):
-            if stat == "underflows%" and (summary := self.problem(points, t.underflow_pct)):
+            if stat == "underflows%":
                 fmt = self.formats.of(layer, tensor)
-                lost = "FP8" if fmt is None else fmt.measured
-                message = f"non-zero values flush to zero in {lost}: {_persistence(summary, '%')}"
-                found.append(self._finding("underflow", layer, tensor, stat, summary, message))
+                label = None if fmt is None else fmt.label
+                if summary := self.problem(points, t.underflow_threshold(label)):
+                    message = f"{_underflow_where(fmt)}: {_persistence(summary, '%')}; {_underflow_threshold(t, fmt)}"
+                    found.append(self._finding("underflow", layer, tensor, stat, summary, message))
             elif stat == "overflows%" and (summary := self.problem(points, t.overflow_pct)):
                 message = f"values saturate (overflow) under delayed scaling: {_persistence(summary, '%')}"
                 found.append(self._finding("overflow", layer, tensor, stat, summary, message))
@@ -196,6 +197,24 @@ class Detector:
             if summary is not None and math.isfinite(summary.persistent):  # a run ending in NaN: unknown
                 context[name] = summary.persistent
         return context
+
+
+def _underflow_where(fmt: TensorFormat | None) -> str:
+    """Where values flush to zero: the format (FP8 where the records do not say) and how it scales them."""
+    if fmt is None:
+        return "non-zero values flush to zero in FP8"
+    mechanism = MECHANISMS.get(fmt.label) if fmt.label is not None else None
+    return f"non-zero values flush to zero in {fmt.measured}" + (f", which has {mechanism}" if mechanism else "")
+
+
+def underflow_threshold_text(thresholds: Thresholds, label: str | None) -> str:
+    """The underflows% threshold of format ``label`` and where it comes from (``Thresholds.underflow_source``)."""
+    name = "FP8" if label is None else format_name(label)
+    return f"{name}'s threshold {thresholds.underflow_threshold(label):g}% ({thresholds.underflow_source(label)})"
+
+
+def _underflow_threshold(thresholds: Thresholds, fmt: TensorFormat | None) -> str:
+    return underflow_threshold_text(thresholds, None if fmt is None else fmt.label)
 
 
 def not_measured(run: Run) -> str | None:

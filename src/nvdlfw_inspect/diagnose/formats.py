@@ -37,6 +37,20 @@ _NAMES = {
     "fp8_block_scaling": "FP8 block scaling",
 }
 
+#: how each format scales what it casts, the mechanism a finding about its losses names
+MECHANISMS = {
+    "fp8_delayed_scaling": "one scale for the whole tensor, from a stale amax history",
+    "fp8_current_scaling": "one scale for the whole tensor, from its own amax",
+    "fp8_block_scaling": "a scale per block (FP32 scales per 1 x 128 values, per 128 x 128 of a weight)",
+    "mxfp8": "a scale per block of 32 values (E8M0 power-of-two scales)",
+    "mxfp8_ocp": "a scale per block of 32 values (E8M0 power-of-two scales, the OCP rule)",
+    "mxfp6_e3m2": "a scale per block of 32 values (E8M0 power-of-two scales, E3M2 elements)",
+    "mxfp6_e2m3": "a scale per block of 32 values (E8M0 power-of-two scales, E2M3 elements)",
+    "mxfp4": "a scale per block of 32 values (E8M0 power-of-two scales, E2M1 elements)",
+    "mxfp4_nvidia": "a scale per block of 32 values (E8M0 power-of-two scales rounded up, E2M1 elements)",
+    "nvfp4": "a scale per block of 16 values (E4M3 scales, 16 x 16 of a weight, and a per-tensor FP32 scale; E2M1 elements)",
+}
+
 
 def format_name(label: str | None) -> str:
     """A format's statistics name in words (``mxfp6_e3m2``: ``MXFP6 E3M2``); None: high precision."""

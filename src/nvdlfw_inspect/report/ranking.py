@@ -28,8 +28,9 @@ def threshold_of(stat: str, layer: str, tensor: str, formats: Formats) -> float 
     """The threshold of a statistic of the layer's own recipe; None for others (what-if recipes, plain
     statistics, and the dynamic range of a tensor without a per-tensor FP8 cast: GEMM outputs, which stay in high
     precision, block formats)."""
-    if stat == "underflows%":
-        return formats.thresholds.underflow_pct
+    if stat == "underflows%":  # the threshold of the format the layer reads the tensor in
+        fmt = formats.of(layer, tensor)
+        return formats.thresholds.underflow_threshold(None if fmt is None else fmt.label)
     if stat == "overflows%":
         return formats.thresholds.overflow_pct
     return formats.range_limit(layer, tensor) if stat == RANGE else None

@@ -139,7 +139,10 @@ def test_command_line_prints_findings_and_writes_the_config(planted, tmp_path, c
     assert main(["diagnose", str(planted), "-o", str(out_path)]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith(f"4 findings in {planted} (iterations 0 to 15; underflow > 1%, overflow > 0.1%")
-    assert "scale change > x4, peer ratio > x100, HYBRID)" in printed.splitlines()[0]
+    assert (
+        "scale change > x4, peer ratio > x100, HYBRID, underflow by format mxfp6_e3m2 > 1.2%, mxfp6_e2m3 > 8.9%, "
+        "mxfp4 > 33.9%, mxfp4_nvidia > 44.2%, nvfp4 > 25.1%)"
+    ) in printed.splitlines()[0]
     assert "1. model.grow (FP8 delayed scaling)  activation  overflow (overflows%, from iteration 1)" in printed
     assert "fix: DisableFP8GEMM on dgrad and wgrad:" in printed and f"config: {out_path}" in printed
     assert out_path.read_text() == diagnose(planted).config_yaml

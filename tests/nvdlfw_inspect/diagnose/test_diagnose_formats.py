@@ -55,18 +55,29 @@ def test_each_finding_names_its_layers_format_and_block_formats_get_their_own_re
     diagnosis = diagnose(mixed)
     found = {(f.layer, f.tensor, f.kind): f for f in diagnosis.findings}
     assert list(found) == [
-        ("model.nvfp4", "activation", "underflow"),
         ("model.mixed", "activation", "underflow"),
         ("model.fp8", "activation", "underflow"),
-    ]  # no dynamic range finding for the NVFP4 gradient of model.mixed nor the high-precision model.hp
+        ("model.nvfp4", "activation", "underflow"),
+    ]  # no dynamic range finding for the NVFP4 gradient of model.mixed nor the high-precision model.hp; NVFP4's ~75%
+    # is 3x its calibrated threshold (25.1%), the others' ~26% 26x their 1%
     fp8, nvfp4, mixed_ = (found[(f"model.{name}", "activation", "underflow")] for name in ("fp8", "nvfp4", "mixed"))
     for finding in (fp8, nvfp4, mixed_):
         assert finding.summary.persistent == pytest.approx(end_of_run(mixed, finding.layer, "activation", "underflows%"))
     assert fp8.where == "model.fp8 (FP8 current scaling)"
-    assert fp8.message.startswith("non-zero values flush to zero in FP8 current scaling: over 1%")
-    assert nvfp4.where == "model.nvfp4 (NVFP4)" and nvfp4.message.startswith("non-zero values flush to zero in NVFP4: over 1%")
+    assert fp8.message.startswith(
+        "non-zero values flush to zero in FP8 current scaling, which has one scale for the whole tensor, from its own "
+        "amax: over 1%"
+    )
+    assert fp8.message.endswith("; FP8 current scaling's threshold 1% (underflow_pct; well-behaved data gives up to 0.058%)")
+    assert nvfp4.where == "model.nvfp4 (NVFP4)"
+    assert nvfp4.message.startswith("non-zero values flush to zero in NVFP4, which has a scale per block of 16 values")
+    assert ": over 25.1% in 100% of the iterations" in nvfp4.message
+    assert nvfp4.message.endswith("; NVFP4's threshold 25.1% (calibrated: well-behaved data gives up to 12.5%, x2)")
     assert mixed_.where == "model.mixed (MXFP8 in fprop, NVFP4 in wgrad)"
-    assert mixed_.message.startswith("non-zero values flush to zero in MXFP8 (fprop's cast): over 1%")
+    assert mixed_.message.startswith(
+        "non-zero values flush to zero in MXFP8 (fprop's cast), which has a scale per block of 32 values (E8M0 "
+        "power-of-two scales): over 1%"
+    )
     # the per-tensor FP8 layer: its range (26 bits) against E4M3's, as before; the block formats: high precision
     assert [(r.feature, r.gemms, dict(r.options)) for r in fp8.remedies] == [
         ("FakeQuant", ("fprop", "wgrad"), {"quant_format": "FP8E5M2"})
@@ -84,14 +95,13 @@ def test_the_command_line_names_the_formats_in_text_and_json(mixed, tmp_path, ca
     printed = capsys.readouterr().out
     lines = printed.splitlines()
     assert lines[2] == f"skipped: {SKIPPED_BLOCK}; nor {SKIPPED_HIGH}"
-    assert "1. model.nvfp4 (NVFP4)  activation  underflow (underflows%, from iteration 1)" in lines
-    assert "2. model.mixed (MXFP8 in fprop, NVFP4 in wgrad)  activation  underflow (underflows%, from iteration 1)" in lines
-    assert "3. model.fp8 (FP8 current scaling)  activation  underflow (underflows%, from iteration 1)" in lines
+    assert "1. model.mixed (MXFP8 in fprop, NVFP4 in wgrad)  activation  underflow (underflows%, from iteration 1)" in lines
+    assert "2. model.fp8 (FP8 current scaling)  activation  underflow (underflows%, from iteration 1)" in lines
+    assert "3. model.nvfp4 (NVFP4)  activation  underflow (underflows%, from iteration 1)" in lines
 
     assert main(["diagnose", str(mixed), "--json", "-o", str(tmp_path / "fix.yaml")]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [(f["layer"], f["format"], f["format_name"], f["gemm_formats"]) for f in data["findings"]] == [
-        ("model.nvfp4", "nvfp4", "NVFP4", {"fprop": "nvfp4", "wgrad": "nvfp4"}),
         ("model.mixed", "mxfp8", "MXFP8 in fprop, NVFP4 in wgrad", {"fprop": "mxfp8", "wgrad": "nvfp4"}),
         (
             "model.fp8",
@@ -99,6 +109,7 @@ def test_the_command_line_names_the_formats_in_text_and_json(mixed, tmp_path, ca
             "FP8 current scaling",
             {"fprop": "fp8_current_scaling", "wgrad": "fp8_current_scaling"},
         ),
+        ("model.nvfp4", "nvfp4", "NVFP4", {"fprop": "nvfp4", "wgrad": "nvfp4"}),
     ]
     assert data["skipped"] == f"{SKIPPED_BLOCK}; nor {SKIPPED_HIGH}"
 
@@ -119,6 +130,7 @@ def test_a_run_whose_records_name_no_format_is_diagnosed_as_before(mixed, tmp_pa
     assert all(f.format is None and f.where == f.layer for f in diagnosis.findings)
     assert all(f.as_dict()["format"] is f.as_dict()["gemm_formats"] is None for f in diagnosis.findings)
     assert diagnosis.findings[0].message.startswith("non-zero values flush to zero in FP8: over 1%")
+    assert diagnosis.findings[0].message.endswith("; FP8's threshold 1% (underflow_pct)")
     assert "its values span more bits than FP8E5M2 holds" in diagnosis.findings[3].message
     assert diagnosis.skipped == SKIPPED_HIGH_ONLY
 
