@@ -58,9 +58,13 @@ def test_warm_up_stays_out_of_the_headline():
     real, both = diagnosis.findings
     assert (real.summary.worst, real.summary.worst_iteration, real.summary.warmup_worst) == (7.5, 5, 0.0)
     assert real.message.endswith(
-        "over 1% in 80% of the iterations after warm-up (first 4), worst 7.5% at 5, 6% at the end (median of the last iterations)"
+        "over 1% in 80% of the iterations after warm-up (first 4), worst 7.5% at 5, 6% at the end (median of the last "
+        "iterations); FP8's threshold 1% (underflow_pct)"
     )
-    assert both.message.endswith("worst 2% at 1, 2% at the end (median of the last iterations); 99% at 0 in warm-up, set aside")
+    assert both.message.endswith(
+        "worst 2% at 1, 2% at the end (median of the last iterations); 99% at 0 in warm-up, set aside; FP8's threshold 1% "
+        "(underflow_pct)"
+    )
     summary = diagnosis.as_dict()["findings"][1]["summary"]
     assert (summary["worst"], summary["worst_iteration"], summary["warmup_worst"], summary["warmup_worst_iteration"]) == (
         2.0,
@@ -79,7 +83,9 @@ def test_a_run_no_longer_than_its_warm_up_shows_its_values_and_says_so():
     assert (finding.summary.worst, finding.summary.worst_iteration, finding.summary.warmup_only) == (60.0, 1, True)
     assert finding.summary.warmup_worst is None  # nothing set aside: the warm-up is all there is
     assert "over 1% in 100% of the iterations, all warm-up (first 0), worst 60% at 1" in finding.message
-    assert finding.message.endswith("; the run is no longer than its warm-up, so these are warm-up values")
+    assert finding.message.endswith(
+        "; the run is no longer than its warm-up, so these are warm-up values; FP8's threshold 1% (underflow_pct)"
+    )
     assert diagnosis.caution.startswith("every statistic is from iterations 0 to 2, all in the warm-up (the first 5 iterations)")
     assert diagnose_statistics(stats).caution is None  # 2 iterations after a warm-up of 1
     assert diagnose_statistics(stats[:1]).caution.startswith("every statistic is from iteration 0 alone")
