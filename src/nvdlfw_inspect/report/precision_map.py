@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from nvdlfw_inspect.diagnose.formats import format_name
 from nvdlfw_inspect.logging import ROUTING_GEMMS
 from nvdlfw_inspect.reading import RoutingRecord
 
@@ -13,7 +14,8 @@ from nvdlfw_inspect.reading import RoutingRecord
 TENSOR_ORDER = ("activation", "weight", "gradient", "output", "dgrad", "wgrad")
 _INPUTS = frozenset(("activation", "weight", "gradient"))
 
-Part = dict[str, Any]  # {"tensor", "decision", "feature", "recipe"}, and "reason", "format" when the record gives them
+Part = dict[str, Any]  # {"tensor", "decision", "feature", "recipe"}, and "reason", "format" (with "format_name", in
+# words) when the record gives them
 Period = dict[str, Any]  # {"from": iteration, "parts": [Part, ...]}
 
 
@@ -40,7 +42,8 @@ def periods(records: Iterable[RoutingRecord]) -> list[Period]:
 def _part(record: RoutingRecord) -> Part:
     """What the page shows of a record; its reason and format only where it has them."""
     part = {key: getattr(record, key) for key in ("tensor", "decision", "feature", "recipe")}
-    return part | {key: getattr(record, key) for key in ("reason", "format") if getattr(record, key) is not None}
+    part |= {key: getattr(record, key) for key in ("reason", "format") if getattr(record, key) is not None}
+    return part if record.format is None else part | {"format_name": format_name(record.format)}
 
 
 def _tensor_rank(tensor: str) -> tuple[int, str]:

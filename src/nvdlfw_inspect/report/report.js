@@ -174,13 +174,8 @@
   // The precision map: a line's class and text for one tensor's routing (the cell's colour says what kind).
   const ROUTE_CLASSES = { fp8: "route-fp8", high_precision: "route-hp", modified: "route-modified" };
   const routeClass = (p) => (!p.recipe && p.decision === "high_precision" ? "route-norecipe" : ROUTE_CLASSES[p.decision]);
-  // A format as the routing records name it (a recipe's statistics name) in words: "mxfp8" -> "MXFP8".
-  const FORMAT_NAMES = {
-    fp8_delayed_scaling: "FP8 delayed scaling", fp8_current_scaling: "FP8 current scaling", fp8_block_scaling: "FP8 block scaling",
-  };
-  const formatName = (format) => FORMAT_NAMES[format] || format.toUpperCase().replace(/_/g, " ");
   function routeText(p) {
-    if (p.decision === "fp8") return p.format ? formatName(p.format) : "FP8";
+    if (p.decision === "fp8") return p.format_name || "FP8";
     if (p.decision === "modified") return p.feature || "modified";
     if (!p.recipe) return "high precision (no recipe)";
     const why = p.feature || p.reason;
