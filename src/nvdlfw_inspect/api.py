@@ -244,17 +244,21 @@ def log_routing(
     iteration: int,
     reason: str | None = None,
     format: str | None = None,
+    recipe_spec: dict[str, Any] | None = None,
+    plan_rule: str | None = None,
 ) -> None:
     """Record a routing decision: from ``iteration`` on, ``gemm`` (fprop, dgrad, wgrad) of ``layer`` reads
     ``tensor`` as ``decision`` says (``fp8``: the recipe's quantized operand, ``high_precision``: unquantized,
     ``modified``: a feature's ``modify_tensor`` output); ``feature`` names the feature that decided (None: the
     default), ``recipe`` whether a recipe was active, ``reason`` why a GEMM the framework does not run (a module
     left unconverted) is in that precision, ``format`` the format the GEMM's recipe reads the tensor in (a recipe's
-    statistics name: ``mxfp8``, ``nvfp4``, ...; layers under a precision plan differ in it). One JSON line in
+    statistics name: ``mxfp8``, ``nvfp4``, ...; layers under a precision plan differ in it), ``recipe_spec`` that recipe
+    with its options (a precision plan's recipe spec: ``{"name": "NVFP4BlockScaling", "disable_rht": true}``) and
+    ``plan_rule`` the name of the precision plan rule that chose it (``diagnose`` judges its own rules by it). One JSON line in
     ``{log_dir}/nvdlfw_inspect_routing_jsonl/routing_globalrank-{rank}.jsonl``, written where the statistics records
     are; a framework calls this when a decision changes. Arguments are checked (``ValueError``, ``TypeError``);
     before ``initialize`` nothing is written."""
-    record = routing_record(layer, gemm, tensor, decision, feature, recipe, iteration, reason, format)
+    record = routing_record(layer, gemm, tensor, decision, feature, recipe, iteration, reason, format, recipe_spec, plan_rule)
     with held(DEBUG_MANAGER) as open_:
         if open_:
             get_logger().log_routing(record)

@@ -66,6 +66,8 @@ class RoutingRecord(NamedTuple):
     iteration: int
     reason: str | None = None  # why a GEMM no feature decided is in that precision (a module left unconverted)
     format: str | None = None  # the format the GEMM's recipe reads the tensor in (``mxfp8``, ``nvfp4``, ...), when said
+    recipe_spec: dict[str, Any] | None = None  # that recipe with its options, as a precision plan writes it, when said
+    plan_rule: str | None = None  # the precision plan rule that chose the GEMM's recipe, when one did
 
 
 class SkippedRecordsWarning(UserWarning):
@@ -222,6 +224,8 @@ def _routing(record: dict[str, Any], default_rank: int) -> RoutingRecord:
     fields = {key: record[key] for key in ("layer", "gemm", "tensor", "decision", "feature", "recipe", "iteration")}
     fields["reason"] = record.get("reason")
     fields["format"] = record.get("format")
+    fields["recipe_spec"] = record.get("recipe_spec")
+    fields["plan_rule"] = record.get("plan_rule")
     rank = record.get("rank", default_rank)
     problems = [
         ("layer", type(fields["layer"]) is str, "a string"),
@@ -231,6 +235,8 @@ def _routing(record: dict[str, Any], default_rank: int) -> RoutingRecord:
         ("feature", fields["feature"] is None or type(fields["feature"]) is str, "a string or null"),
         ("reason", fields["reason"] is None or type(fields["reason"]) is str, "a string or null"),
         ("format", fields["format"] is None or type(fields["format"]) is str, "a string or null"),
+        ("recipe_spec", fields["recipe_spec"] is None or type(fields["recipe_spec"]) is dict, "a mapping or null"),
+        ("plan_rule", fields["plan_rule"] is None or type(fields["plan_rule"]) is str, "a string or null"),
         ("recipe", type(fields["recipe"]) is bool, "true or false"),
         ("iteration", type(fields["iteration"]) is int, "an integer"),
         ("rank", type(rank) is int, "an integer"),

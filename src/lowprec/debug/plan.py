@@ -11,6 +11,7 @@ tensor may be inspected.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -30,13 +31,25 @@ class Precision(Enum):
 class GemmFormats:
     """The format each GEMM reads each input tensor in under the layer's recipes: the recipe's statistics label
     (``mxfp8``, ``nvfp4``, ``fp8_current_scaling``, ...), ``""`` for a recipe of no label, None for high precision.
-    Under one recipe every GEMM has the same; under a precision plan each GEMM its own."""
+    Under one recipe every GEMM has the same; under a precision plan each GEMM its own. ``specs``: each quantizing
+    GEMM's recipe as a plan's recipe spec, in JSON (hashable; the routing records carry it), where known; ``rule``:
+    the precision plan rule that selected the layer, if one did."""
 
     labels: tuple[tuple[str, str, str | None], ...]  # (tensor, GEMM, label), in INPUT_TENSORS and TENSOR_GEMMS order
+    specs: tuple[tuple[str, str], ...] = ()  # (GEMM, recipe spec as JSON)
+    rule: str | None = None
 
     @classmethod
-    def of(cls, labels: Mapping[tuple[str, str], str | None]) -> GemmFormats:
-        return cls(tuple((tensor, gemm, labels[(tensor, gemm)]) for tensor in INPUT_TENSORS for gemm in TENSOR_GEMMS[tensor]))
+    def of(
+        cls, labels: Mapping[tuple[str, str], str | None], specs: Mapping[str, str] | None = None, rule: str | None = None
+    ) -> GemmFormats:
+        ordered = tuple((tensor, gemm, labels[(tensor, gemm)]) for tensor in INPUT_TENSORS for gemm in TENSOR_GEMMS[tensor])
+        return cls(ordered, tuple((gemm, specs[gemm]) for gemm in GEMMS if gemm in (specs or {})), rule)
+
+    def spec(self, gemm: str) -> dict | None:
+        """``gemm``'s recipe as a plan's recipe spec (a fresh mapping), None where not known or not quantized."""
+        text = next((spec for g, spec in self.specs if g == gemm), None)
+        return None if text is None else json.loads(text)
 
     @classmethod
     def uniform(cls, quantized: bool) -> GemmFormats:
@@ -234,7 +247,8 @@ def build_plan(layer_name: str, iteration: int, fp8: bool | GemmFormats, memory:
     return LayerPlan(layer_name, iteration, formats, tensors, ask.next_iteration())
 
 
-Routing = tuple[str, str | None, bool, str | None]  # a routing record's (decision, feature, recipe, format)
+Routing = tuple[str, str | None, bool, str | None, str | None, str | None]
+"""A routing record's (decision, feature, recipe, format, recipe spec as JSON, plan rule)."""
 _DECISIONS = {Precision.QUANTIZE: "fp8", Precision.HIGH_PRECISION: "high_precision", Precision.MODIFY: "modified"}
 
 
@@ -251,12 +265,14 @@ def log_plan(plan: LayerPlan, written: dict[tuple[str, str], Routing]) -> None:
                 debug_api.log_message(f"{plan.layer_name}: Tensor: {tensor}, gemm {gemm} - {precision.value}")
             elif (tensor, gemm) not in written:
                 continue
-            label = plan.formats.label(tensor, gemm) if tensor in INPUT_TENSORS else None
+            formats = plan.formats
+            label = formats.label(tensor, gemm) if tensor in INPUT_TENSORS else None
             feature = _deciding_feature(plan, tensor, gemm, precision)
-            routing = (_DECISIONS[precision], feature, plan.formats.quantizes(gemm), label or None)
+            spec = next((text for g, text in formats.specs if g == gemm), None) if label else None
+            routing = (_DECISIONS[precision], feature, formats.quantizes(gemm), label or None, spec, formats.rule)
             if written.get((tensor, gemm)) != routing:
                 written[(tensor, gemm)] = routing
-                decision, feature, recipe, fmt = routing
+                decision, feature, recipe, fmt, spec, rule = routing
                 debug_api.log_routing(
                     layer=plan.layer_name,
                     gemm=gemm,
@@ -266,6 +282,8 @@ def log_plan(plan: LayerPlan, written: dict[tuple[str, str], Routing]) -> None:
                     recipe=recipe,
                     iteration=plan.iteration,
                     format=fmt,
+                    recipe_spec=None if spec is None else json.loads(spec),
+                    plan_rule=rule,
                 )
 
 

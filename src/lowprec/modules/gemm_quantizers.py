@@ -9,10 +9,12 @@ multiply (two 2-D block-scaled operands) is refused by the recipe itself when it
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection
 
 from lowprec.debug.names import INPUT_TENSORS, TENSOR_GEMMS
 from lowprec.debug.plan import GemmFormats
+from lowprec.plan.recipes import spec_of
 from lowprec.plan.rules import GEMMS, GemmRecipes
 from lowprec.quant.protocol import CastState, Quantizer
 from lowprec.recipe import Recipe
@@ -24,20 +26,24 @@ Pair = tuple[Quantizer | None, Quantizer | None]
 class GemmQuantizers:
     """Per input tensor, the quantizer of each GEMM that reads it (None: that GEMM reads it in high precision)."""
 
-    def __init__(self, recipes: GemmRecipes, pairs: dict[str, Pair]):
+    def __init__(self, recipes: GemmRecipes, pairs: dict[str, Pair], rule: str | None = None):
         self.recipes = recipes
         self.pairs = pairs
+        self.rule = rule
         labels = {
             (tensor, gemm): None if quantizer is None else quantizer.label
             for tensor, pair in pairs.items()
             for gemm, quantizer in zip(TENSOR_GEMMS[tensor], pair, strict=True)
         }
-        self.formats = GemmFormats.of(labels)
+        specs = {gemm: _spec_text(recipes.of(gemm)) for gemm in GEMMS if recipes.of(gemm) is not None}
+        self.formats = GemmFormats.of(labels, specs, rule)
 
     @classmethod
-    def of(cls, recipes: GemmRecipes, quantizers_of: Callable[[Recipe], dict[str, Quantizer]]) -> GemmQuantizers:
+    def of(
+        cls, recipes: GemmRecipes, quantizers_of: Callable[[Recipe], dict[str, Quantizer]], rule: str | None = None
+    ) -> GemmQuantizers:
         """The quantizers of ``recipes`` (each GEMM's recipe, None: high precision), each recipe's from
-        ``quantizers_of`` (a layer's, which keeps their state)."""
+        ``quantizers_of`` (a layer's, which keeps their state); ``rule``: the precision plan rule that chose them."""
         made = {recipe: quantizers_of(recipe) for recipe in {recipes.of(g) for g in GEMMS} if recipe is not None}
 
         def quantizer(tensor: str, gemm: str) -> Quantizer | None:
@@ -48,7 +54,7 @@ class GemmQuantizers:
             tensor: (quantizer(tensor, TENSOR_GEMMS[tensor][0]), quantizer(tensor, TENSOR_GEMMS[tensor][1]))
             for tensor in INPUT_TENSORS
         }
-        return cls(recipes, pairs)
+        return cls(recipes, pairs, rule)
 
     def pair(self, tensor_name: str) -> Pair:
         return self.pairs[tensor_name]
@@ -84,7 +90,12 @@ class GemmQuantizers:
                     None if first is None else first.replaying(first_state),
                     None if second is None else second.replaying(second_state),
                 )
-        return GemmQuantizers(self.recipes, pairs)
+        return GemmQuantizers(self.recipes, pairs, self.rule)
+
+
+def _spec_text(recipe: Recipe) -> str:
+    """``recipe`` as a plan's recipe spec in JSON: what the routing records say a GEMM ran."""
+    return json.dumps(spec_of(recipe))
 
 
 HIGH_PRECISION = GemmQuantizers(GemmRecipes.every(None), {tensor: (None, None) for tensor in INPUT_TENSORS})

@@ -69,7 +69,7 @@ class GemmUnit:
         self.tp_group: Any = None  # set by NamedModule.set_tensor_parallel_group
         self.debug = DebugLayerState()
         self._by_recipe: dict[Recipe, dict[str, Quantizer]] = {}  # each recipe's quantizers (their amax histories)
-        self._by_recipes: dict[GemmRecipes, GemmQuantizers] = {}
+        self._by_recipes: dict[tuple[GemmRecipes, str | None], GemmQuantizers] = {}
         self._training: GemmRecipes | None = None  # the recipes of the last training forward
         self._said: tuple | None = None  # the last precision-plan resolution said
         self._last: tuple | None = None  # (autocast recipe, plan, training, quantizers) of the last forward
@@ -103,17 +103,20 @@ class GemmUnit:
         last = self._last
         if last is not None and last[0] is state.autocast_recipe and last[1] is state.plan and last[2] == training:
             return last[3]  # the same autocast recipe and plan objects as the last forward: the same resolution
+        rule = None
         if state.plan is None:
             recipes = GemmRecipes.every(state.autocast_recipe)
         else:
             precision = state.plan.resolve(layer_name, self.layer_types)
             recipes = precision.gemm_recipes(training, state.autocast_recipe)
+            rule = precision.rule_name if precision.rule is not None else None
             self._say_resolution(layer_name, state.plan, precision, training, recipes)
         if training and recipes != self._training:
             self._start_fresh(layer_name, recipes)
-        found = self._by_recipes.get(recipes)
+        found = self._by_recipes.get((recipes, rule))
         if found is None:
-            found = self._by_recipes[recipes] = GemmQuantizers.of(recipes, lambda recipe: self.quantizers(recipe, layer_name))
+            made = GemmQuantizers.of(recipes, lambda recipe: self.quantizers(recipe, layer_name), rule)
+            found = self._by_recipes[(recipes, rule)] = made
         self._last = (state.autocast_recipe, state.plan, training, found)
         return found
 

@@ -123,17 +123,30 @@ def _made(name: Any, options: dict[Any, Any], name_location: ConfigLocation, loc
         raise location.error(f"{cls.__name__} refuses these options: {err}", {"name": name, **options}) from None
 
 
+def _changed(recipe: Recipe) -> dict[str, Any]:
+    """The options of ``recipe`` that differ from its class's defaults."""
+    return {
+        field.name: getattr(recipe, field.name)
+        for field in dataclasses.fields(recipe)
+        if getattr(recipe, field.name) != field.default
+    }
+
+
 def describe(recipe: Recipe | None) -> str:
     """A recipe in a few words, for messages: its class and the options that differ from the defaults (a format by
     its name, ``Format.E4M3``, not its elements' whole repr)."""
     if recipe is None:
         return "high_precision"
-    changed = [
-        f"{field.name}={_short(getattr(recipe, field.name))}"
-        for field in dataclasses.fields(recipe)
-        if getattr(recipe, field.name) != field.default
-    ]
+    changed = [f"{name}={_short(value)}" for name, value in _changed(recipe).items()]
     return f"{type(recipe).__name__}({', '.join(changed)})"
+
+
+def spec_of(recipe: Recipe) -> dict[str, Any]:
+    """``recipe`` as a plan's recipe spec, ``{name: <class>, <option>: <value>}`` with the options that differ from the
+    defaults (a format by its name): what ``parse_recipe`` makes the same recipe of, and what routing records carry
+    so that ``diagnose`` can write a remedy that changes one option and keeps the others."""
+    options = {name: value.name if isinstance(value, Format) else value for name, value in _changed(recipe).items()}
+    return {"name": type(recipe).__name__, **options}
 
 
 def _short(value: Any) -> str:

@@ -16,6 +16,7 @@ from nvdlfw_inspect import invocation
 from nvdlfw_inspect.config_manager import read_sections
 from nvdlfw_inspect.diagnose import Diagnosis, Thresholds, diagnose
 from nvdlfw_inspect.diagnose import config as remedy_config
+from nvdlfw_inspect.diagnose.in_format import PLAN_KEY
 from nvdlfw_inspect.diagnose.merge import merge
 from nvdlfw_inspect.diagnose.thresholds import CALIBRATED_UNDERFLOW_PCT, FORMAT_UNDERFLOW_PCT, RECIPE_FORMATS
 from nvdlfw_inspect.errors import ConfigError
@@ -144,6 +145,12 @@ def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None, user_conf
             target = f" on {' and '.join(remedy.gemms)}" if remedy.gemms else ""
             lines.append(f"   fix: {remedy.feature}{target}: {remedy.reason}")
     lines.append("")
+    if config_path is not None and PLAN_KEY in diagnosis.config:
+        quoted = shlex.quote(str(config_path))
+        lines.append(
+            f"plan: {config_path} holds a {PLAN_KEY} (the remedies that change a layer's format): the re-run needs it "
+            f"as lowprec.autocast(recipe=..., plan={str(config_path)!r}) or {invocation.command()} demo --plan {quoted}"
+        )
     if config_path is None:
         lines.append("config: none written (nothing to change)")
     elif user_config:

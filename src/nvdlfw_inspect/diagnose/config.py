@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from nvdlfw_inspect.diagnose.in_format import PLAN_FEATURE, PLAN_KEY, plan_rules
 from nvdlfw_inspect.diagnose.model import Remedy
 from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER, WATCH_STATS, WATCH_TENSORS
 
@@ -26,6 +27,11 @@ HEADER = (
     "feature_dirs=[lowprec.FEATURE_DIR] (or import lowprec). A layer may get each feature from one section only: "
     "appending this file to a config that configures the same features for the same layers fails at the first "
     "forward. For one config made of yours and these remedies, run: nvdlfw-inspect diagnose LOG_DIR --config YOUR.yaml"
+)
+PLAN_NOTE = (
+    "A precision plan for lowprec (the debug framework skips this key): each rule gives one layer's GEMMs the recipes "
+    "written, the others as the run had them. The re-run needs it: lowprec.autocast(recipe=..., plan='<this file>'), "
+    "or nvdlfw-inspect demo --plan <this file>. If your run had a plan in another file, put these rules first in it."
 )
 MERGED_HEADER = (
     "One config for the re-run, written by nvdlfw-inspect diagnose: your config {user} with the remedies of the run "
@@ -93,12 +99,16 @@ def watch_section(remedy: Remedy) -> dict[str, Any]:
 
 def build(remedies: Iterable[Remedy]) -> tuple[dict[str, Any], dict[str, list[str]]]:
     """``(config, reasons by section)``: the watch section first, then one section per layer in the order
-    the layers' first remedies come."""
+    the layers' first remedies come, then the remedies that change a layer's format, as the rules of a precision
+    plan (``in_format``) under ``precision_plan:``."""
     config: dict[str, Any] = {}
     reasons: dict[str, list[str]] = {}
     by_layer: dict[str, list[Remedy]] = {}
+    planned: list[Remedy] = []
     for remedy in remedies:
-        if remedy.layer is None:
+        if remedy.feature == PLAN_FEATURE:
+            planned.append(remedy)
+        elif remedy.layer is None:
             config[WATCH_SECTION] = watch_section(remedy)
             reasons[WATCH_SECTION] = [remedy.reason]
         else:
@@ -109,6 +119,10 @@ def build(remedies: Iterable[Remedy]) -> tuple[dict[str, Any], dict[str, list[st
         name = _section_name(layer, taken)
         config[name] = {"enabled": True, "layers": {"exact_layer_names": [layer]}, NAMESPACE: features}
         reasons[name] = [f"{layer}: {reason}" for reason in why]
+    if planned:
+        rules, why = plan_rules(planned)
+        config[PLAN_KEY] = {"rules": rules}
+        reasons[PLAN_KEY] = [PLAN_NOTE, *why]
     return config, reasons
 
 

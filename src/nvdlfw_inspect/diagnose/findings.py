@@ -188,9 +188,13 @@ class Detector:
         return Finding(kind, layer, tensor, stat, summary.first_above, message, summary, context, format=fmt)
 
     def _context(self, layer: str, tensor: str) -> dict[str, Any]:
-        """What the remedy is chosen from: the FP8 element of its per-tensor cast, the tensor's persistent dynamic
+        """What the remedy is chosen from: the FP8 element of its per-tensor cast, each GEMM's recipe where the
+        routing records say it (``recipes``, as a plan's recipe specs), the tensor's persistent dynamic
         range and what current scaling would lose (``fp8_current_scaling_underflows%``), where they were logged."""
         context: dict[str, Any] = {"element": self.formats.element(layer, tensor)}
+        recipes = self.formats.recipes(layer)
+        if recipes is not None:
+            context["recipes"] = recipes
         for name, stat in (("dynamic_range", "dynamic_range"), ("current_scaling_underflows", "fp8_current_scaling_underflows%")):
             points = self.series.get((layer, tensor, stat))
             summary = self.summary(points, math.inf) if points else None

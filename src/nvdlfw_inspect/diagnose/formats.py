@@ -109,6 +109,23 @@ class Formats:
                 latest[(record.layer, record.gemm)] = record
         # (layer, GEMM): its format, None without a recipe; a GEMM whose record names no recipe's format is unknown
         self._gemms = {key: r.format if r.recipe else None for key, r in latest.items() if r.format is not None or not r.recipe}
+        # (layer, GEMM): its recipe as a plan's recipe spec, where the records say it
+        self._specs = {key: r.recipe_spec for key, r in latest.items() if r.recipe and r.recipe_spec is not None}
+
+    def recipes(self, layer: str) -> dict[str, dict | None] | None:
+        """Each GEMM's recipe of ``layer`` as a plan's recipe spec (None: high precision), from which a remedy that
+        changes one option keeps the others; None unless the records say it for every GEMM."""
+        found = {}
+        for gemm in ("fprop", "dgrad", "wgrad"):
+            if (layer, gemm) not in self._gemms:
+                return None
+            if self._gemms[(layer, gemm)] is None:
+                found[gemm] = None
+            elif (layer, gemm) in self._specs:
+                found[gemm] = dict(self._specs[(layer, gemm)])
+            else:
+                return None
+        return found
 
     def of(self, layer: str, tensor: str) -> TensorFormat | None:
         """The format ``layer`` reads ``tensor`` in; None where the records do not say (no record, or no format)."""

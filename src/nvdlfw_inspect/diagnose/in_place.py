@@ -2,7 +2,8 @@
 operand) according to the run's routing records, and whether that worked.
 
 A remedy is in place for a layer's input tensor when, on every rank, each GEMM that reads the tensor takes it
-from a feature (``DisableFP8GEMM``, ``PerTensorScaling``, ``FakeQuant``, ...) at the end of the run. The
+from a feature (``DisableFP8GEMM``, ``PerTensorScaling``, ``FakeQuant``, ...) or runs the recipe of a precision plan
+rule ``diagnose`` wrote for that tensor (``in_format``; its routing records name the rule) at the end of the run. The
 quantization statistics of such a tensor measure what those GEMMs read (``LogFp8TensorStats``), so it worked
 when no finding about the tensor remains and its statistics were logged after the remedy began.
 """
@@ -13,16 +14,17 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from nvdlfw_inspect.diagnose.formats import INPUTS, TENSOR_GEMMS
+from nvdlfw_inspect.diagnose.in_format import PLAN_FEATURE, rule_tensors
 from nvdlfw_inspect.diagnose.model import Finding, InPlace, Remedy
 from nvdlfw_inspect.diagnose.series import Run
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.reading import RoutingRecord
 
-MEASURED_BY = ("underflows%", "overflows%")  # the statistics the remedies are chosen from
+MEASURED_BY = ("underflows%", "overflows%", "underflow_blocks%", "saturated_blocks%")  # what remedies are chosen from
 #: findings about the FP8 cast: a tensor no GEMM reads in the recipe's FP8 cannot have them any more
 CAST_FINDINGS = ("dynamic_range",)
 STRONGEST = "DisableFP8GEMM"
-ESCALATED = ("underflow", "overflow", "scale_change")  # the findings a stronger precision setting repairs
+ESCALATED = ("underflow", "overflow", "scale_change", "block_underflow", "block_saturation")  # the findings a stronger precision setting repairs
 
 
 def remedies_in_place(records: Iterable[RoutingRecord]) -> dict[tuple[str, str], tuple[str, tuple[str, ...], int]]:
@@ -42,11 +44,22 @@ def remedies_in_place(records: Iterable[RoutingRecord]) -> dict[tuple[str, str],
         ranks = {rank for rank, _ in decisions}
         gemms = TENSOR_GEMMS[tensor]
         covered = [decisions.get((rank, gemm)) for rank in ranks for gemm in gemms]
-        if all(r is not None and r.feature and r.decision in ("high_precision", "modified") for r in covered):
-            features = sorted({r.feature for r in covered if r is not None and r.feature})
+        through = [None if r is None else _through(r) for r in covered]
+        if all(through):
             since = max(r.iteration for r in covered if r is not None)
-            found[(layer, tensor)] = ("+".join(features), gemms, since)
+            found[(layer, tensor)] = ("+".join(sorted(set(through))), gemms, since)  # type: ignore[arg-type]
     return found
+
+
+def _through(record: RoutingRecord) -> str | None:
+    """What ``record``'s GEMM reads its tensor through: a feature (high precision, or its operand), or a precision
+    plan rule ``diagnose`` wrote for that tensor (``PLAN_FEATURE``); None for the run's own default."""
+    if record.feature and record.decision in ("high_precision", "modified"):
+        return record.feature
+    written_for = rule_tensors(record.plan_rule)
+    if written_for is not None and written_for[0] == record.layer and record.tensor in written_for[1]:
+        return PLAN_FEATURE
+    return None
 
 
 def judge(
@@ -68,7 +81,8 @@ def judge(
         elif finding.kind not in CAST_FINDINGS:
             remaining.append(_escalated(finding, place))
     for (layer, tensor), (feature, gemms, since) in in_place.items():
-        where = f"{layer} {tensor}: {feature} on {' and '.join(gemms)} since iteration {since}"
+        named = feature.replace(PLAN_FEATURE, "the precision plan rule diagnose wrote for it")
+        where = f"{layer} {tensor}: {named} on {' and '.join(gemms)} since iteration {since}"
         start = max(since, warmup_end)
         finding = open_findings.get((layer, tensor))
         measured = {
@@ -94,8 +108,8 @@ def judge(
 def _escalated(finding: Finding, place: tuple[str, tuple[str, ...], int]) -> Finding:
     """``finding`` with the strongest remedy when the one in place did not work (nothing more when it is that one)."""
     feature, gemms, since = place
-    if finding.kind not in ESCALATED:
-        return finding
+    if finding.kind not in ESCALATED or PLAN_FEATURE in feature.split("+"):
+        return finding  # a plan rule's next rung is already the finding's remedy: it was chosen from the recipe run
     if STRONGEST in feature.split("+"):
         message = f"{finding.message}; its GEMMs already read it in high precision ({feature}), so the FP8 cast is not the cause"
         return replace(finding, message=message)

@@ -23,6 +23,8 @@ config that configures the same ``transformer_engine`` features for the same lay
   and stats are added to each user ``LogTensorStats`` of that namespace, whose schedule becomes the window (the
   user's own statistics are logged in that window only, for this re-run); the run's layers that no section's
   ``LogTensorStats`` selects keep the watch, by their exact names.
+- The remedies' precision plan rules (``precision_plan:``, ``in_format``): first in the user's plan (of lowprec's
+  format), replacing the rules ``diagnose`` wrote before for the same layers; or the whole plan.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 from nvdlfw_inspect.config_manager import OTHER_TOOLS_KEYS, LayerSpec
 from nvdlfw_inspect.diagnose.config import NAMESPACE, WATCH_SECTION, free_name, gemm_tensor_selection
+from nvdlfw_inspect.diagnose.in_format import PLAN_KEY, rule_tensors
 from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER
 from nvdlfw_inspect.errors import ConfigLocation
 
@@ -41,6 +44,7 @@ PAIR_FEATURES = ("PerTensorScaling", "FakeQuant")
 PRECISION = {*DISABLE_GEMM, *PAIR_FEATURES}  # features that choose a GEMM's precision: one section decides them
 WINDOW_KEYS = ("start_step", "end_step", "freq", "start_end_list")
 _SELECTION_KEYS = ("enabled", "gemm", "gemms", "gemms_struct", "tensor", "tensors", "tensors_struct")
+PLAN_KEYS = {"default", "eval", "rules"}  # lowprec's plan format (the remedies' rules go first in it)
 _GLOBAL_FLAGS = re.compile(r"\A\(\?([aiLmsux]+)\)")
 
 Notes = dict[str, list[str]]
@@ -59,6 +63,7 @@ def merge(
     reasons = reasons or {}
     notes: Notes = {}
     watch = remedies.pop(WATCH_SECTION, None)
+    plan = remedies.pop(PLAN_KEY, None)
     user = {name: _spec(name, section) for name, section in merged.items() if _enabled(section) and name not in OTHER_TOOLS_KEYS}
     remedy_layers = {name: section["layers"]["exact_layer_names"][0] for name, section in remedies.items()}
     window = watch[NAMESPACE]["LogTensorStats"] if watch else None
@@ -88,7 +93,35 @@ def merge(
             notes[name].append("It now selects none of the run's layers (the re-run warns of it unless it selects others).")
     if watch is not None:
         _rest_of_watch(merged, watch, layers, taken, reasons, notes)
+    if plan is not None:
+        _plan_into(merged, plan, reasons.get(PLAN_KEY, []), notes)
     return merged, {name: lines for name, lines in notes.items() if lines}
+
+
+def _plan_into(merged: dict, plan: dict, reasons: list[str], notes: Notes) -> None:
+    """The remedies' plan rules put first in the user's ``precision_plan`` (a rule ``diagnose`` wrote earlier for one
+    of their layers is replaced: the run read its recipes, which the new rule starts from), or as the whole plan."""
+    notes[PLAN_KEY] = list(reasons)
+    user_plan = merged.get(PLAN_KEY)
+    if user_plan is None:
+        merged[PLAN_KEY] = plan
+        return
+    user_rules = user_plan.get("rules", []) if isinstance(user_plan, dict) and set(user_plan) <= PLAN_KEYS else None
+    if not isinstance(user_rules, list):
+        raise ValueError(
+            f"your config's {PLAN_KEY} is not lowprec's plan format (keys {sorted(PLAN_KEYS)}, e.g. Megatron-LM's precision "
+            f"file), so the remedies' rules cannot be put first in it; write them there yourself: {plan['rules']}"
+        )
+    layers = {rule["layers"]["exact_layer_names"][0] for rule in plan["rules"]}
+    kept = []
+    for rule in user_rules:
+        earlier = rule_tensors(rule.get("name")) if isinstance(rule, dict) else None
+        if earlier is not None and earlier[0] in layers:
+            notes[PLAN_KEY].append(f"Replaces your rule {rule['name']!r}: this run read its recipes, the new rule starts from them.")
+        else:
+            kept.append(rule)
+    merged[PLAN_KEY] = {**user_plan, "rules": [*plan["rules"], *kept]}
+    notes[PLAN_KEY].append(f"Its rules come first in your {PLAN_KEY}, before your {len(kept)} rules (the first rule that selects a layer wins).")
 
 
 def _enabled(section: Any) -> bool:

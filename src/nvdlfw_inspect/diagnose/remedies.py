@@ -7,8 +7,9 @@
   within its format's range, the scale lags (``PerTensorScaling``); beyond E4M3's but within E5M2's,
   ``FakeQuant`` in E5M2 tests the wider format; beyond every FP8 format's, or unknown, the GEMMs that
   read it run in high precision (``DisableFP8GEMM``).
-- underflow in a block format (MXFP8, NVFP4, ...): every block has its own scale, so neither a per-tensor scale
-  nor a wider FP8 element helps; the GEMMs that read it run in high precision.
+- underflow in a block format (MXFP8, NVFP4, ...): every block has its own scale, so no per-tensor scale helps;
+  the next rung of ``in_format`` keeps the format (an option its designers found) or a wider block format, as a
+  rule of a precision plan; high precision when none is left.
 - dynamic range beyond the format's with no underflows% logged: the same choice by range.
 - NaN or inf: statistics of every GEMM tensor at every iteration around the first one, to find the
   operation that made it; where it came out of a GEMM of finite operands, that GEMM in high precision.
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+from nvdlfw_inspect.diagnose import in_format
 from nvdlfw_inspect.diagnose.formats import TENSOR_GEMMS
 from nvdlfw_inspect.diagnose.model import Finding, Remedy
 from nvdlfw_inspect.diagnose.thresholds import FORMAT_RANGE_BITS
@@ -71,16 +73,12 @@ def by_range(finding: Finding, lost: str) -> Remedy:
 
 
 def per_block(finding: Finding, lost: str) -> Remedy:
-    """High precision for a tensor that a block format loses: its blocks' own scales cannot lag the tensor, and the
-    remedies of a per-tensor scale (PerTensorScaling, FakeQuant) would replace its format rather than repair it."""
+    """For a tensor that a block format loses, the next rung that keeps a low-precision format (``in_format``: an
+    option its designers found, else a wider block format, as a plan rule), high precision last. Its blocks' own
+    scales cannot lag the tensor, so a per-tensor scale (PerTensorScaling, FakeQuant) would replace the format
+    rather than repair it."""
     assert finding.format is not None
-    gemms = _gemms(finding.tensor)
-    why = (
-        f"{lost} in {finding.format.measured}, a block format: each block has its own scale, so no per-tensor scale lags "
-        f"and PerTensorScaling or FakeQuant would replace the format rather than repair it; the GEMMs that read it "
-        f"({_listed(gemms)}) run in high precision (for good, give the layer a wider format)."
-    )
-    return Remedy("DisableFP8GEMM", finding.layer, gemms, None, why)
+    return in_format.plan_remedy(finding, lost) or in_format.high_precision(finding, lost)
 
 
 def for_underflow(finding: Finding) -> Remedy:

@@ -212,9 +212,12 @@ def routing_record(
     iteration: int,
     reason: str | None = None,
     format: str | None = None,
+    recipe_spec: dict[str, Any] | None = None,
+    plan_rule: str | None = None,
 ) -> dict[str, Any]:
     """A routing record's fields, checked (``ValueError``/``TypeError`` naming the field), in the file's order;
-    ``reason`` and ``format`` only when given, so records without them keep their line format."""
+    ``reason``, ``format``, ``recipe_spec`` and ``plan_rule`` only when given, so records without them keep their
+    line format."""
     for name, value in (("layer", layer), ("tensor", tensor)):
         if not isinstance(value, str) or not value:
             raise TypeError(f"routing record: {name} must be a non-empty string, got {value!r}")
@@ -228,6 +231,10 @@ def routing_record(
         raise TypeError(f"routing record: reason must be a non-empty string or None, got {reason!r}")
     if format is not None and (not isinstance(format, str) or not format):
         raise TypeError(f"routing record: format must be a non-empty string or None, got {format!r}")
+    if recipe_spec is not None and not (isinstance(recipe_spec, dict) and isinstance(recipe_spec.get("name"), str)):
+        raise TypeError(f"routing record: recipe_spec must be a mapping with a 'name' or None, got {recipe_spec!r}")
+    if plan_rule is not None and (not isinstance(plan_rule, str) or not plan_rule):
+        raise TypeError(f"routing record: plan_rule must be a non-empty string or None, got {plan_rule!r}")
     if not isinstance(recipe, bool):
         raise TypeError(f"routing record: recipe must be True or False (whether a recipe is active), got {recipe!r}")
     if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
@@ -245,4 +252,8 @@ def routing_record(
         record["reason"] = reason
     if format is not None:
         record["format"] = format
+    if recipe_spec is not None:
+        record["recipe_spec"] = recipe_spec
+    if plan_rule is not None:
+        record["plan_rule"] = plan_rule
     return record

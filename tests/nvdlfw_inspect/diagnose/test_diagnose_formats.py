@@ -83,10 +83,29 @@ def test_each_finding_names_its_layers_format_and_block_formats_get_their_own_re
         ("FakeQuant", ("fprop", "wgrad"), {"quant_format": "FP8E5M2"})
     ]
     assert fp8.context["element"] == "FP8E4M3" and nvfp4.context["element"] is None
-    for finding, measured in ((nvfp4, "NVFP4"), (mixed_, "MXFP8 (fprop's cast)")):
-        (remedy,) = finding.remedies
-        assert (remedy.feature, remedy.gemms) == ("DisableFP8GEMM", ("fprop", "wgrad"))
-        assert remedy.reason.startswith(f"It loses values to zero in {measured}, a block format: each block has its own scale")
+    # the block formats: the next rung as a precision plan rule, on the GEMMs that read the tensor in the measured
+    # format; the run's other GEMMs keep their recipes, options and all (model.nvfp4 ran without stochastic rounding)
+    (remedy,) = nvfp4.remedies
+    unrounded = {"name": "NVFP4BlockScaling", "disable_stochastic_rounding": True}
+    assert (remedy.feature, remedy.gemms, remedy.tensor) == ("precision_plan", ("fprop", "wgrad"), "activation")
+    assert dict(remedy.options)["recipes"] == {
+        "fprop": {"name": "MXFP8BlockScaling"},
+        "dgrad": unrounded,
+        "wgrad": {"name": "MXFP8BlockScaling"},
+    }
+    assert remedy.reason.startswith(
+        "It loses values to zero in NVFP4; a rule of the precision plan changes the GEMMs that read it in NVFP4, fprop "
+        "and wgrad: MXFP8 (E4M3 elements, 4 more bits than E2M1, a scale per 32 values) (leaves NVFP4)"
+    )
+    (remedy,) = mixed_.remedies  # measured in fprop's MXFP8 cast: fprop gets E5M2 elements, the NVFP4 wgrad stays
+    assert (remedy.feature, remedy.gemms) == ("precision_plan", ("fprop",))
+    assert dict(remedy.options)["recipes"] == {
+        "fprop": {"name": "MXFP8BlockScaling", "fp8_format": "E5M2"},
+        "dgrad": {"name": "NVFP4BlockScaling"},
+        "wgrad": {"name": "NVFP4BlockScaling"},
+    }
+    assert "fprop: MXFP8 with E5M2 elements for its operands (fp8_format E5M2): 15 more bits" in remedy.reason
+    assert "(stays in MXFP8)" in remedy.reason
     assert diagnosis.skipped == f"{SKIPPED_BLOCK}; nor {SKIPPED_HIGH}"
 
 
