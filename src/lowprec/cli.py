@@ -108,6 +108,28 @@ def recipe_names(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+MODEL_HELP = (
+    "train your own model instead of the demo GPT: module:function, an importable function (e.g. mypkg.models:make) "
+    "called with no argument after torch.manual_seed(seed), returning (model, batch_fn): a torch.nn.Module whose "
+    "forward(batch) returns the scalar loss, and batch_fn(step) returning that step's batch (drawn after a "
+    "torch.manual_seed the seed fixes, so every recipe reads the same batches). Its linear layers are converted by "
+    "lowprec.convert and every layer's statistics logged (.*); --size and --plan do not apply"
+)
+#: the flags that train, with their defaults: given beside run directories they are an error
+TRAINING_DEFAULTS = {
+    "recipes": None,
+    "plan": None,
+    "plan_recipe": None,
+    "steps": 100,
+    "size": "tiny",
+    "seed": 0,
+    "seeds": 1,
+    "device": None,
+    "threads": None,
+    "model": None,
+}
+
+
 def compare_arguments(sub: argparse.ArgumentParser) -> None:
     from lowprec.compare import DEFAULT_RECIPES, RECIPES
     from lowprec.compare.recipes import autocast_recipes
@@ -115,19 +137,34 @@ def compare_arguments(sub: argparse.ArgumentParser) -> None:
 
     known, default = ",".join(RECIPES), ",".join(DEFAULT_RECIPES)
     sub.add_argument(
-        "--recipes", type=recipe_names, default=list(DEFAULT_RECIPES), help=f"comma-separated, from {known} (default: {default})"
+        "dirs",
+        nargs="*",
+        metavar="DIR",
+        help="run directories that already exist (statistics, optional loss.json): compared without training; the "
+        "training flags do not apply",
     )
-    sub.add_argument("--plan", help=PLAN_HELP + "; trained as one more run, 'plan', on the same page")
+    sub.add_argument("--recipes", type=recipe_names, default=None, help=f"comma-separated, from {known} (default: {default})")
+    sub.add_argument("--plan", default=None, help=PLAN_HELP + "; trained as one more run, 'plan', on the same page")
     sub.add_argument(
         "--plan-recipe",
         choices=autocast_recipes(),
         default=None,
         help="the recipe of the layers the plan leaves to the autocast (default: high precision)",
     )
-    sub.add_argument("--steps", type=positive_int, default=100, help="training steps per recipe (default 100)")
-    sub.add_argument("--size", choices=list(SIZES), default="tiny", help="model size (default tiny)")
+    sub.add_argument("--model", default=None, help=MODEL_HELP)
+    sub.add_argument("--steps", type=positive_int, default=None, help="training steps per recipe (default 100)")
+    sub.add_argument("--size", choices=list(SIZES), default=None, help="model size (default tiny)")
     sub.add_argument("--out", default="./compare_logs", help="where the runs and compare.html go (default ./compare_logs)")
-    sub.add_argument("--seed", type=non_negative_int, default=0, help="weights and batch order, the same for every recipe")
+    sub.add_argument(
+        "--seed", type=non_negative_int, default=None, help="weights and batch order, the same for every recipe (default 0)"
+    )
+    sub.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=None,
+        help="train every recipe with the seeds SEED to SEED+N-1 (in OUT/<recipe>/seed<k> when N > 1), for the "
+        "seed-to-seed noise the bottom line compares each gap with (default 1: no noise estimate)",
+    )
     sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     sub.add_argument(
         "--threads", type=positive_int, default=None, help="torch's CPU threads (default: OMP_NUM_THREADS, else the free cores)"
@@ -135,15 +172,25 @@ def compare_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 def compare(args: argparse.Namespace) -> int:
-    """A run directory that already holds logs, or a bad plan, is a user error, found before any training."""
-    from lowprec.compare import compare_formats
+    """A run directory that already holds logs, or a bad plan, is a user error, found before any training. With
+    run directories, nothing trains and a training flag is a user error."""
+    from lowprec.compare import DEFAULT_RECIPES, compare_dirs, compare_formats
 
-    if bad_plan(args.plan):
+    if args.dirs:
+        given = [f"--{name.replace('_', '-')}" for name in TRAINING_DEFAULTS if getattr(args, name) is not None]
+        if given:
+            raise cli.UserError(
+                f"compare DIR ... compares runs that exist, without training: {', '.join(given)} "
+                "only apply when compare trains (give no DIR)"
+            )
+    elif bad_plan(args.plan):
         return 1
+    values = {
+        name: default if getattr(args, name) is None else getattr(args, name) for name, default in TRAINING_DEFAULTS.items()
+    }
+    values["recipes"] = values["recipes"] or list(DEFAULT_RECIPES)
     try:
-        page = compare_formats(
-            args.recipes, args.steps, args.size, args.out, args.seed, args.device, args.threads, args.plan, args.plan_recipe
-        )
+        page = compare_dirs(args.dirs, args.out) if args.dirs else compare_formats(out=args.out, **values)
     except ValueError as error:
         raise cli.UserError(str(error)) from None
     print(f"page: {page}")
@@ -152,7 +199,8 @@ def compare(args: argparse.Namespace) -> int:
 
 COMPARE = cli.Command(
     "compare",
-    "Train the demo GPT once per recipe (high precision, FP8, MXFP8, NVFP4...) from one seed; one page compares them.",
+    "Train the demo GPT (or your model) once per recipe (high precision, FP8, MXFP8, NVFP4...) and seed, or read runs "
+    "that exist; one page compares them, with a bottom line per recipe.",
     compare_arguments,
     compare,
 )

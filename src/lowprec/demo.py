@@ -19,9 +19,10 @@ import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -293,6 +294,75 @@ def read_losses(log_dir: str | Path) -> list[float]:
     return json.loads(path.read_text())["loss"]
 
 
+ModelFactory = Callable[[], tuple[torch.nn.Module, Callable[[int], Any]]]
+"""A model of the user's own: called with no argument, it returns ``(model, batch_fn)``, a ``torch.nn.Module`` whose
+``forward(batch)`` returns the scalar loss and ``batch_fn(step)`` the batch of that step."""
+
+
+def _gpt_training(shape: Size, device: str, seed: int) -> tuple[torch.nn.Module, Callable, Callable]:
+    """The demo GPT (weights from the seed already set), its batches (windows of the corpus, in an order from
+    ``seed + 1``) and its loss (next-byte cross entropy)."""
+    text = corpus().to(device)
+    model = GPT(shape).to(device)
+    generator = torch.Generator().manual_seed(seed + 1)
+
+    def batch(step: int) -> torch.Tensor:
+        starts = torch.randint(0, len(text) - shape.seq - 1, (shape.batch,), generator=generator).tolist()
+        return torch.stack([text[s : s + shape.seq + 1] for s in starts])
+
+    def loss_of(window: torch.Tensor) -> torch.Tensor:
+        logits = model(window[:, :-1])
+        return F.cross_entropy(logits.float().reshape(-1, 256), window[:, 1:].reshape(-1))
+
+    return model, batch, loss_of
+
+
+def _to_device(batch: Any, device: str) -> Any:
+    """The batch's tensors (alone, or in a tuple, list or dict) on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(item, device) for item in batch)
+    if isinstance(batch, dict):
+        return {key: _to_device(item, device) for key, item in batch.items()}
+    return batch
+
+
+def user_model(factory: ModelFactory, name: str = "model_factory") -> tuple[torch.nn.Module, Callable[[int], Any]]:
+    """``factory()`` checked against the contract of ``ModelFactory``; a ``LowprecValueError`` naming ``name``
+    (the argument or flag that gave it) and what it returned otherwise."""
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module) and callable(made[1])):
+        got = f"a tuple of {', '.join(type(item).__name__ for item in made)}" if isinstance(made, tuple) else type(made).__name__
+        raise LowprecValueError(
+            f"{name}: {getattr(factory, '__qualname__', factory)!r} must return (model, batch_fn), a torch.nn.Module whose "
+            f"forward(batch) returns the loss and a function of the step returning its batch; it returned {got}"
+        )
+    return made
+
+
+def _factory_training(factory: ModelFactory, device: str, seed: int) -> tuple[torch.nn.Module, Callable, Callable]:
+    """The user's model (made after ``torch.manual_seed(seed)``, its linear layers converted by ``lowprec.convert``
+    and named ``model.<path>``), its batches (``torch.manual_seed`` set before each from a sequence that ``seed + 1``
+    fixes, so every recipe reads the same ones) and its forward as the loss."""
+    model, batch_fn = user_model(factory)
+    model = lowprec.convert(model).to(device)
+    generator = torch.Generator().manual_seed(seed + 1)
+
+    def batch(step: int) -> Any:
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        return _to_device(batch_fn(step), device)
+
+    def loss_of(inputs: Any) -> torch.Tensor:
+        loss = model(inputs)
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()):
+            got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise LowprecValueError(f"model_factory: the model's forward(batch) must return the scalar loss, got {got}")
+        return loss.reshape(())
+
+    return model, batch, loss_of
+
+
 def run_demo(
     steps: int = 300,
     size: str = "small",
@@ -305,6 +375,7 @@ def run_demo(
     threads: int | None = None,
     learning_rate: float = DEMO_LEARNING_RATE,
     plan: str | os.PathLike | Mapping | PrecisionPlan | None = None,
+    factory: ModelFactory | None = None,
 ) -> dict:
     """Train, log, write the report; returns the first and last losses, every step's loss and the paths written.
 
@@ -320,7 +391,16 @@ def run_demo(
     ``plan_statistics_config``'s statistics (written to ``plan_config.yaml`` in ``log_dir``).
     A run that trained but could not write all its files (a full disk) raises ``RunNotSaved``, which names the
     disk and holds the result; the training is never stopped by it.
+    ``factory``: train the user's model instead of the GPT (``ModelFactory``; ``size`` is then unused): it is made
+    after ``torch.manual_seed(seed)``, converted by ``lowprec.convert`` (layers ``model.<path>``), and each batch
+    drawn after a ``torch.manual_seed`` that ``seed`` fixes. A precision plan resolves the GPT's layers only, so
+    ``plan`` with a ``factory`` is a ``LowprecValueError``.
     """
+    if factory is not None and plan is not None:
+        raise LowprecValueError(
+            "plan: a precision plan is resolved against the demo GPT's layers; with a factory (your own model) train "
+            "without one, or apply it in your own loop with lowprec.autocast(plan=...)"
+        )
     if not is_int(seed) or seed < 0:
         raise LowprecValueError(f"seed must be a non-negative integer, got {seed!r}")
     if size not in SIZES:
@@ -351,13 +431,13 @@ def run_demo(
     torch.set_num_threads(threads)
     try:
         torch.manual_seed(seed)
-        text = corpus().to(device)
-        model = GPT(shape).to(device)
+        model, batch, loss_of = (
+            _gpt_training(shape, device, seed) if factory is None else _factory_training(factory, device, seed)
+        )
         optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))
         )
-        generator = torch.Generator().manual_seed(seed + 1)
         losses, started, time_left = [], time.perf_counter(), TimeLeft()
         # a step's cost: this process's CPU time on the CPU, which other processes do not inflate as they do wall
         # time (on a busy machine NVFP4 looked the fastest recipe and is the slowest); on a GPU, wall time
@@ -366,14 +446,12 @@ def run_demo(
         training_started = clock()
         for step in range(steps):
             step_started = time.perf_counter()
-            starts = torch.randint(0, len(text) - shape.seq - 1, (shape.batch,), generator=generator).tolist()
-            window = torch.stack([text[s : s + shape.seq + 1] for s in starts])
+            inputs = batch(step)
             with (
                 torch.autocast(torch.device(device).type, dtype=autocast, enabled=autocast is not None),
                 lowprec.autocast(enabled=recipe is not None, recipe=recipe, plan=precision_plan),
             ):
-                logits = model(window[:, :-1])
-            loss = F.cross_entropy(logits.float().reshape(-1, 256), window[:, 1:].reshape(-1))
+                loss = loss_of(inputs)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -12,7 +12,8 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 
-from nvdlfw_inspect.diagnose.thresholds import Thresholds
+from nvdlfw_inspect.diagnose.formats import Formats, format_name
+from nvdlfw_inspect.diagnose.thresholds import CALIBRATED_UNDERFLOW_PCT, Thresholds
 from nvdlfw_inspect.reading import Statistic
 
 TOP = 5
@@ -71,16 +72,45 @@ def outliers(stats: Iterable[Statistic], prefix: str = "") -> dict[str, list[dic
     return {name: top_tensors(ranked[name]) for name in RANKED if ranked[name]}
 
 
-def over_thresholds(stats: Iterable[Statistic], prefix: str = "") -> dict[str, dict]:
-    """Per loss statistic the run logged (underflows%, overflows%), against ``diagnose``'s default threshold: how many
-    tensors settled over it, of how many, and the worst settled value, for the verdict table."""
+def run_format(stats: Iterable[Statistic]) -> tuple[str, str | None]:
+    """The statistics prefix of a run's quantization statistics (``nvfp4_`` of ``nvfp4_underflows%``; ``""`` when
+    unprefixed) and the format it names (None: none, or a prefix that is no known format)."""
+    prefixes = {stat.stat[: -len(name)] for stat in stats for name in ("underflows%", "mse") if stat.stat.endswith(name)}
+    prefix = "" if "" in prefixes or not prefixes else sorted(prefixes)[0]
+    label = prefix.removesuffix("_")
+    return prefix, label if label in CALIBRATED_UNDERFLOW_PCT else None
+
+
+def over_thresholds(
+    stats: Iterable[Statistic], prefix: str = "", label: str | None = None, formats: Formats | None = None
+) -> dict[str, dict]:
+    """Per loss statistic the run logged (underflows%, overflows%), against ``diagnose``'s default thresholds: how many
+    tensors settled over it, of how many, the worst settled value, and each threshold used with where it comes from.
+    underflows% is judged per tensor by its own format's threshold (``Thresholds.underflow_threshold``): the format
+    its routing records give (``formats``; a plan run's layers differ), else the run's ``label``."""
     series = collect(stats, prefix)
     defaults = Thresholds()
     verdict = {}
-    for stat, threshold in (("underflows%", defaults.underflow_pct), ("overflows%", defaults.overflow_pct)):
-        values = [settled(points) for points in series.get(stat, {}).values()]
-        if values:
-            over = [value for value in values if not value <= threshold]  # NaN counts as over
+    for stat in ("underflows%", "overflows%"):
+        judged = []
+        for (layer, tensor), points in series.get(stat, {}).items():
+            if stat == "overflows%":
+                judged.append((settled(points), defaults.overflow_pct, "delayed scaling", "overflow_pct"))
+                continue
+            own = None if formats is None else formats.of(layer, tensor)
+            fmt = own.label if own is not None and own.label is not None else label
+            judged.append(
+                (
+                    settled(points),
+                    defaults.underflow_threshold(fmt),
+                    format_name(fmt) if fmt else "unknown format",
+                    defaults.underflow_source(fmt),
+                )
+            )
+        if judged:
+            values = [value for value, *_ in judged]
+            over = [value for value, threshold, *_ in judged if not value <= threshold]  # NaN counts as over
             worst = max(values, key=lambda value: (not math.isfinite(value), _finite(value)))
-            verdict[stat] = {"over": len(over), "of": len(values), "worst": worst, "threshold": threshold}
+            used = {name: {"pct": threshold, "source": source} for _, threshold, name, source in judged}
+            verdict[stat] = {"over": len(over), "of": len(values), "worst": worst, "thresholds": used}
     return verdict

@@ -9,6 +9,8 @@ import json
 import math
 from typing import Any
 
+from lowprec.compare.bottom import NOISE_FACTOR
+
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 780, 380, 80, 170, 20, 40
 
@@ -143,22 +145,29 @@ def _number(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
+def _report_link(report: str | None) -> str:
+    return "" if report is None else f'<a href="{html.escape(report)}">report</a>'
+
+
 def _loss_table(runs: list[dict]) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(run['name'])}</td><td>{html.escape(run['label'])}</td>"
         f"<td class=num>{_number(run['loss'][0])}</td><td class=num>{_number(run['last_loss'])}</td>"
-        f'<td class=num>{run["step_ms"]:.1f}</td><td><a href="{html.escape(run["report"])}">report</a></td></tr>'
+        f"<td class=num>{'' if run['step_ms'] is None else format(run['step_ms'], '.1f')}</td>"
+        f"<td>{_report_link(run['report'])}</td></tr>"
         for run in runs
     )
     head = (
-        "<tr><th>recipe</th><th>format</th><th>first loss</th><th>last loss (mean of last 10)</th><th>ms per step</th>"
-        "<th></th></tr>"
+        "<tr><th>recipe</th><th>format</th><th>first loss</th><th>final loss (mean of the last tenth, mean over seeds)</th>"
+        "<th>ms per step</th><th></th></tr>"
     )
-    clocks = sorted({run["step_clock"] for run in runs})
+    clocks = sorted({run["step_clock"] for run in runs if run["step_clock"]})
     note = (
         f"<p class=note>ms per step: {' and '.join(clocks)} per training step. On the CPU it is this process's CPU time "
         "(all its threads), which other processes do not inflate as they do wall time: on a busy machine the wall "
         "time ranked the recipes wrongly.</p>"
+        if clocks
+        else ""
     )
     return f"<table>{head}{rows}</table>{note}"
 
@@ -166,27 +175,54 @@ def _loss_table(runs: list[dict]) -> str:
 def _verdict_cell(entry: dict | None) -> str:
     if entry is None:
         return "<td>not logged</td>"
-    over, threshold = entry["over"], entry["threshold"]
-    text = f"{over} of {entry['of']} tensors over {threshold:g}%, worst {_number(entry['worst'])}%"
+    over = entry["over"]
+    limits = " or ".join(f"{used['pct']:g}%" for used in entry["thresholds"].values())
+    text = f"{over} of {entry['of']} tensors over {limits}, worst {_number(entry['worst'])}%"
     return f'<td class="{"over" if over else "ok"}">{text}</td>'
 
 
-def verdict_table(runs: list[dict]) -> str:
-    """Each format against the first run at a glance: its final loss gap, and per loss statistic how many tensors
-    settled over ``diagnose``'s threshold (red when any did)."""
-    reference = runs[0]
+def _threshold_cell(run: dict) -> str:
+    """The underflow thresholds the run was judged by, each with its format and where it comes from."""
+    used = run.get("over_thresholds", {}).get("underflows%", {}).get("thresholds", {})
+    text = "; ".join(f"{name}: {value['pct']:g}% ({value['source']})" for name, value in used.items()) or "none"
+    return f"<td>{html.escape(text)}<br><span class=note>judged by {html.escape(run['judged_by'])}</span></td>"
+
+
+def verdict_table(runs: list[dict], reference: dict) -> str:
+    """Each format against the baseline at a glance: its final loss gap, and per loss statistic how many tensors
+    settled over ``diagnose``'s threshold for their own format (red when any did), with the thresholds used."""
     rows = []
     for run in runs:
-        gap = run["last_loss"] - reference["last_loss"]
-        relative = gap / reference["last_loss"] if reference["last_loss"] else math.nan
-        gap_text = "reference" if run is reference else f"{gap:+.4f} ({relative:+.1%})"
+        if run is reference:
+            gap_text = "reference"
+        elif run["last_loss"] is None or reference["last_loss"] is None:
+            gap_text = "no loss.json"
+        else:
+            gap = run["last_loss"] - reference["last_loss"]
+            relative = gap / reference["last_loss"] if reference["last_loss"] else math.nan
+            gap_text = f"{gap:+.4f} ({relative:+.1%})"
         cells = "".join(_verdict_cell(run.get("over_thresholds", {}).get(stat)) for stat in ("underflows%", "overflows%"))
-        rows.append(f"<tr><td>{html.escape(run['name'])}</td><td class=num>{gap_text}</td>{cells}</tr>")
+        rows.append(f"<tr><td>{html.escape(run['name'])}</td><td class=num>{gap_text}</td>{cells}{_threshold_cell(run)}</tr>")
     head = (
         f"<tr><th>recipe</th><th>final loss - {html.escape(reference['name'])}'s</th>"
-        "<th>underflows% (settled, last quarter)</th><th>overflows% (settled, last quarter)</th></tr>"
+        "<th>underflows% (settled, last quarter)</th><th>overflows% (settled, last quarter)</th>"
+        "<th>underflow threshold (format: value, where from)</th></tr>"
     )
     return f"<h2>Verdict</h2><table>{head}{''.join(rows)}</table>"
+
+
+def bottom_section(data: dict) -> str:
+    """Each run's bottom line (``bottom.bottom_line``), what they are measured against, and how."""
+    lines = data.get("bottom_lines", [])
+    if not lines:
+        return ""
+    items = "".join(f"<li>{html.escape(line['text'])}</li>" for line in lines)
+    how = (
+        f"Against {html.escape(data['baseline'])}. Final loss: the mean of the last tenth of the logged losses; gap: the "
+        "mean over seeds of the run's final loss minus the baseline's of the same seed, relative to the baseline's mean; "
+        f"outside the spread when |gap| > {NOISE_FACTOR:g} x the baseline's standard deviation over seeds (relative)."
+    )
+    return f"<h2>Bottom line</h2><ul>{items}</ul><p class=note>{how}</p>\n"
 
 
 def _outlier_tables(run: dict) -> str:
@@ -242,8 +278,10 @@ def render(data: dict) -> str:
     """The page for ``data`` (``compare_formats`` makes it): title, the recipes that failed, the runs, each
     with its losses and outliers, and each plan run's plan."""
     runs = data["runs"]
-    losses = f"{loss_charts(runs)}{_loss_table(runs)}" if runs else "<p class=note>No recipe finished.</p>"
-    verdict = verdict_table(runs) if runs else ""
+    charted = [run for run in runs if run["loss"]]
+    losses = f"{loss_charts(charted)}{_loss_table(charted)}" if charted else "<p class=note>No run has losses.</p>"
+    reference = next((run for run in runs if run["name"] == data.get("baseline_run")), runs[0] if runs else None)
+    verdict = verdict_table(runs, reference) if runs else ""
     sections = "".join(
         f"<h3>{html.escape(run['name'])}: {html.escape(run['label'])}</h3>"
         f"<p class=note>statistics: {html.escape(', '.join(run['stats']) or 'LogTensorStats only')}</p>{_outlier_tables(run)}"
@@ -252,7 +290,8 @@ def render(data: dict) -> str:
     title = html.escape(data["title"])
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{STYLE}</style></head>\n'
-        f"<body><h1>{title}</h1><p class=note>{html.escape(data['setup'])}</p>\n{_failures(data.get('failed', []))}"
+        f"<body><h1>{title}</h1><p class=note>{html.escape(data['setup'])}</p>\n{bottom_section(data)}"
+        f"{_failures(data.get('failed', []))}"
         f"{verdict}<h2>Loss</h2>{losses}\n{plan_sections(runs)}\n"
         f"<h2>Tensors that stand out, per format</h2><p class=note>{html.escape(data['ranking'])}</p>{sections}\n"
         f'<script type="application/json" id="compare-data">{script_json(data)}</script>\n</body></html>\n'
