@@ -127,7 +127,7 @@ def plan_remedy(finding: Finding, lost: str) -> Remedy | None:
     steps = {gemm: _step(recipes[gemm], finding.tensor, finding.kind, columnwise) for gemm in gemms}
     if any(step is None for step in steps.values()):
         return None
-    new = dict(recipes)
+    new = {}
     changes: dict[str, list[str]] = {}
     fmt = format_name(measured)
     for gemm, (spec, _, why, name) in steps.items():  # type: ignore[misc]
@@ -141,7 +141,7 @@ def plan_remedy(finding: Finding, lost: str) -> Remedy | None:
         f"<this config>)."
     )
     width = max(step[1] for step in steps.values())  # type: ignore[index]
-    options = (("recipes", {gemm: new[gemm] for gemm in GEMMS if gemm in new}), ("width", width))
+    options = (("recipes", {gemm: new[gemm] for gemm in gemms}), ("base", dict(recipes)), ("width", width))
     return Remedy(PLAN_FEATURE, finding.layer, gemms, finding.tensor, reason, options)
 
 
@@ -166,7 +166,7 @@ def plan_rules(remedies: list[Remedy]) -> tuple[list[dict[str, Any]], list[str]]
     rules, reasons = [], []
     for layer, layer_remedies in by_layer.items():
         chosen: dict[str, tuple[int, dict[str, Any]]] = {}
-        base = {gemm: spec or {} for gemm, spec in dict(layer_remedies[0].options)["recipes"].items()}
+        base = {gemm: spec or {} for gemm, spec in dict(layer_remedies[0].options)["base"].items()}
         tensors: list[str] = []
         for remedy in layer_remedies:
             options = dict(remedy.options)

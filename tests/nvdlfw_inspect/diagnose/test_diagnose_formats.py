@@ -88,22 +88,15 @@ def test_each_finding_names_its_layers_format_and_block_formats_get_their_own_re
     (remedy,) = nvfp4.remedies
     unrounded = {"name": "NVFP4BlockScaling", "disable_stochastic_rounding": True}
     assert (remedy.feature, remedy.gemms, remedy.tensor) == ("precision_plan", ("fprop", "wgrad"), "activation")
-    assert dict(remedy.options)["recipes"] == {
-        "fprop": {"name": "MXFP8BlockScaling"},
-        "dgrad": unrounded,
-        "wgrad": {"name": "MXFP8BlockScaling"},
-    }
+    assert dict(remedy.options)["recipes"] == {"fprop": {"name": "MXFP8BlockScaling"}, "wgrad": {"name": "MXFP8BlockScaling"}}
+    assert dict(remedy.options)["base"] == dict.fromkeys(("fprop", "dgrad", "wgrad"), unrounded)
     assert remedy.reason.startswith(
         "It loses values to zero in NVFP4; a rule of the precision plan changes the GEMMs that read it in NVFP4, fprop "
         "and wgrad: MXFP8 (E4M3 elements, 4 more bits than E2M1, a scale per 32 values) (leaves NVFP4)"
     )
     (remedy,) = mixed_.remedies  # measured in fprop's MXFP8 cast: fprop gets E5M2 elements, the NVFP4 wgrad stays
     assert (remedy.feature, remedy.gemms) == ("precision_plan", ("fprop",))
-    assert dict(remedy.options)["recipes"] == {
-        "fprop": {"name": "MXFP8BlockScaling", "fp8_format": "E5M2"},
-        "dgrad": {"name": "NVFP4BlockScaling"},
-        "wgrad": {"name": "NVFP4BlockScaling"},
-    }
+    assert dict(remedy.options)["recipes"] == {"fprop": {"name": "MXFP8BlockScaling", "fp8_format": "E5M2"}}
     assert "fprop: MXFP8 with E5M2 elements for its operands (fp8_format E5M2): 15 more bits" in remedy.reason
     assert "(stays in MXFP8)" in remedy.reason
     assert diagnosis.skipped == f"{SKIPPED_BLOCK}; nor {SKIPPED_HIGH}"
