@@ -10,6 +10,8 @@
 - underflow in a block format (MXFP8, NVFP4, ...): every block has its own scale, so neither a per-tensor scale
   nor a wider FP8 element helps; the GEMMs that read it run in high precision.
 - dynamic range beyond the format's with no underflows% logged: the same choice by range.
+- blocks that flush or saturate, or a worst block beyond its format's calibrated error (the per-block statistics):
+  the same, the GEMMs that read it run in high precision.
 - NaN or inf: statistics of every GEMM tensor at every iteration around the first one, to find the
   operation that made it; where it came out of a GEMM of finite operands, that GEMM in high precision.
 """
@@ -144,6 +146,12 @@ def choose(finding: Finding, first_iteration: int) -> list[Remedy]:
         return [per_tensor_scaling(finding, why)]
     if finding.kind == "underflow":
         return [for_underflow(finding)]
+    if finding.kind == "block_underflow":
+        return [per_block(finding, "It flushes the values of whole blocks to zero")]
+    if finding.kind == "block_saturation":
+        return [per_block(finding, "Its blocks' largest values saturate")]
+    if finding.kind == "block_error":
+        return [per_block(finding, "Its worst block loses much of its values")]
     if finding.kind == "dynamic_range":
         return [by_range(finding, "Its smallest values flush to zero")]
     if finding.kind == "peer_outlier":
