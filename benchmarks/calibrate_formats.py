@@ -6,16 +6,23 @@ e.g. NVFP4's 16 x 16 weight blocks and stochastically rounded gradients), read a
 layer's own cast (``quantization_fields`` of the rowwise cast), and measures:
 
 - ``underflows%``: non-zero values that become zero, in % of all the elements;
-- ``rel_mse``: the mean squared error over the mean square of the tensor.
+- ``rel_mse``: the mean squared error over the mean square of the tensor;
+- for the block formats, per block as ``per_block_stats`` reads the cast (at its default ``block_underflow_threshold``,
+  50): ``underflow_blocks%`` (blocks that flush more than half their non-zero values), ``saturated_blocks%`` (blocks
+  with a saturated value: the OCP rule's E8M0 scales and NVFP4's E4M3 scales round down) and ``worst_block_rel_err``.
 
 Samples (``SAMPLES``): activation-like N(0, 1) and Student-t with 3 degrees of freedom (heavy tails), a
 weight-like N(0, 0.02), gradient-like N(0, 1) x 1e-6 and Laplace x 1e-6, each at 1024 x 1024 and 4096 x 256
 (``SHAPES``), over ``--seeds`` seeds. Per format the table gives the median and the max over seeds of each sample,
 and the threshold (``threshold``): ``MARGIN`` x the largest underflows% any well-behaved sample gives, rounded up to
 a tenth of a percent, and never below ``FLOOR`` (``diagnose``'s per-tensor FP8 default: on well-behaved data
-per-tensor FP8 flushes nothing, so its threshold stays what it was). The thresholds go into
-``src/nvdlfw_inspect/diagnose/thresholds.py``'s ``FORMAT_UNDERFLOW_PCT`` (``nvdlfw_inspect`` does not import
-``lowprec``, so they are kept there as data); ``tests/nvdlfw_inspect/diagnose/test_format_thresholds.py`` checks
+per-tensor FP8 flushes nothing, so its threshold stays what it was); per block format, likewise ``MARGIN`` x the
+largest ``underflow_blocks%`` (never below ``BLOCK_FLOOR``), ``MARGIN`` x the largest ``worst_block_rel_err``, and for
+the formats whose scales round down (well-behaved data saturates some blocks) a ``saturated_blocks%`` at which the
+blocks that do not saturate are ``MARGIN`` times fewer than on well-behaved data (``saturation_threshold``). The
+thresholds go into ``src/nvdlfw_inspect/diagnose/thresholds.py``'s ``FORMAT_UNDERFLOW_PCT``,
+``FORMAT_UNDERFLOW_BLOCKS_PCT``, ``FORMAT_SATURATED_BLOCKS_PCT`` and ``FORMAT_WORST_BLOCK_ERR`` (``nvdlfw_inspect``
+does not import ``lowprec``, so they are kept there as data); ``tests/nvdlfw_inspect/diagnose/test_format_thresholds.py`` checks
 that the table still holds what this measures.
 
 Run: ``python benchmarks/calibrate_formats.py [--seeds N] [--formats nvfp4,mxfp8] [--small]``.
@@ -35,6 +42,7 @@ from datetime import date
 import torch
 
 import lowprec
+from lowprec.debug.per_block_stats import DEFAULT_UNDERFLOW_THRESHOLD, block_partials
 from lowprec.debug.quantized_stats import from_block, per_tensor, quantization_fields
 from lowprec.plan.recipes import named_recipe
 from lowprec.quant.protocol import Float8Tensor
@@ -56,6 +64,8 @@ SHAPES = ((1024, 1024), (4096, 256))
 SMALL_SHAPES = ((256, 256),)
 MARGIN = 2.0
 FLOOR = 1.0
+#: the least underflow_blocks% threshold: a block-format tensor with fewer flushing blocks is not a finding
+BLOCK_FLOOR = 1.0
 
 
 def _student_t(shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
@@ -81,8 +91,9 @@ SAMPLES: dict[str, tuple[str, Callable[[tuple[int, int], torch.Generator], torch
 }
 
 
-def measure(label: str, sample: str, shape: tuple[int, int], seed: int) -> tuple[float, float]:
-    """``(underflows%, rel_mse)`` of one sample cast as ``label``'s recipe casts its tensor."""
+def measure(label: str, sample: str, shape: tuple[int, int], seed: int) -> dict[str, float]:
+    """``under`` (underflows%) and ``mse`` (rel_mse) of one sample cast as ``label``'s recipe casts its tensor, and
+    for a block format ``blocks`` (underflow_blocks%), ``saturated`` (saturated_blocks%), ``worst`` (worst_block_rel_err)."""
     tensor_name, draw = SAMPLES[sample]
     gen = torch.Generator().manual_seed(seed * 100_003 + shape[0])  # each shape its own draw
     x = draw(shape, gen)
@@ -94,40 +105,58 @@ def measure(label: str, sample: str, shape: tuple[int, int], seed: int) -> tuple
     else:
         q = from_block(cast.rowwise, False) if cast.rowwise is not None else from_block(cast.columnwise, True)
     fields = quantization_fields(x, q, overflows=False)
-    underflows = 100.0 * float(fields["underflows"]) / x.numel()
-    rel_mse = float(fields["sq_err"]) / float(x.double().square().sum())
-    return underflows, rel_mse
+    measured = {
+        "under": 100.0 * float(fields["underflows"]) / x.numel(),
+        "mse": float(fields["sq_err"]) / float(x.double().square().sum()),
+    }
+    if q.part is not None:
+        blocks, _, _ = block_partials(x, q, DEFAULT_UNDERFLOW_THRESHOLD)
+        measured["blocks"] = 100.0 * float(blocks["underflows"]) / blocks["count"]
+        measured["saturated"] = 100.0 * float(blocks["overflows"]) / blocks["count"]
+        measured["worst"] = float(blocks["max"])
+    return measured
 
 
 def calibrate(
     labels: tuple[str, ...] = tuple(RECIPE_OF), shapes: tuple[tuple[int, int], ...] = SHAPES, seeds: int = 3
 ) -> dict[str, dict[tuple[str, tuple[int, int]], dict[str, float]]]:
-    """Per label, per (sample, shape): the median and max over ``seeds`` of underflows% and rel_mse."""
+    """Per label, per (sample, shape): the median and max over ``seeds`` of each of ``measure``'s values
+    (``under_median``, ``under_max``, ``mse_median``, ...)."""
     table: dict[str, dict[tuple[str, tuple[int, int]], dict[str, float]]] = {}
     for label in labels:
         rows = table.setdefault(label, {})
         for sample in SAMPLES:
             for shape in shapes:
                 measured = [measure(label, sample, shape, seed) for seed in range(seeds)]
-                under = [m[0] for m in measured]
-                mse = [m[1] for m in measured]
-                rows[(sample, shape)] = {
-                    "under_median": statistics.median(under),
-                    "under_max": max(under),
-                    "mse_median": statistics.median(mse),
-                    "mse_max": max(mse),
-                }
+                row = rows[(sample, shape)] = {}
+                for key in measured[0]:
+                    values = [m[key] for m in measured]
+                    row[f"{key}_median"], row[f"{key}_max"] = statistics.median(values), max(values)
     return table
 
 
-def largest(rows: dict[tuple[str, tuple[int, int]], dict[str, float]]) -> float:
-    """The largest underflows% of any well-behaved sample, rounded up to 0.001."""
-    return math.ceil(max(row["under_max"] for row in rows.values()) * 1000 - 1e-9) / 1000
+def largest(rows: dict[tuple[str, tuple[int, int]], dict[str, float]], key: str = "under") -> float:
+    """The largest ``key`` (``under``: underflows%) of any well-behaved sample, rounded up to 0.001."""
+    return math.ceil(max(row[f"{key}_max"] for row in rows.values()) * 1000 - 1e-9) / 1000
 
 
-def threshold(rows: dict[tuple[str, tuple[int, int]], dict[str, float]]) -> float:
-    """``MARGIN`` x the largest underflows% of any well-behaved sample, rounded up to 0.1, at least ``FLOOR``."""
-    return max(FLOOR, math.ceil(MARGIN * largest(rows) * 10 - 1e-9) / 10)
+def threshold(rows: dict[tuple[str, tuple[int, int]], dict[str, float]], key: str = "under", floor: float = FLOOR) -> float:
+    """``MARGIN`` x the largest ``key`` of any well-behaved sample, rounded up to 0.1 (``worst``: to 0.01), at least
+    ``floor``."""
+    step = 100 if key == "worst" else 10
+    return max(floor, math.ceil(MARGIN * largest(rows, key) * step - 1e-9) / step)
+
+
+def saturation_threshold(rows: dict[tuple[str, tuple[int, int]], dict[str, float]]) -> float | None:
+    """The saturated_blocks% at which the blocks that do not saturate are ``MARGIN`` times fewer than the fewest of any
+    well-behaved sample, rounded up to 0.1 (a multiple of a share near half would pass 100%); None where no sample
+    saturates a block (NVIDIA's rule, FP8 block scaling: only an infinite value saturates, a NaN or inf finding)."""
+    most = largest(rows, "saturated")
+    return None if most == 0 else math.ceil((100 - (100 - most) / MARGIN) * 10 - 1e-9) / 10
+
+
+def is_block(rows: dict[tuple[str, tuple[int, int]], dict[str, float]]) -> bool:
+    return all("blocks_max" in row for row in rows.values())
 
 
 def markdown(table: dict[str, dict[tuple[str, tuple[int, int]], dict[str, float]]], seeds: int) -> str:
@@ -146,6 +175,34 @@ def markdown(table: dict[str, dict[tuple[str, tuple[int, int]], dict[str, float]
     lines += ["", "| format | largest underflows% | threshold % |", "|---|---|---|"]
     for label, rows in table.items():
         lines.append(f"| {label} | {largest(rows):.3f} | {threshold(rows):g} |")
+    lines += [
+        "",
+        f"per block (block formats; threshold = max({BLOCK_FLOOR:g}, {MARGIN:g} x the largest max) for underflow_blocks%, "
+        f"{MARGIN:g} x the largest max for worst_block_rel_err)",
+        "",
+        "| format | sample | shape | underflow_blocks% median / max | saturated_blocks% median / max | "
+        "worst_block_rel_err median / max |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, rows in table.items():
+        for (sample, shape), row in rows.items() if is_block(rows) else ():
+            cells = " | ".join(
+                f"{row[f'{key}_median']:.3f} / {row[f'{key}_max']:.3f}" for key in ("blocks", "saturated", "worst")
+            )
+            lines.append(f"| {label} | {sample} | {shape[0]}x{shape[1]} | {cells} |")
+    lines += [
+        "",
+        "| format | largest underflow_blocks% | threshold % | largest saturated_blocks% | threshold % | "
+        "largest worst_block_rel_err | threshold |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, rows in table.items():
+        if is_block(rows):
+            lines.append(
+                f"| {label} | {largest(rows, 'blocks'):.3f} | {threshold(rows, 'blocks', BLOCK_FLOOR):g} | "
+                f"{largest(rows, 'saturated'):.3f} | {saturation_threshold(rows) or '-'} | {largest(rows, 'worst'):.3f} | "
+                f"{threshold(rows, 'worst', 0):g} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -174,6 +231,24 @@ def main() -> None:
     for label, rows in table.items():
         if threshold(rows) > FLOOR:
             print(f'    "{label}": {threshold(rows):g},')
+    print("}")
+    block = {label: rows for label, rows in table.items() if is_block(rows)}
+    for name, key, floor in (
+        ("CALIBRATED_UNDERFLOW_BLOCKS_PCT", "blocks", None),
+        ("FORMAT_UNDERFLOW_BLOCKS_PCT", "blocks", BLOCK_FLOOR),
+        ("CALIBRATED_SATURATED_BLOCKS_PCT", "saturated", None),
+        ("CALIBRATED_WORST_BLOCK_ERR", "worst", None),
+        ("FORMAT_WORST_BLOCK_ERR", "worst", 0.0),
+    ):
+        print(f"{name} = {{")
+        for label, rows in block.items():
+            value = largest(rows, key) if floor is None else threshold(rows, key, floor)
+            print(f'    "{label}": {value:g},')
+        print("}")
+    print("FORMAT_SATURATED_BLOCKS_PCT = {  # the formats whose scales round down")
+    for label, rows in block.items():
+        if (saturation := saturation_threshold(rows)) is not None:
+            print(f'    "{label}": {saturation:g},')
     print("}")
 
 

@@ -27,7 +27,10 @@ import nvdlfw_inspect.api as debug_api
 WIDTH, TOKENS = 64, 32
 FORMATS_PLAN = {
     "rules": [
-        {"layers": {"layer_name_regex_pattern": r"^model\.nvfp4"}, "recipe": {"name": "nvfp4", "disable_stochastic_rounding": True}},
+        {
+            "layers": {"layer_name_regex_pattern": r"^model\.nvfp4"},
+            "recipe": {"name": "nvfp4", "disable_stochastic_rounding": True},
+        },
         {"layers": {"layer_name_regex_pattern": r"^model\.mxfp4"}, "recipe": "mxfp4"},
         {"layers": {"layer_name_regex_pattern": r"^model\.mxfp8"}, "recipe": "mxfp8"},
     ]

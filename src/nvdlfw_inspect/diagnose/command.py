@@ -18,7 +18,7 @@ from nvdlfw_inspect.diagnose import Diagnosis, Thresholds, diagnose
 from nvdlfw_inspect.diagnose import config as remedy_config
 from nvdlfw_inspect.diagnose.in_format import PLAN_KEY
 from nvdlfw_inspect.diagnose.merge import merge
-from nvdlfw_inspect.diagnose.thresholds import CALIBRATED_UNDERFLOW_PCT, FORMAT_UNDERFLOW_PCT, RECIPE_FORMATS
+from nvdlfw_inspect.diagnose.thresholds import BLOCK_CHECKS, CALIBRATED_UNDERFLOW_PCT, FORMAT_UNDERFLOW_PCT, RECIPE_FORMATS
 from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.files import write_text_atomic
 from nvdlfw_inspect.reading import run_directory
@@ -40,6 +40,20 @@ FLAGS = {
     "scale_change": (float, "factor a scale (or amax) may change by between logged iterations"),
     "range_margin_bits": (float, "bits a dynamic_range may exceed its FP8 format's range"),
     "peer_ratio": (float, "factor a tensor's magnitude may differ from its peers' (same tensor, layers alike but for indices)"),
+    "block_underflow_pct": (
+        float,
+        "%% of a block format's blocks that flush most of their values (underflow_blocks%%) that is a problem, for every "
+        "block format",
+    ),
+    "block_saturation_pct": (
+        float,
+        "%% of the blocks holding a saturated value (saturated_blocks%%) that is a problem, for every format whose scales "
+        "round down (the OCP rule, NVFP4)",
+    ),
+    "worst_block_err": (
+        float,
+        "relative error of the worst block (worst_block_rel_err) that is a problem, for every block format",
+    ),
 }
 
 
@@ -55,9 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for name, (kind, meaning) in FLAGS.items():
         flag = "--" + name.replace("_", "-")
-        parser.add_argument(
-            flag, type=kind, default=getattr(defaults, name), help=f"{meaning} (default {getattr(defaults, name)})"
-        )
+        default = getattr(defaults, name)
+        shown = "each format's calibrated one, see BLOCK_CHECKS in diagnose/thresholds.py" if default is None else default
+        parser.add_argument(flag, type=kind, default=default, help=f"{meaning} (default {shown})")
     parser.add_argument(
         "--fp8-format",
         choices=list(RECIPE_FORMATS),
@@ -177,8 +191,16 @@ def _thresholds(diagnosis: Diagnosis) -> str:
         f"range margin {t.range_margin_bits:g} bits" if not math.isclose(t.range_margin_bits, 0) else "",
         t.fp8_format,
         _format_underflows(t),
+        _block_thresholds(t),
     ]
     return ", ".join(part for part in parts if part)
+
+
+def _block_thresholds(t: Thresholds) -> str:
+    """The per-block thresholds given for every block format (none: each format's calibrated ones, which each finding
+    names)."""
+    given = [f"{stat} > {getattr(t, name):g}" for stat, (name, _, _) in BLOCK_CHECKS.items() if getattr(t, name) is not None]
+    return "per block " + ", ".join(given) if given else ""
 
 
 def _format_underflows(t: Thresholds) -> str:

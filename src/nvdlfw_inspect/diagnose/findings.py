@@ -4,6 +4,24 @@ Each detector looks at one kind of statistic and reports only what persists afte
 ``Summary.is_problem``), except NaN and inf, reported once: where they first appeared. Each finding names the
 format its layer reads the tensor in (``formats``); the checks of a per-tensor scale skip the tensors read without
 one (block formats, high precision), and ``skipped_note`` says which.
+
+The per-block checks (``blocks``) read what ``per_block_stats`` and ``block_scale_stats`` log of a block format's own
+cast (unprefixed, or prefixed with the layer's own format: ``nvfp4_underflow_blocks%``; a what-if cast of another
+format is not the run's and is only named in the note), each against its format's calibrated threshold:
+
+- ``underflow_blocks%``: blocks that flush most of their values (a ``block_underflow``);
+- ``saturated_blocks%``: blocks with a saturated value, under the scale rules that round down (``block_saturation``);
+- ``worst_block_rel_err``: the worst block's relative error, a ``block_error`` of its own where neither of the
+  others is found (a few ruined blocks are too small a share for ``underflow_blocks%``), else context;
+- ``worst_block_col``: where the worst block is; one column block at most iterations after warm-up is a channel
+  range the format represents worst (channels that lost their block scales, say). It does not point at an outlier
+  channel that flushes its neighbours: the error is relative to the block's norm, which the outlier dominates, so
+  that block's error stays small (the flushed values are below its amax over twice the element's range);
+- ``scale_exp_hist_*``: the share of blocks whose scale is zero (or below 2^-32) and how many binades the others
+  span. For NVFP4 they tell how blocks flush: a zero E4M3 block scale loses a whole block (one more than 2^17.8 below
+  the largest), a span past E4M3's 14.8 binades of normal range means subnormal scales; the per-tensor FP32 scale,
+  set by the largest block, helps neither;
+- ``scale_inv_std``: the spread of the logged scales (for MX formats the E8M0 exponent, so binades), context only.
 """
 
 from __future__ import annotations
@@ -11,17 +29,27 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from nvdlfw_inspect.diagnose.formats import INPUTS, MECHANISMS, Formats, TensorFormat, format_name
+from nvdlfw_inspect.diagnose.formats import INPUTS, MECHANISMS, SATURATING_RULES, Formats, TensorFormat, format_name
 from nvdlfw_inspect.diagnose.model import Finding
 from nvdlfw_inspect.diagnose.series import Points, Run, Summary, summarize
-from nvdlfw_inspect.diagnose.thresholds import Thresholds
+from nvdlfw_inspect.diagnose.thresholds import FORMAT_UNDERFLOW_BLOCKS_PCT, Thresholds
 
 #: the order findings are listed in: a divergence first, then what damages values most
-KINDS = ("nonfinite", "overflow", "underflow", "scale_change", "dynamic_range", "peer_outlier")
+KINDS = (
+    "nonfinite",
+    "overflow",
+    "underflow",
+    "block_underflow",
+    "block_saturation",
+    "block_error",
+    "scale_change",
+    "dynamic_range",
+    "peer_outlier",
+)
 #: where a scale can be read, best first: the layer's own scale, else the tensor's amax
 SCALE_SOURCES = ("scale_inv_max", "cur_amax")
 #: how large a tensor is, best first: its amax, else its spread or norms (which peers of one shape share)
@@ -34,6 +62,17 @@ MIN_PEERS = 2
 LISTED_LAYERS = 8
 #: per problem, the statistic that measures it, what stands in for it where that is not logged (and how it is
 #: read), and a note
+#: a statistic of a block format's cast as logged: an optional recipe prefix, its name (a histogram bin's tag:
+#: ``under``, ``over``, ``0``, ``m3``, ``p2``), an optional ``_columnwise``
+_BLOCK_STAT = re.compile(
+    r"^(?:(?P<prefix>[a-z0-9_]+?)_)?(?P<name>underflow_blocks%|saturated_blocks%|worst_block_rel_err|worst_block_row|"
+    r"worst_block_col|scale_inv_std|scale_exp_hist_(?:under|over|0|[mp]\d+))(?P<columnwise>_columnwise)?$"
+)
+#: more than this share of the iterations after warm-up with the worst block in one column block: one channel range
+#: is the worst represented
+STABLE_COLUMN_SHARE = 0.5
+#: binades of normal E4M3 below its largest value (448 down to 2**-6): NVFP4's block scales beyond are subnormal
+E4M3_SCALE_BINADES = math.log2(448.0) + 6
 MEASURES = (
     ("underflow", "underflows%", ("dynamic_range",), "{}", ""),
     ("overflow", "overflows%", SCALE_SOURCES, "the jumps of {}", " (overflows% exists under delayed scaling only)"),
@@ -75,6 +114,7 @@ class Detector:
         self.series = run.merged
         self.warmup_end = run.first_iteration + thresholds.warmup
         self.skipped: dict[str, set[str | None]] = defaultdict(set)
+        self.what_if: dict[str, set[str]] = defaultdict(set)
 
     def summary(self, points: Points, threshold: float) -> Summary | None:
         return summarize(points, threshold, self.warmup_end, self.thresholds.tail)
@@ -84,7 +124,7 @@ class Detector:
         return summary if summary is not None and summary.is_problem(self.thresholds.persistence) else None
 
     def findings(self) -> list[Finding]:
-        found = [*self.nonfinite(), *self.quantization(), *self.scale_changes(), *self.peer_outliers()]
+        found = [*self.nonfinite(), *self.quantization(), *self.blocks(), *self.scale_changes(), *self.peer_outliers()]
         return sorted(found, key=_severity)
 
     def nonfinite(self) -> list[Finding]:
@@ -129,6 +169,105 @@ class Detector:
                     )
                     found.append(self._finding("dynamic_range", layer, tensor, stat, summary, message))
         return found
+
+    def blocks(self) -> list[Finding]:
+        """The per-block checks of each block-format tensor's own cast (see the module's docstring), each orientation
+        (``_columnwise``: the transposed copy) on its own; the statistics of what-if casts of another format, or of a
+        layer whose format the records do not name, are kept for ``unjudged_note``."""
+        groups: dict[tuple[str, str, str], dict[str, tuple[str, Points]]] = defaultdict(dict)
+        for (layer, tensor, stat), points in self.series.items():
+            match = _BLOCK_STAT.match(stat)
+            if match is None:
+                continue
+            fmt = self.formats.of(layer, tensor)
+            label = None if fmt is None else fmt.label
+            if label not in FORMAT_UNDERFLOW_BLOCKS_PCT or match["prefix"] not in (None, label):
+                self.what_if[layer].add(match["prefix"] or "unprefixed")
+                continue
+            groups[(layer, tensor, match["columnwise"] or "")][match["name"]] = (stat, points)
+        found = []
+        for (layer, tensor, _), stats in sorted(groups.items()):
+            found += self._block_findings(layer, tensor, stats)
+        return found
+
+    def _block_findings(self, layer: str, tensor: str, stats: dict[str, tuple[str, Points]]) -> list[Finding]:
+        """The findings of one orientation of one tensor's block cast (``stats``: name -> (as logged, points)): flushed
+        and saturated blocks, else a worst block over its threshold; each with the worst block's place and the
+        spread of the scales as context."""
+        t, fmt = self.thresholds, self.formats.of(layer, tensor)
+        assert fmt is not None and fmt.label is not None  # only block formats are grouped
+        label, name = fmt.label, format_name(fmt.label)
+        context = {**self._context(layer, tensor), **self._block_context(stats, label)}
+        where = _block_where(fmt)
+        found = []
+        checks = (
+            ("block_underflow", "underflow_blocks%", "%"),
+            ("block_saturation", "saturated_blocks%", "%"),
+            ("block_error", "worst_block_rel_err", ""),
+        )
+        for kind, stat, unit in checks:
+            threshold = t.block_threshold(stat, label)
+            if stat not in stats or threshold is None or (kind == "block_error" and found):
+                continue  # a worst block is context where its blocks already flush or saturate
+            written, points = stats[stat]
+            summary = self.problem(points, threshold)
+            if summary is None:
+                continue
+            if kind == "block_underflow":
+                what = (
+                    f"blocks flush their values to zero in {where} ({written}: the blocks that flush more than the "
+                    "feature's block_underflow_threshold, default 50%, of their non-zero values)"
+                )
+            elif kind == "block_saturation":  # a threshold only under the rules that round down
+                what = f"{SATURATING_RULES[label]} in {where} ({written}: the blocks holding a saturated value)"
+            else:
+                what = f"its worst block loses much of its values in {where} ({written}: ||q - x|| / ||x|| of the worst block)"
+            source = f"{name}'s threshold {threshold:g}{unit} ({t.block_source(stat, label)})"
+            message = f"{what}: {_persistence(summary, unit)}; {source}{_block_clauses(context, label)}"
+            assert summary.first_above is not None
+            found.append(Finding(kind, layer, tensor, written, summary.first_above, message, summary, context, format=fmt))
+        return found
+
+    def _block_context(self, stats: dict[str, tuple[str, Points]], label: str) -> dict[str, Any]:
+        """The worst block (its error at the end of the run, its row at the last iteration, the column block it is in
+        at most iterations after warm-up and at what share of them), the spread of the logged scales, and from the
+        scale histogram at the last iteration the binades the block scales span and the % of blocks whose scale is
+        zero or below 2^-32."""
+        context: dict[str, Any] = {}
+        for key in ("worst_block_rel_err", "scale_inv_std"):
+            summary = self.summary(stats[key][1], math.inf) if key in stats else None
+            if summary is not None and math.isfinite(summary.persistent):
+                context[key] = summary.persistent
+        if "scale_inv_std" in context and label.startswith("mx"):
+            context["scale_inv_std_unit"] = "binades (the E8M0 exponent)"
+        if "worst_block_row" in stats:
+            row = stats["worst_block_row"][1]
+            if math.isfinite(row[max(row)]):
+                context["worst_block_row"] = int(row[max(row)])
+        if "worst_block_col" in stats:
+            columns = stats["worst_block_col"][1]
+            steady = [v for i, v in columns.items() if i >= self.warmup_end and math.isfinite(v)]
+            steady = steady or [v for v in columns.values() if math.isfinite(v)]
+            if steady:
+                column, count = Counter(steady).most_common(1)[0]
+                context["worst_block_col"] = int(column)
+                context["worst_block_col_share"] = count / len(steady)
+                context["worst_block_col_iterations"] = len(steady)
+        bins = {
+            stat.removeprefix("scale_exp_hist_"): points
+            for stat, (_, points) in stats.items()
+            if stat.startswith("scale_exp_hist_")
+        }
+        if bins:
+            last = max(i for points in bins.values() for i in points)
+            counts = {tag: points.get(last, 0.0) for tag, points in bins.items()}
+            total = sum(counts.values())
+            exponents = [_bin_exponent(tag) for tag, count in counts.items() if count > 0 and tag not in ("under", "over")]
+            if total > 0:
+                context["zero_scale_blocks%"] = 100.0 * counts.get("under", 0.0) / total
+            if exponents:
+                context["scale_span_binades"] = max(exponents) - min(exponents) + 1
+        return context
 
     def _per_tensor(self, layer: str, tensor: str) -> bool:
         """Whether a check of a per-tensor scale applies to ``tensor`` of ``layer``; where it does not (a block
@@ -203,6 +342,49 @@ class Detector:
         return context
 
 
+def _block_where(fmt: TensorFormat) -> str:
+    """The block format and how it scales (``MECHANISMS``)."""
+    mechanism = MECHANISMS.get(fmt.label) if fmt.label is not None else None
+    return f"{fmt.measured}" + (f", which has {mechanism}" if mechanism else "")
+
+
+def _block_clauses(context: dict[str, Any], label: str) -> str:
+    """What the worst block's place and the scale histogram add: one channel range the worst represented (the worst
+    block in one column block at most iterations) or not, and NVFP4 block scales lost or subnormal."""
+    clauses = []
+    share, iterations = context.get("worst_block_col_share"), context.get("worst_block_col_iterations", 0)
+    if share is not None and iterations > 1 and share > STABLE_COLUMN_SHARE:
+        clauses.append(
+            f"the worst block is in column block {context['worst_block_col']} at most iterations ({share:.0%} of "
+            f"{iterations}): the channels of that column block are the worst represented"
+        )
+    elif share is not None and iterations > 1:
+        clauses.append(
+            f"the worst block moves between column blocks (column block {context['worst_block_col']} at {share:.0%} of "
+            f"{iterations} iterations): no one channel range stands out"
+        )
+    elif share is None:
+        clauses.append("log worst_block_col to see whether one channel range is the worst represented")
+    zero, span = context.get("zero_scale_blocks%", 0.0), context.get("scale_span_binades")
+    if label == "nvfp4" and zero > 0:
+        clauses.append(
+            f"{zero:.3g}% of the blocks have a zero E4M3 scale (scale_exp_hist_under; all-zero blocks too): a block "
+            f"more than 2^{E4M3_SCALE_BINADES + 3:.1f} (down to E4M3's smallest subnormal) below the largest loses its "
+            "scale with all its values, which the per-tensor FP32 scale, set by the largest block, cannot help"
+        )
+    if label == "nvfp4" and span is not None and span > E4M3_SCALE_BINADES:
+        clauses.append(
+            f"its block scales span {span} binades (scale_exp_hist), past the {E4M3_SCALE_BINADES:.1f} of E4M3's normal "
+            "range below its largest: the smallest blocks' scales are subnormal, with fewer significant bits"
+        )
+    return "".join(f"; {clause}" for clause in clauses)
+
+
+def _bin_exponent(tag: str) -> int:
+    """A histogram bin's power of two (``m3``: -3, ``p2``: 2, ``0``: 0)."""
+    return 0 if tag == "0" else (-1 if tag[0] == "m" else 1) * int(tag[1:])
+
+
 def _underflow_where(fmt: TensorFormat | None) -> str:
     """Where values flush to zero: the format (FP8 where the records do not say) and how it scales them."""
     if fmt is None:
@@ -258,6 +440,19 @@ def skipped_note(skipped: dict[str, set[str | None]]) -> str | None:
     )
 
 
+def unjudged_note(what_if: dict[str, set[str]]) -> str | None:
+    """Which layers' per-block statistics were not judged (``Detector.what_if``): what-if casts of another format
+    than the layer's (by prefix), or statistics of a layer whose routing records name no block format. None if none."""
+    if not what_if:
+        return None
+    listed = [f"{layer} ({', '.join(sorted(prefixes))})" for layer, prefixes in sorted(what_if.items())]
+    return (
+        "the per-block checks (underflow_blocks%, saturated_blocks%, worst_block_rel_err), which judge a block format's "
+        "own cast, not what-if casts of another format nor layers whose routing records name no block format: "
+        f"{_listed(listed)}; log them without a recipe prefix on layers that run the format to judge them"
+    )
+
+
 def _listed(names: list[str]) -> str:
     more = len(names) - LISTED_LAYERS
     return ", ".join(names[:LISTED_LAYERS]) + (f" and {more} more layer{'s' if more > 1 else ''}" if more > 0 else "")
@@ -307,4 +502,6 @@ def detect(run: Run, thresholds: Thresholds, formats: Formats) -> tuple[list[Fin
     """Every problem of ``run``, the most severe first, without remedies; and which layers the checks of a per-tensor
     scale skipped (``skipped_note``)."""
     detector = Detector(run, thresholds, formats)
-    return detector.findings(), skipped_note(detector.skipped)
+    found = detector.findings()  # fills the detector's notes
+    notes = [note for note in (skipped_note(detector.skipped), unjudged_note(detector.what_if)) if note]
+    return found, "; ".join(notes) or None

@@ -51,6 +51,16 @@ MECHANISMS = {
     "nvfp4": "a scale per block of 16 values (E4M3 scales, 16 x 16 of a weight, and a per-tensor FP32 scale; E2M1 elements)",
 }
 
+#: the block formats whose scale rule rounds down, and how that saturates a block (``saturated_blocks%``)
+_OCP_SATURATES = "E8M0 scales rounded down by the OCP rule let a block's largest values saturate"
+SATURATING_RULES = {
+    "mxfp8_ocp": _OCP_SATURATES,
+    "mxfp6_e3m2": _OCP_SATURATES,
+    "mxfp6_e2m3": _OCP_SATURATES,
+    "mxfp4": _OCP_SATURATES,
+    "nvfp4": "E4M3 block scales rounded to nearest (down in about half the blocks) let a block's largest values saturate",
+}
+
 
 def format_name(label: str | None) -> str:
     """A format's statistics name in words (``mxfp6_e3m2``: ``MXFP6 E3M2``); None: high precision."""

@@ -24,7 +24,14 @@ MEASURED_BY = ("underflows%", "overflows%", "underflow_blocks%", "saturated_bloc
 #: findings about the FP8 cast: a tensor no GEMM reads in the recipe's FP8 cannot have them any more
 CAST_FINDINGS = ("dynamic_range",)
 STRONGEST = "DisableFP8GEMM"
-ESCALATED = ("underflow", "overflow", "scale_change", "block_underflow", "block_saturation")  # the findings a stronger precision setting repairs
+ESCALATED = (
+    "underflow",
+    "overflow",
+    "scale_change",
+    "block_underflow",
+    "block_saturation",
+    "block_error",
+)  # the findings a stronger precision setting repairs
 
 
 def remedies_in_place(records: Iterable[RoutingRecord]) -> dict[tuple[str, str], tuple[str, tuple[str, ...], int]]:

@@ -117,11 +117,15 @@ def _plan_into(merged: dict, plan: dict, reasons: list[str], notes: Notes) -> No
     for rule in user_rules:
         earlier = rule_tensors(rule.get("name")) if isinstance(rule, dict) else None
         if earlier is not None and earlier[0] in layers:
-            notes[PLAN_KEY].append(f"Replaces your rule {rule['name']!r}: this run read its recipes, the new rule starts from them.")
+            notes[PLAN_KEY].append(
+                f"Replaces your rule {rule['name']!r}: this run read its recipes, the new rule starts from them."
+            )
         else:
             kept.append(rule)
     merged[PLAN_KEY] = {**user_plan, "rules": [*plan["rules"], *kept]}
-    notes[PLAN_KEY].append(f"Its rules come first in your {PLAN_KEY}, before your {len(kept)} rules (the first rule that selects a layer wins).")
+    notes[PLAN_KEY].append(
+        f"Its rules come first in your {PLAN_KEY}, before your {len(kept)} rules (the first rule that selects a layer wins)."
+    )
 
 
 def _enabled(section: Any) -> bool:

@@ -11,6 +11,8 @@
   the next rung of ``in_format`` keeps the format (an option its designers found) or a wider block format, as a
   rule of a precision plan; high precision when none is left.
 - dynamic range beyond the format's with no underflows% logged: the same choice by range.
+- blocks that flush or saturate, or a worst block beyond its format's calibrated error (the per-block statistics):
+  the same, the GEMMs that read it run in high precision.
 - NaN or inf: statistics of every GEMM tensor at every iteration around the first one, to find the
   operation that made it; where it came out of a GEMM of finite operands, that GEMM in high precision.
 """
@@ -142,6 +144,12 @@ def choose(finding: Finding, first_iteration: int) -> list[Remedy]:
         return [per_tensor_scaling(finding, why)]
     if finding.kind == "underflow":
         return [for_underflow(finding)]
+    if finding.kind == "block_underflow":
+        return [per_block(finding, "It flushes the values of whole blocks to zero")]
+    if finding.kind == "block_saturation":
+        return [per_block(finding, "Its blocks' largest values saturate")]
+    if finding.kind == "block_error":
+        return [per_block(finding, "Its worst block loses much of its values")]
     if finding.kind == "dynamic_range":
         return [by_range(finding, "Its smallest values flush to zero")]
     if finding.kind == "peer_outlier":

@@ -52,6 +52,83 @@ FORMAT_UNDERFLOW_PCT = {
     "nvfp4": 25.1,
 }
 
+# Per block (``per_block_stats``, at its default ``block_underflow_threshold`` of 50), measured by the same script on
+# the same samples for the block formats, and recorded in the same file.
+#: per block format label, the largest underflow_blocks% (blocks that flush more than half their non-zero values)
+CALIBRATED_UNDERFLOW_BLOCKS_PCT = {
+    "fp8_block_scaling": 0.0,
+    "mxfp8": 0.0,
+    "mxfp8_ocp": 0.0,
+    "mxfp6_e3m2": 0.0,
+    "mxfp6_e2m3": 0.043,
+    "mxfp4": 1.697,
+    "mxfp4_nvidia": 3.8,
+    "nvfp4": 0.64,
+}
+#: the least underflow_blocks% threshold: fewer flushing blocks than this are no finding
+BLOCK_UNDERFLOW_FLOOR = 1.0
+#: per block format label, its underflow_blocks% threshold: ``CALIBRATION_MARGIN`` x the calibrated share, rounded up
+#: to 0.1, at least ``BLOCK_UNDERFLOW_FLOOR``
+FORMAT_UNDERFLOW_BLOCKS_PCT = {
+    "fp8_block_scaling": 1.0,
+    "mxfp8": 1.0,
+    "mxfp8_ocp": 1.0,
+    "mxfp6_e3m2": 1.0,
+    "mxfp6_e2m3": 1.0,
+    "mxfp4": 3.4,
+    "mxfp4_nvidia": 7.6,
+    "nvfp4": 1.3,
+}
+#: per block format label whose scales round down, the largest saturated_blocks% of well-behaved data: the OCP rule
+#: rounds E8M0 scales down, so a block whose largest value's significand is past the element's saturates it; NVFP4's
+#: E4M3 block scale rounds to nearest, down for about half the blocks. Under NVIDIA's rule and FP8 block scaling
+#: only an infinite value saturates (a NaN or inf finding): no saturation check.
+CALIBRATED_SATURATED_BLOCKS_PCT = {
+    "mxfp8_ocp": 20.954,
+    "mxfp6_e3m2": 20.954,
+    "mxfp6_e2m3": 10.181,
+    "mxfp4": 43.494,
+    "nvfp4": 52.637,
+}
+#: their saturated_blocks% thresholds: where the blocks that do not saturate are ``CALIBRATION_MARGIN`` times fewer
+#: than on well-behaved data (``100 - (100 - calibrated) / margin``, rounded up to 0.1; a multiple of a share near
+#: half would pass 100%)
+FORMAT_SATURATED_BLOCKS_PCT = {
+    "mxfp8_ocp": 60.5,
+    "mxfp6_e3m2": 60.5,
+    "mxfp6_e2m3": 55.1,
+    "mxfp4": 71.8,
+    "nvfp4": 76.4,
+}
+#: per block format label, the largest worst_block_rel_err (the relative error of the worst block) of well-behaved data
+CALIBRATED_WORST_BLOCK_ERR = {
+    "fp8_block_scaling": 0.054,
+    "mxfp8": 0.057,
+    "mxfp8_ocp": 0.123,
+    "mxfp6_e3m2": 0.123,
+    "mxfp6_e2m3": 0.076,
+    "mxfp4": 0.264,
+    "mxfp4_nvidia": 0.28,
+    "nvfp4": 0.36,
+}
+#: their worst_block_rel_err thresholds: ``CALIBRATION_MARGIN`` x the calibrated error, rounded up to 0.01
+FORMAT_WORST_BLOCK_ERR = {
+    "fp8_block_scaling": 0.11,
+    "mxfp8": 0.12,
+    "mxfp8_ocp": 0.25,
+    "mxfp6_e3m2": 0.25,
+    "mxfp6_e2m3": 0.16,
+    "mxfp4": 0.53,
+    "mxfp4_nvidia": 0.56,
+    "nvfp4": 0.72,
+}
+#: per-block check -> (its statistic, its field of ``Thresholds``, the calibrated values, the thresholds)
+BLOCK_CHECKS = {
+    "underflow_blocks%": ("block_underflow_pct", CALIBRATED_UNDERFLOW_BLOCKS_PCT, FORMAT_UNDERFLOW_BLOCKS_PCT),
+    "saturated_blocks%": ("block_saturation_pct", CALIBRATED_SATURATED_BLOCKS_PCT, FORMAT_SATURATED_BLOCKS_PCT),
+    "worst_block_rel_err": ("worst_block_err", CALIBRATED_WORST_BLOCK_ERR, FORMAT_WORST_BLOCK_ERR),
+}
+
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -76,6 +153,12 @@ class Thresholds:
     ``layers.7.mlp.fc1``, or experts ``gemm_0``, ``gemm_5``) before it is an outlier, default 100.
     ``fp8_format``: the recipe's formats, ``HYBRID`` (E4M3 forward, E5M2 gradients; default), ``E4M3``
     or ``E5M2``.
+    Per block of a block format (``per_block_stats``), each None by default: every format's calibrated threshold
+    (``BLOCK_CHECKS``), else one for all the block formats: ``block_underflow_pct``, % of the blocks that flush
+    more than the feature's ``block_underflow_threshold`` of their values (``underflow_blocks%``);
+    ``block_saturation_pct``, % of the blocks with a saturated value (``saturated_blocks%``), checked only under the
+    scale rules that round down (``FORMAT_SATURATED_BLOCKS_PCT``); ``worst_block_err``, the relative error of the
+    worst block (``worst_block_rel_err``), a fraction.
     """
 
     underflow_pct: float = 1.0
@@ -88,6 +171,9 @@ class Thresholds:
     peer_ratio: float = 100.0
     fp8_format: str = "HYBRID"
     format_underflow_pct: Mapping[str, float] = field(default_factory=dict)
+    block_underflow_pct: float | None = None
+    block_saturation_pct: float | None = None
+    worst_block_err: float | None = None
 
     def __post_init__(self) -> None:
         def number(name: str) -> float:
@@ -119,6 +205,11 @@ class Thresholds:
             if not is_number(pct) or not 0 <= pct < 100:
                 raise ValueError(f"format_underflow_pct: the threshold of {label} is a percentage in [0, 100), got {pct!r}")
         object.__setattr__(self, "format_underflow_pct", dict(self.format_underflow_pct))
+        for name, bound in (("block_underflow_pct", 100), ("block_saturation_pct", 100), ("worst_block_err", math.inf)):
+            value = getattr(self, name)
+            if value is not None and (not is_number(value) or not 0 <= value < bound):
+                allowed = "a percentage in [0, 100)" if bound == 100 else "a relative error >= 0"
+                raise ValueError(f"threshold {name} must be {allowed} or None (each format's calibrated one), got {value!r}")
         if self.fp8_format not in RECIPE_FORMATS:
             raise ValueError(f"fp8_format must be one of {list(RECIPE_FORMATS)}, got {self.fp8_format!r}")
 
@@ -140,6 +231,29 @@ class Thresholds:
         if calibrated is not None:
             return f"underflow_pct; well-behaved data gives up to {calibrated:.3g}%"
         return "underflow_pct"
+
+    def block_threshold(self, stat: str, label: str) -> float | None:
+        """The threshold of per-block statistic ``stat`` (a key of ``BLOCK_CHECKS``) for block format ``label``: the
+        user's for every block format, else the format's calibrated one; None where the check does not apply (a
+        saturation under a rule that does not round down, a format not calibrated)."""
+        name, _, table = BLOCK_CHECKS[stat]
+        if label not in table:
+            return None
+        given = getattr(self, name)
+        return table[label] if given is None else given
+
+    def block_source(self, stat: str, label: str) -> str:
+        """Where ``block_threshold(stat, label)`` comes from, in words."""
+        name, measured, _ = BLOCK_CHECKS[stat]
+        if getattr(self, name) is not None:
+            return f"given ({name})"
+        if stat == "saturated_blocks%":
+            return (
+                f"calibrated: well-behaved data saturates up to {measured[label]:.3g}% of the blocks under this rule; "
+                f"over the threshold, {CALIBRATION_MARGIN:g} times fewer blocks stay unsaturated"
+            )
+        unit = "%" if stat.endswith("%") else ""
+        return f"calibrated: well-behaved data gives up to {measured[label]:.3g}{unit}, x{CALIBRATION_MARGIN:g}"
 
     def format_of(self, tensor: str) -> str | None:
         """The FP8 format the recipe casts ``tensor`` to; None for GEMM outputs, which stay in high precision."""

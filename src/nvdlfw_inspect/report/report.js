@@ -18,6 +18,7 @@
   const KIND_NAMES = {
     nonfinite: "NaN or inf", overflow: "overflow", underflow: "underflow",
     scale_change: "scale jumps", dynamic_range: "dynamic range beyond the format", peer_outlier: "unlike its peers",
+    block_underflow: "blocks flush to zero", block_saturation: "blocks saturate", block_error: "a block loses its values",
   };
 
   const number = (v) => (v === null ? NaN : v === "inf" ? Infinity : v === "-inf" ? -Infinity : v);
@@ -72,7 +73,7 @@
     list.replaceChildren();
     const rule = `underflows% over ${t.underflow_pct}, overflows% over ${t.overflow_pct}, a scale jumping by more than ` +
       `x${t.scale_change}, a dynamic range beyond its per-tensor FP8 format's (${t.fp8_format}), a magnitude x${t.peer_ratio} away from ` +
-      `its peers'; a problem when over its threshold in ` +
+      `its peers', per block of a block format its own calibrated thresholds; a problem when over its threshold in ` +
       `${percent(t.persistence)} of the iterations after the first ${t.warmup} (warm-up), or in the median of the last ${percent(t.tail)}`;
     const unmeasured = (data.unmeasured ? ` Not measured: ${data.unmeasured}.` : "") +
       (data.skipped ? ` Skipped: ${data.skipped}.` : "");

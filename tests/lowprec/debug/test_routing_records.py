@@ -88,7 +88,9 @@ def records_of(layer: str, iteration: int, recipe: bool, decided: dict) -> list[
     fmt = "fp8_current_scaling" if recipe else None
     spec = SPEC if recipe else None
     return [
-        RoutingRecord(0, layer, gemm, tensor, *decided.get((tensor, gemm), default), recipe, iteration, format=fmt, recipe_spec=spec)
+        RoutingRecord(
+            0, layer, gemm, tensor, *decided.get((tensor, gemm), default), recipe, iteration, format=fmt, recipe_spec=spec
+        )
         for tensor, gemm in GEMM_OPERANDS
     ]
 
@@ -105,8 +107,12 @@ def test_records_say_each_decision_once_from_its_iteration(log_dir, keep_high):
         *records_of("model.fc1", 1, True, {op: ("high_precision", "DisableFP8GEMM") for op in GEMM_OPERANDS if op[1] == "wgrad"}),
         *records_of("model.fc2", 1, True, without_recipe | {("weight", "fprop"): ("high_precision", "FakeQuant")}),
         *records_of("model.fc3", 1, True, {}),
-        RoutingRecord(0, "model.fc3", "dgrad", "weight", "high_precision", name, True, 3, format="fp8_current_scaling", recipe_spec=SPEC),
-        RoutingRecord(0, "model.fc3", "dgrad", "gradient", "high_precision", name, True, 3, format="fp8_current_scaling", recipe_spec=SPEC),
+        RoutingRecord(
+            0, "model.fc3", "dgrad", "weight", "high_precision", name, True, 3, format="fp8_current_scaling", recipe_spec=SPEC
+        ),
+        RoutingRecord(
+            0, "model.fc3", "dgrad", "gradient", "high_precision", name, True, 3, format="fp8_current_scaling", recipe_spec=SPEC
+        ),
     ]
     assert read_routing(log_dir) == expected  # nothing repeated at iterations 2, 4 and 5, where nothing changed
     assert read_routing(log_dir / ROUTING_RECORDS_DIR) == expected

@@ -92,7 +92,7 @@ def test_each_finding_names_its_layers_format_and_block_formats_get_their_own_re
     assert dict(remedy.options)["base"] == dict.fromkeys(("fprop", "dgrad", "wgrad"), unrounded)
     assert remedy.reason.startswith(
         "It loses values to zero in NVFP4; a rule of the precision plan changes the GEMMs that read it in NVFP4, fprop "
-        "and wgrad: MXFP8 (E4M3 elements, 4 more bits than E2M1, a scale per 32 values) (leaves NVFP4)"
+        "and wgrad: MXFP8 (E4M3 elements, 4 more bits than E2M1, a scale per 32 values) (NVFP4 -> MXFP8)"
     )
     (remedy,) = mixed_.remedies  # measured in fprop's MXFP8 cast: fprop gets E5M2 elements, the NVFP4 wgrad stays
     assert (remedy.feature, remedy.gemms) == ("precision_plan", ("fprop",))

@@ -37,8 +37,20 @@ MXFP4 = {"name": "MXBlockScaling", "element": "e2m1"}
         # MX: the OCP floor rounded up for saturation; a wider element for underflow, E5M2 the last
         (MXFP4, "activation", "block_saturation", False, {**MXFP4, "scale_rule": "nvidia"}),
         (MXFP4, "activation", "underflow", False, {**MXFP4, "element": "e3m2"}),
-        ({"name": "MXBlockScaling", "element": "e2m3"}, "weight", "underflow", False, {"name": "MXBlockScaling", "element": "e4m3"}),
-        ({"name": "MXBlockScaling", "element": "e4m3"}, "weight", "underflow", False, {"name": "MXBlockScaling", "element": "e5m2"}),
+        (
+            {"name": "MXBlockScaling", "element": "e2m3"},
+            "weight",
+            "underflow",
+            False,
+            {"name": "MXBlockScaling", "element": "e4m3"},
+        ),
+        (
+            {"name": "MXBlockScaling", "element": "e4m3"},
+            "weight",
+            "underflow",
+            False,
+            {"name": "MXBlockScaling", "element": "e5m2"},
+        ),
         ({"name": "MXBlockScaling", "element": "e5m2"}, "weight", "underflow", False, None),
         (
             {"name": "MXBlockScaling", "element": "e4m3", "gradient_element": "e4m3"},
@@ -101,7 +113,9 @@ def test_rules_of_one_layer_combine_options_and_the_wider_format_wins():
     assert rule_tensors("my own rule") is None and rule_tensors(rule_name("a: b", ["weight"])) == ("a: b", ["weight"])
 
 
-PLAN_REMEDIES = {"precision_plan": {"rules": [{"name": "diagnose: model.a: activation", "layers": {"exact_layer_names": ["model.a"]}}]}}
+PLAN_REMEDIES = {
+    "precision_plan": {"rules": [{"name": "diagnose: model.a: activation", "layers": {"exact_layer_names": ["model.a"]}}]}
+}
 
 
 def test_the_rules_go_first_in_the_users_plan_and_replace_the_earlier_diagnosis_rules():

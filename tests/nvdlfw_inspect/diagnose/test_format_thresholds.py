@@ -5,6 +5,7 @@ every block) is found, named with its format, its mechanism and the threshold us
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -15,7 +16,17 @@ import lowprec
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.cli import main
 from nvdlfw_inspect.diagnose import Thresholds, diagnose
-from nvdlfw_inspect.diagnose.thresholds import CALIBRATED_UNDERFLOW_PCT, CALIBRATION_MARGIN, FORMAT_UNDERFLOW_PCT
+from nvdlfw_inspect.diagnose.thresholds import (
+    CALIBRATED_SATURATED_BLOCKS_PCT,
+    CALIBRATED_UNDERFLOW_BLOCKS_PCT,
+    CALIBRATED_UNDERFLOW_PCT,
+    CALIBRATED_WORST_BLOCK_ERR,
+    CALIBRATION_MARGIN,
+    FORMAT_SATURATED_BLOCKS_PCT,
+    FORMAT_UNDERFLOW_BLOCKS_PCT,
+    FORMAT_UNDERFLOW_PCT,
+    FORMAT_WORST_BLOCK_ERR,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 
@@ -103,6 +114,22 @@ def test_the_calibrated_table_holds_what_the_script_measures():
         rule = max(calibrate_formats.FLOOR, CALIBRATION_MARGIN * calibrated)
         assert Thresholds().underflow_threshold(label) == pytest.approx(rule, abs=0.1), label
         assert (label in FORMAT_UNDERFLOW_PCT) == (rule > calibrate_formats.FLOOR), label
+        assert ("blocks_max" in next(iter(rows.values()))) == (label in CALIBRATED_UNDERFLOW_BLOCKS_PCT), label
+        for key, calibrated_per_block in (
+            ("blocks", CALIBRATED_UNDERFLOW_BLOCKS_PCT),
+            ("saturated", CALIBRATED_SATURATED_BLOCKS_PCT),
+            ("worst", CALIBRATED_WORST_BLOCK_ERR),
+        ):
+            if label in CALIBRATED_UNDERFLOW_BLOCKS_PCT:  # a block format: its per-block values, 0 where none saturate
+                measured = max(row[f"{key}_max"] for row in rows.values())
+                assert measured <= calibrated_per_block.get(label, 0.0) * 1.25 + 0.05, (label, key)
+    for label, calibrated in CALIBRATED_UNDERFLOW_BLOCKS_PCT.items():  # the script's rules applied to the table
+        assert FORMAT_UNDERFLOW_BLOCKS_PCT[label] == max(1.0, math.ceil(CALIBRATION_MARGIN * calibrated * 10 - 1e-9) / 10)
+        assert (
+            FORMAT_WORST_BLOCK_ERR[label] == math.ceil(CALIBRATION_MARGIN * CALIBRATED_WORST_BLOCK_ERR[label] * 100 - 1e-9) / 100
+        )
+    for label, calibrated in CALIBRATED_SATURATED_BLOCKS_PCT.items():
+        assert FORMAT_SATURATED_BLOCKS_PCT[label] == math.ceil((100 - (100 - calibrated) / CALIBRATION_MARGIN) * 10 - 1e-9) / 10
 
 
 def test_a_user_threshold_for_a_format_wins_and_underflow_pct_stays_the_fp8_one():
