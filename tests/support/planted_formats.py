@@ -9,8 +9,12 @@ tests of ``diagnose``'s remedies that keep a format (``nvdlfw_inspect.diagnose.i
   largest value: under E2M1's smallest step, within E3M2's.
 - ``model.mxfp8``: MXFP8 (E4M3); half of each block of its input sits 2**-21 below the block's largest value:
   beyond E4M3's 17.8 bits, within E5M2's.
+- ``model.mxfp8_ocp``: MXFP8 under the OCP rule (E8M0 scales rounded down); every block of 32 of its input has its
+  amax at 1.9 x a power of two, which the floored scale maps to 486, past E4M3's 448: every block saturates.
 - ``model.<format>_twin``: the same recipe, Gaussian inputs and gradients.
-Statistics: ``underflows%`` of every input tensor (each layer's own format), ``dynamic_range`` of each.
+Statistics: ``underflows%`` of every input tensor (each layer's own format), ``dynamic_range`` of each, and
+``saturated_blocks%`` of the OCP layers' activations (not their weights: ``nn.Linear``'s uniform initialisation puts
+most blocks' amax just under a power of two too, so the OCP rule saturates them as well, a finding of its own).
 """
 
 from __future__ import annotations
@@ -32,20 +36,27 @@ FORMATS_PLAN = {
             "recipe": {"name": "nvfp4", "disable_stochastic_rounding": True},
         },
         {"layers": {"layer_name_regex_pattern": r"^model\.mxfp4"}, "recipe": "mxfp4"},
+        {"layers": {"layer_name_regex_pattern": r"^model\.mxfp8_ocp"}, "recipe": "mxfp8_ocp"},
         {"layers": {"layer_name_regex_pattern": r"^model\.mxfp8"}, "recipe": "mxfp8"},
     ]
 }
-PLANTED = ("nvfp4", "mxfp4", "mxfp8")
+PLANTED = ("nvfp4", "mxfp4", "mxfp8", "mxfp8_ocp")
 LAYERS = tuple(name for format_ in PLANTED for name in (format_, f"{format_}_twin"))
-STATISTICS = {
-    "formats_statistics": {
-        "enabled": True,
-        "layers": {"layer_name_regex_pattern": r"^model\."},
-        "transformer_engine": {
-            "LogTensorStats": {"enabled": True, "tensors": ["activation", "gradient", "weight"], "stats": ["dynamic_range"]},
-            "LogFp8TensorStats": {"enabled": True, "tensors": ["activation", "gradient", "weight"], "stats": ["underflows%"]},
-        },
+TENSORS = ["activation", "gradient", "weight"]
+
+
+def _section(layers: str, activation_losses: list[str]) -> dict[str, Any]:
+    losses = [{"tensor": tensor, "stats": activation_losses if tensor == "activation" else ["underflows%"]} for tensor in TENSORS]
+    features = {
+        "LogTensorStats": {"enabled": True, "tensors": TENSORS, "stats": ["dynamic_range"]},
+        "LogFp8TensorStats": {"enabled": True, "tensors_struct": losses},
     }
+    return {"enabled": True, "layers": {"layer_name_regex_pattern": layers}, "transformer_engine": features}
+
+
+STATISTICS = {  # saturated_blocks% of the OCP layers' activations only: uniform weights saturate there too (see above)
+    "formats_statistics": _section(r"^model\.(?!mxfp8_ocp)", ["underflows%"]),
+    "ocp_statistics": _section(r"^model\.mxfp8_ocp", ["underflows%", "saturated_blocks%"]),
 }
 
 
@@ -56,6 +67,13 @@ def user_config() -> dict[str, Any]:
 
 def _signs(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     return torch.randint(0, 2, shape, generator=gen).float() * 2 - 1
+
+
+def _amax_under_a_power_of_two(gen: torch.Generator) -> torch.Tensor:
+    """Gaussian blocks of 32, each scaled so that its amax is 1.9 x a power of two."""
+    blocks = torch.randn(TOKENS, WIDTH // 32, 32, generator=gen)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    return (blocks * 1.9 * torch.exp2(amax.log2().floor()) / amax).reshape(TOKENS, WIDTH)
 
 
 def _nvfp4_gradient(gen: torch.Generator) -> torch.Tensor:
@@ -75,7 +93,7 @@ def _two_level(bits: float, gen: torch.Generator) -> torch.Tensor:
 
 
 def formats_run(log_dir: Path, config: dict[str, Any] | str | Path, plan: Any, steps: int = 6) -> None:
-    """The six layers trained ``steps`` steps under ``plan`` (``FORMATS_PLAN``, or a diagnosis's config holding one)
+    """The eight layers trained ``steps`` steps under ``plan`` (``FORMATS_PLAN``, or a diagnosis's config holding one)
     with the debug ``config`` (``user_config()``, or the one ``diagnose --config`` merged)."""
     config_file = str(config) if isinstance(config, (str, Path)) else config
     debug_api.initialize(config_file=config_file, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
@@ -86,6 +104,7 @@ def formats_run(log_dir: Path, config: dict[str, Any] | str | Path, plan: Any, s
         for _ in range(steps):
             inputs = {name: torch.randn(TOKENS, WIDTH, generator=gen) for name in LAYERS}
             inputs["mxfp4"], inputs["mxfp8"] = _two_level(7, gen), _two_level(21, gen)
+            inputs["mxfp8_ocp"] = _amax_under_a_power_of_two(gen)
             gradients = {name: torch.randn(TOKENS, WIDTH, generator=gen) for name in LAYERS}
             gradients["nvfp4"] = _nvfp4_gradient(gen)
             with lowprec.autocast(recipe=lowprec.Float8CurrentScaling(), plan=plan):
