@@ -190,7 +190,9 @@ def test_planted_block_format_runs_are_repaired_in_their_format(repaired):
         assert (remedy.feature, remedy.gemms) == ("precision_plan", gemms)
         assert all(dict(remedy.options)["recipes"][gemm] == spec for gemm in gemms)
     plan = yaml.safe_load((repaired / "merged.yaml").read_text())["precision_plan"]
-    assert sorted(rule.get("name") for rule in plan["rules"][:4]) == sorted(f"diagnose: {l}: {t}" for l, t in EXPECTED)
+    assert sorted(rule.get("name") for rule in plan["rules"][:4]) == sorted(
+        f"diagnose: {layer}: {tensor}" for layer, tensor in EXPECTED
+    )
     assert plan["rules"][4:] == FORMATS_PLAN["rules"]
 
     rules = {(r.layer, r.gemm): r.plan_rule for r in read_routing(repaired / "rerun") if r.tensor == "activation"}
