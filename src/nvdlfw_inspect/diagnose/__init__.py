@@ -36,7 +36,9 @@ def diagnose_run(
     thresholds = thresholds or Thresholds()
     routing = list(routing)
     first = run.first_iteration
-    detected, skipped = detect(run, thresholds, Formats(routing, thresholds))
+    formats = Formats(routing, thresholds)
+    read_prefixed_as_own(run, formats)
+    detected, skipped = detect(run, thresholds, formats)
     findings = [replace(finding, remedies=tuple(choose(finding, first))) for finding in detected]
     findings, in_place = judge(run, findings, remedies_in_place(routing), thresholds)
     layers = sorted({layer for layer, _, _, _ in run.points} | {record.layer for record in routing})
@@ -49,7 +51,24 @@ def diagnose_run(
         caution = one_iteration_caution(span[0])
     elif span is not None and span[1] < span[0] + thresholds.warmup:
         caution = warmup_caution(span, thresholds.warmup)
-    return Diagnosis(findings, config, text, thresholds, span, not_measured(run), in_place, layers, caution, skipped)
+    return Diagnosis(findings, config, text, thresholds, span, not_measured(run, formats), in_place, layers, caution, skipped)
+
+
+OWN_FORMAT_STATS = ("underflows%", "overflows%")
+
+
+def read_prefixed_as_own(run: Run, formats: Formats) -> None:
+    """A loss statistic logged with the prefix of the layer's own format (``nvfp4_underflows%``, as
+    ``LogNvfp4TensorStats`` and ``compare`` log it) measures that layer's own cast: it is read as its bare
+    ``underflows%`` where that was not logged (added to ``run.merged``, which the report's table reads too)."""
+    merged = run.merged
+    for layer, tensor, stat in list(merged):
+        fmt = formats.of(layer, tensor)
+        if fmt is None or fmt.label is None:
+            continue
+        own = stat.removeprefix(f"{fmt.label}_")
+        if own != stat and own in OWN_FORMAT_STATS and (layer, tensor, own) not in merged:
+            merged[(layer, tensor, own)] = merged[(layer, tensor, stat)]
 
 
 def one_iteration_caution(iteration: int) -> str:

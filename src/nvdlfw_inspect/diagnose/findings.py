@@ -403,11 +403,19 @@ def _underflow_threshold(thresholds: Thresholds, fmt: TensorFormat | None) -> st
     return underflow_threshold_text(thresholds, None if fmt is None else fmt.label)
 
 
-def not_measured(run: Run) -> str | None:
+def not_measured(run: Run, formats: Formats | None = None) -> str | None:
     """Which of the checks had no statistic to read in the whole run, and what stood in for it: else "no
-    finding" would read as "no underflow" in a run that never logged underflows%. None when all were logged."""
+    finding" would read as "no underflow" in a run that never logged underflows%. None when all were logged.
+    Where the routing records (``formats``) name every GEMM's format, neither is asked of a run that quantizes
+    nothing, and overflow not of one without delayed scaling: only its stale scale lets values saturate the way
+    overflows% counts."""
     logged = {stat for _, _, stat in run.merged}
-    missing = [entry for entry in MEASURES if entry[1] not in logged]
+    labels = formats.labels() if formats is not None else None
+    applies = {
+        "underflow": labels is None or bool(labels - {None}),
+        "overflow": labels is None or "fp8_delayed_scaling" in labels,
+    }
+    missing = [entry for entry in MEASURES if entry[1] not in logged and applies[entry[0]]]
     if not missing:
         return None
     names = " and ".join(stat for _, stat, _, _, _ in missing)

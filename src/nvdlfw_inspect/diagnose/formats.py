@@ -119,6 +119,7 @@ class Formats:
                 latest[(record.layer, record.gemm)] = record
         # (layer, GEMM): its format, None without a recipe; a GEMM whose record names no recipe's format is unknown
         self._gemms = {key: r.format if r.recipe else None for key, r in latest.items() if r.format is not None or not r.recipe}
+        self._recorded = set(latest)
         # (layer, GEMM): its recipe as a plan's recipe spec, where the records say it
         self._specs = {key: r.recipe_spec for key, r in latest.items() if r.recipe and r.recipe_spec is not None}
 
@@ -136,6 +137,13 @@ class Formats:
             else:
                 return None
         return found
+
+    def labels(self) -> set[str | None] | None:
+        """The formats the run's GEMMs read their operands in (None among them: high precision); None where the
+        records name no format for some GEMM under a recipe (older versions, other frameworks) or there are none."""
+        if not self._gemms or len(self._gemms) < len(self._recorded):
+            return None
+        return set(self._gemms.values())
 
     def of(self, layer: str, tensor: str) -> TensorFormat | None:
         """The format ``layer`` reads ``tensor`` in; None where the records do not say (no record, or no format)."""

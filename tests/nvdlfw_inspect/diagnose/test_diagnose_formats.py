@@ -106,7 +106,8 @@ def test_the_command_line_names_the_formats_in_text_and_json(mixed, tmp_path, ca
     assert main(["diagnose", str(mixed), "-o", str(tmp_path / "fix.yaml")]) == 0
     printed = capsys.readouterr().out
     lines = printed.splitlines()
-    assert lines[2] == f"skipped: {SKIPPED_BLOCK}; nor {SKIPPED_HIGH}"
+    assert lines[1] == f"skipped: {SKIPPED_BLOCK}; nor {SKIPPED_HIGH}"
+    assert "not measured" not in printed  # overflows% is not asked of a run without delayed scaling
     assert "1. model.mixed (MXFP8 in fprop, NVFP4 in wgrad)  activation  underflow (underflows%, from iteration 1)" in lines
     assert "2. model.fp8 (FP8 current scaling)  activation  underflow (underflows%, from iteration 1)" in lines
     assert "3. model.nvfp4 (NVFP4)  activation  underflow (underflows%, from iteration 1)" in lines
@@ -206,3 +207,27 @@ def test_scale_jumps_are_judged_in_per_tensor_fp8_layers_only():
         "to block formats (each block has its own scale; underflows% measures what they lose): b0 (NVFP4), b1 (NVFP4), "
         "b2 (NVFP4), b3 (NVFP4), b4 (NVFP4), b5 (NVFP4), b6 (NVFP4), b7 (NVFP4) and 2 more layers"
     )
+
+
+def nvfp4_records(layer: str) -> list[RoutingRecord]:
+    return [
+        RoutingRecord(0, layer, gemm, tensor, "fp8", None, True, 0, format="nvfp4")
+        for tensor, gemms in TENSOR_GEMMS.items()
+        if tensor in ("activation", "weight", "gradient")
+        for gemm in gemms
+    ]
+
+
+def test_a_statistic_prefixed_with_the_layers_own_format_is_its_own_loss():
+    """``LogNvfp4TensorStats`` (and ``compare``) log an NVFP4 layer's losses as ``nvfp4_underflows%``: read as the
+    layer's underflows%, judged by NVFP4's threshold; a what-if prefix (another format's cast) is not; and a run
+    without delayed scaling is not told that overflows% was not logged."""
+    stats = [
+        Statistic(0, layer, "activation", stat, i, value)
+        for layer, stat, value in (("model.a", "nvfp4_underflows%", 40.0), ("model.b", "mxfp8_underflows%", 40.0))
+        for i in range(6)
+    ]
+    diagnosis = diagnose_statistics(stats, routing=nvfp4_records("model.a") + nvfp4_records("model.b"))
+    (finding,) = diagnosis.findings
+    assert (finding.layer, finding.kind, finding.summary.threshold) == ("model.a", "underflow", 25.1)
+    assert diagnosis.unmeasured is None
