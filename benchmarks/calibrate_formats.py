@@ -110,7 +110,7 @@ def measure(label: str, sample: str, shape: tuple[int, int], seed: int) -> dict[
         "mse": float(fields["sq_err"]) / float(x.double().square().sum()),
     }
     if q.part is not None:
-        blocks, _, _ = block_partials(x, q, DEFAULT_UNDERFLOW_THRESHOLD)
+        blocks, _ = block_partials(x, q, DEFAULT_UNDERFLOW_THRESHOLD)
         measured["blocks"] = 100.0 * float(blocks["underflows"]) / blocks["count"]
         measured["saturated"] = 100.0 * float(blocks["overflows"]) / blocks["count"]
         measured["worst"] = float(blocks["max"])

@@ -74,6 +74,38 @@ def te_stats(rank: int, world: int, log_dir: Path) -> None:
     torch.save(fed, log_dir / f"fed{rank}.pt")
 
 
+BLOCK_WORLD_STATS = ["worst_block_rel_err", "worst_block_row", "worst_block_col", "worst_block_flushed%"]
+BLOCK_WORLD_STATS += ["worst_flushed_row", "worst_flushed_col"]
+
+
+def outlier_tensor(rank: int, micro_batch: int) -> torch.Tensor:
+    """N(0, 1) values with channel 70 at 1e6: MXFP8 flushes the rest of its blocks (column block 2, clipped to 1.5)
+    but a value of 100 in each, except in row 5 of rank 1's first micro-batch, whose block alone flushes 31 of 32."""
+    x = torch.randn(16, 256, generator=torch.Generator().manual_seed(10 * rank + micro_batch))
+    x[:, 64:96].clamp_(-1.5, 1.5)
+    x[:, 70], x[:, 64] = 1e6, 100.0
+    if (rank, micro_batch) == (1, 0):
+        x[5, 64] = 0.5
+    return x
+
+
+def block_stats(rank: int, world: int, log_dir: Path) -> None:
+    """Per-block statistics of a layer's own MXFP8 activation: two micro-batches per rank, reduced over the world."""
+    import lowprec
+    import nvdlfw_inspect.api as debug_api
+
+    features = {"LogFp8TensorStats": {"enabled": True, "tensors": ["activation"], "stats": BLOCK_WORLD_STATS}}
+    config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+    torch.manual_seed(0)
+    layer = lowprec.Linear(256, 32, name="blocks")
+    for micro_batch in range(2):
+        with lowprec.fp8_autocast(fp8_recipe=lowprec.MXFP8BlockScaling()):
+            layer(outlier_tensor(rank, micro_batch)).sum().backward()
+    debug_api.step()
+    debug_api.end_debug()
+
+
 def packed_gather(rank: int, world: int, log_dir: Path) -> None:
     """Five steps of base statistics; at step 3 rank 0 adds a layer of its own. Saves, per step, the
     collectives the statistics ran on the tool's own group and what was logged."""

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from blockref import mx_fake
 from logreader import read_stats, stats_log_path
 from statref import SIX, reference_stats
 
+from lowprec.formats.elements import E4M3
 from nvdlfw_inspect.distributed import (
     gather_along_first_dim,
     gather_tensor_on_last_rank,
@@ -197,3 +199,32 @@ def test_the_num_zeros_family_is_exact_over_micro_batches_and_ranks(tmp_path):
         assert stats[("zeros_activation_num_zeros[1e-10]%", 0)] == pytest.approx(100 * near / every.numel(), abs=6e-5)
         assert stats[("zeros_activation_num_zeros%", 0)] == 40.0  # 8 of 20 values: the NaN counts in the whole
         assert stats[("zeros_activation_max", 0)] == 3.0  # the plain statistics of the same config beside them
+
+
+def mxfp8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each 1 x 32 block's relative error and % of its non-zero values flushed, in float64 from ``mx_fake``."""
+    xb, qb = x.double().reshape(x.shape[0], -1, 32), mx_fake(x, E4M3).double().reshape(x.shape[0], -1, 32)
+    rel = ((qb - xb).square().sum(-1) / xb.square().sum(-1)).sqrt()
+    return rel, 100.0 * ((xb != 0) & (qb == 0)).sum(-1) / (xb != 0).sum(-1)
+
+
+@needs_gloo
+def test_the_worst_and_most_flushed_blocks_are_located_exactly_over_micro_batches_and_ranks(tmp_path):
+    """The block that flushes most is the outlier channel's (column block 2) on rank 1, first micro-batch, row 5; the
+    worst by relative error is elsewhere; each is located where it was fed, on every rank."""
+    log_dir = spawn("block_stats", 2, tmp_path)
+    feeds = {(rank, mb): mxfp8_blocks(dist_workers.outlier_tensor(rank, mb)) for rank in range(2) for mb in range(2)}
+    rel = torch.stack([r for r, _ in feeds.values()])
+    share = torch.stack([s for _, s in feeds.values()])
+    _, row, col = (int(i) for i in torch.nonzero(rel == rel.max())[0])
+    assert (share == share.max()).sum() == 1 and share.max() == 100 * 31 / 32
+    assert [int(i) for i in torch.nonzero(share == share.max())[0]] == [2, 5, 2]  # feed (1, 0): rank 1, first
+    assert col != 2 and (rel == rel.max()).sum() == 1
+    for rank in range(2):
+        stats = read_stats(log_dir, rank)
+        # the log writes 4 decimals
+        assert stats[("blocks_activation_worst_block_rel_err", 0)] == pytest.approx(rel.max().item(), abs=6e-5)
+        assert (stats[("blocks_activation_worst_block_row", 0)], stats[("blocks_activation_worst_block_col", 0)]) == (row, col)
+        assert stats[("blocks_activation_worst_block_flushed%", 0)] == 100 * 31 / 32
+        assert stats[("blocks_activation_worst_flushed_row", 0)] == 5
+        assert stats[("blocks_activation_worst_flushed_col", 0)] == 2

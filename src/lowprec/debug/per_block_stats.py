@@ -23,15 +23,21 @@ copy) is judged where it quantizes: the transformed values against their codes.
   the tensor's orientation (the tensor seen as 2-D ``[-1, last_dim]``; the row index counts blocks down the rows,
   the column index blocks along them), whichever orientation was cast: an outlier channel shows as a column.
   The row is the block row within the micro-batch (and rank) that held the block; a NaN block ranks first.
+- ``worst_block_flushed%``: the largest share of a block's non-zero (non-NaN) inputs that its cast represents by
+  zero (the count ``underflow_blocks%`` compares with ``T``), in % (float32; 0 for a block of zeros).
+- ``worst_flushed_row``, ``worst_flushed_col``: where the block of ``worst_block_flushed%`` is, as the worst
+  block's. The error is relative to a block's norm, which an outlier dominates, so the worst block is rarely an
+  outlier's; the block that flushes most is, and its column block is the outlier channel's.
 
 Reduction: the percentages are sums of block counts (the ``underflows`` and ``overflows`` fields of a request
-whose ``count`` is the number of blocks), the worst error a maximum (``max``). The location is a maximum with
-its argmax carried in one float64 (``location_key``): the float64 whose bits are the float32 error's bits (a
-non-negative float's bits sort as its value) above the 32-bit index, offset so that every key is a normal
-float64; the largest key is the largest error, and its low bits its index, however the maxima are taken. The row
-and the column are two such keys (two requests, each its own maximum), so where the worst error is tied
-exactly (in float32) between blocks of different feeds or ranks, the row is the largest of the tied blocks' rows
-and the column the largest of their columns. Within one cast a tie goes to the last block in row-major order.
+whose ``count`` is the number of blocks), the worst error and the largest flushed share maxima (``max``, each its
+own request). A location is a maximum with its argmax carried in one float64 (``location_keys``): the float64 whose
+bits are the float32 value's bits (a non-negative float's bits sort as its value) above the 32-bit index, offset
+so that every key is a normal float64; the largest key is the largest value, and its low bits its index, however
+the maxima are taken. A row and a column are two such keys (two requests, each its own maximum), so where the
+value is tied exactly (in float32) between blocks of different feeds or ranks, the row is the largest of the tied
+blocks' rows and the column the largest of their columns. Within one cast a tie goes to the last block in
+row-major order (a tensor flushing nothing: its last block).
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from nvdlfw_inspect.stats.catalog import LOCATION_BIAS, stats_of
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
 BLOCK_STATS = stats_of("block")
-UNDERFLOW_BLOCKS, SATURATED_BLOCKS, WORST_ERR, WORST_ROW, WORST_COL = BLOCK_STATS
+UNDERFLOW_BLOCKS, SATURATED_BLOCKS, WORST_ERR, WORST_ROW, WORST_COL, WORST_FLUSHED, FLUSHED_ROW, FLUSHED_COL = BLOCK_STATS
 DEFAULT_UNDERFLOW_THRESHOLD = 50.0
 THRESHOLD_KEY = "block_underflow_threshold"
 _LOW = (1 << 32) - 1
@@ -87,14 +93,17 @@ def block_values(tensor: torch.Tensor, q: Quantized) -> tuple[torch.Tensor, torc
     return _blocks(x, part.layout.block), _blocks(values, part.layout.block)
 
 
-def block_partials(tensor: torch.Tensor, q: Quantized, threshold: float) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+def block_partials(tensor: torch.Tensor, q: Quantized, threshold: float) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The fields of one cast's block request (``count``: blocks, ``underflows``, ``overflows``: blocks, ``max``:
-    the worst error) and the location keys of its row and column, all on its device."""
+    the worst error) and, per statistic with a request of its own, its ``max`` (the largest flushed share, the
+    location keys), all on its device."""
     part = q.part
     x, v = block_values(tensor, q)
     nonzero = (x != 0) & ~x.isnan()
     flushed = (nonzero & (v == 0)).sum(-1, dtype=torch.float64)
-    underflow_blocks = flushed * 100 > threshold * nonzero.sum(-1, dtype=torch.float64)
+    inputs = nonzero.sum(-1, dtype=torch.float64)
+    underflow_blocks = flushed * 100 > threshold * inputs
+    share = (flushed * 100 / inputs.clamp(min=1)).float()
     # the largest magnitude each block represents, computed as ``BlockScaledData.values`` computes its values
     largest = torch.full_like(part.scales, part.layout.element.max, dtype=torch.float32) * part.scales.float()
     if part.tensor_scale_inv is not None:
@@ -106,19 +115,23 @@ def block_partials(tensor: torch.Tensor, q: Quantized, threshold: float) -> tupl
     rel = torch.where(norm > 0, (err / norm.where(norm > 0, 1.0)).sqrt(), torch.where(err > 0, torch.inf, 0.0)).float()
     rel = torch.where(x.isnan().any(-1), torch.nan, rel)
     fields = {"count": rel.numel(), "underflows": underflow_blocks.sum(), "overflows": saturated.sum(), "max": rel.amax()}
-    # the worst block: its float32 error's bits (NaN first) above its row-major index, tie to the last
-    bits = rel.nan_to_num(nan=torch.inf).view(torch.int32).long() + LOCATION_BIAS
-    index = torch.arange(rel.numel(), device=rel.device).reshape(rel.shape)
+    row, col = location_keys(rel, q.columnwise)
+    flushed_row, flushed_col = location_keys(share, q.columnwise)
+    maxima = {WORST_ROW: row, WORST_COL: col, WORST_FLUSHED: share.amax(), FLUSHED_ROW: flushed_row, FLUSHED_COL: flushed_col}
+    return fields, maxima
+
+
+def location_keys(values: torch.Tensor, columnwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row and column keys of the largest of float32 ``values`` ``[row blocks, col blocks]`` (NaN first, ties to
+    the last in row-major order): its bits above its block row or column, in the tensor's orientation."""
+    bits = values.nan_to_num(nan=torch.inf).view(torch.int32).long() + LOCATION_BIAS
+    index = torch.arange(values.numel(), device=values.device).reshape(values.shape)
     worst = ((bits << 32) | index).amax()
-    row, col = divmod_index(worst & _LOW, rel.shape[1])
-    if q.columnwise:  # the blocks of the transposed copy: its rows are the tensor's columns
+    row, col = (worst & _LOW) // values.shape[1], (worst & _LOW) % values.shape[1]
+    if columnwise:  # the blocks of the transposed copy: its rows are the tensor's columns
         row, col = col, row
     high = worst >> 32 << 32
-    return fields, (high | row).view(torch.float64), (high | col).view(torch.float64)
-
-
-def divmod_index(index: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return index // cols, index % cols
+    return (high | row).view(torch.float64), (high | col).view(torch.float64)
 
 
 def feed_block_stats(
@@ -130,14 +143,14 @@ def feed_block_stats(
     **request: Any,
 ) -> None:
     """Feed ``stats`` (``(written, name)``, name in ``BLOCK_STATS``) of one cast: the percentages and the worst
-    error share one request, the row and the column have one each (their maxima are separate)."""
-    fields, row_key, col_key = block_partials(tensor, q, threshold)
+    error share one request, the largest flushed share and each location have one each (their maxima are separate)."""
+    fields, maxima = block_partials(tensor, q, threshold)
     device = tensor.device
-    plain = [stat for stat in stats if stat[1] not in (WORST_ROW, WORST_COL)]
+    plain = [stat for stat in stats if stat[1] not in maxima]
     if plain:
         STATS_BUFFERS.feed((key, threshold), stats=plain, partials=set_fields(empty_partials(device), fields), **request)
-    for name, location in ((WORST_ROW, row_key), (WORST_COL, col_key)):
+    for name, value in maxima.items():
         wanted = [stat for stat in stats if stat[1] == name]
         if wanted:
-            partials = set_fields(empty_partials(device), {"count": fields["count"], "max": location})
+            partials = set_fields(empty_partials(device), {"count": fields["count"], "max": value})
             STATS_BUFFERS.feed((key, threshold, name), stats=wanted, partials=partials, **request)

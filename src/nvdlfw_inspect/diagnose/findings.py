@@ -17,6 +17,10 @@ format is not the run's and is only named in the note), each against its format'
   range the format represents worst (channels that lost their block scales, say). It does not point at an outlier
   channel that flushes its neighbours: the error is relative to the block's norm, which the outlier dominates, so
   that block's error stays small (the flushed values are below its amax over twice the element's range);
+- ``worst_flushed_col`` and ``worst_block_flushed%``: where the block that flushes the largest share of its values
+  is, and that share; one column block at most iterations after warm-up, in blocks that keep some of their values
+  (a share under 100%), is an outlier channel setting their scale, which a ``block_underflow`` names. Blocks that
+  lose all their values lost their scale instead, and tie: their column is only the last of them;
 - ``scale_exp_hist_*``: the share of blocks whose scale is zero (or below 2^-32) and how many binades the others
   span. For NVFP4 they tell how blocks flush: a zero E4M3 block scale loses a whole block (one more than 2^17.8 below
   the largest), a span past E4M3's 14.8 binades of normal range means subnormal scales; the per-tensor FP32 scale,
@@ -66,10 +70,11 @@ LISTED_LAYERS = 8
 #: ``under``, ``over``, ``0``, ``m3``, ``p2``), an optional ``_columnwise``
 _BLOCK_STAT = re.compile(
     r"^(?:(?P<prefix>[a-z0-9_]+?)_)?(?P<name>underflow_blocks%|saturated_blocks%|worst_block_rel_err|worst_block_row|"
-    r"worst_block_col|scale_inv_std|scale_exp_hist_(?:under|over|0|[mp]\d+))(?P<columnwise>_columnwise)?$"
+    r"worst_block_col|worst_block_flushed%|worst_flushed_row|worst_flushed_col|scale_inv_std|"
+    r"scale_exp_hist_(?:under|over|0|[mp]\d+))(?P<columnwise>_columnwise)?$"
 )
-#: more than this share of the iterations after warm-up with the worst block in one column block: one channel range
-#: is the worst represented
+#: more than this share of the iterations after warm-up with the worst block (or the block that flushes most) in one
+#: column block: one channel range is the worst represented (an outlier channel sets the scale of its blocks)
 STABLE_COLUMN_SHARE = 0.5
 #: binades of normal E4M3 below its largest value (448 down to 2**-6): NVFP4's block scales beyond are subnormal
 E4M3_SCALE_BINADES = math.log2(448.0) + 6
@@ -223,36 +228,36 @@ class Detector:
             else:
                 what = f"its worst block loses much of its values in {where} ({written}: ||q - x|| / ||x|| of the worst block)"
             source = f"{name}'s threshold {threshold:g}{unit} ({t.block_source(stat, label)})"
-            message = f"{what}: {_persistence(summary, unit)}; {source}{_block_clauses(context, label)}"
+            message = f"{what}: {_persistence(summary, unit)}; {source}{_block_clauses(context, label, kind)}"
             assert summary.first_above is not None
             found.append(Finding(kind, layer, tensor, written, summary.first_above, message, summary, context, format=fmt))
         return found
 
     def _block_context(self, stats: dict[str, tuple[str, Points]], label: str) -> dict[str, Any]:
-        """The worst block (its error at the end of the run, its row at the last iteration, the column block it is in
-        at most iterations after warm-up and at what share of them), the spread of the logged scales, and from the
-        scale histogram at the last iteration the binades the block scales span and the % of blocks whose scale is
-        zero or below 2^-32."""
+        """The worst block and the block that flushes most (the error and the share at the end of the run, the row at
+        the last iteration, the column block each is in at most iterations after warm-up and at what share of them),
+        the spread of the logged scales, and from the scale histogram at the last iteration the binades the block
+        scales span and the % of blocks whose scale is zero or below 2^-32."""
         context: dict[str, Any] = {}
-        for key in ("worst_block_rel_err", "scale_inv_std"):
+        for key in ("worst_block_rel_err", "worst_block_flushed%", "scale_inv_std"):
             summary = self.summary(stats[key][1], math.inf) if key in stats else None
             if summary is not None and math.isfinite(summary.persistent):
                 context[key] = summary.persistent
         if "scale_inv_std" in context and label.startswith("mx"):
             context["scale_inv_std_unit"] = "binades (the E8M0 exponent)"
-        if "worst_block_row" in stats:
-            row = stats["worst_block_row"][1]
-            if math.isfinite(row[max(row)]):
-                context["worst_block_row"] = int(row[max(row)])
-        if "worst_block_col" in stats:
-            columns = stats["worst_block_col"][1]
+        for key in ("worst_block_row", "worst_flushed_row"):
+            row = stats[key][1] if key in stats else {}
+            if row and math.isfinite(row[max(row)]):
+                context[key] = int(row[max(row)])
+        for key in ("worst_block_col", "worst_flushed_col"):
+            columns = stats[key][1] if key in stats else {}
             steady = [v for i, v in columns.items() if i >= self.warmup_end and math.isfinite(v)]
             steady = steady or [v for v in columns.values() if math.isfinite(v)]
             if steady:
                 column, count = Counter(steady).most_common(1)[0]
-                context["worst_block_col"] = int(column)
-                context["worst_block_col_share"] = count / len(steady)
-                context["worst_block_col_iterations"] = len(steady)
+                context[key] = int(column)
+                context[f"{key}_share"] = count / len(steady)
+                context[f"{key}_iterations"] = len(steady)
         bins = {
             stat.removeprefix("scale_exp_hist_"): points
             for stat, (_, points) in stats.items()
@@ -342,16 +347,46 @@ class Detector:
         return context
 
 
+def _flushed_clauses(context: dict[str, Any]) -> list[str]:
+    """Where the blocks that flush most are: an outlier channel's column block where they keep some of their values
+    (``worst_block_flushed%`` under 100) in one column block at most iterations; nothing from one iteration."""
+    share, iterations = context.get("worst_flushed_col_share"), context.get("worst_flushed_col_iterations", 0)
+    if share is None:
+        return ["log worst_flushed_col and worst_block_flushed% to see whether an outlier channel sets their blocks' scale"]
+    column, flushed = context["worst_flushed_col"], context.get("worst_block_flushed%")
+    if flushed == 100.0:
+        return [
+            "the blocks that flush most lose all their values (worst_block_flushed% 100%): their scales were lost, not "
+            f"set by an outlier among them (such blocks tie, and column block {column} is only the last of them)"
+        ]
+    if iterations <= 1:
+        return []
+    if share <= STABLE_COLUMN_SHARE:
+        return [
+            f"the blocks that flush most move between column blocks (column block {column} at {share:.0%} of "
+            f"{iterations} iterations): no one outlier channel sets their scale"
+        ]
+    where = f"the blocks that flush most are in column block {column} at most iterations ({share:.0%} of {iterations})"
+    if flushed is None:
+        return [
+            f"{where}; log worst_block_flushed% to tell an outlier channel there (its blocks keep it) from blocks that "
+            "lost their scale"
+        ]
+    return [f"{where}: an outlier channel there sets their scale (worst_block_flushed% {flushed:.3g}%)"]
+
+
 def _block_where(fmt: TensorFormat) -> str:
     """The block format and how it scales (``MECHANISMS``)."""
     mechanism = MECHANISMS.get(fmt.label) if fmt.label is not None else None
     return f"{fmt.measured}" + (f", which has {mechanism}" if mechanism else "")
 
 
-def _block_clauses(context: dict[str, Any], label: str) -> str:
-    """What the worst block's place and the scale histogram add: one channel range the worst represented (the worst
-    block in one column block at most iterations) or not, and NVFP4 block scales lost or subnormal."""
-    clauses = []
+def _block_clauses(context: dict[str, Any], label: str, kind: str) -> str:
+    """What the blocks' places and the scale histogram add: for a ``block_underflow``, an outlier channel setting the
+    scale of the blocks that flush most (in one column block at most iterations) or not; one channel range the worst
+    represented (the worst block in one column block at most iterations) or not; NVFP4 block scales lost or
+    subnormal."""
+    clauses = _flushed_clauses(context) if kind == "block_underflow" else []
     share, iterations = context.get("worst_block_col_share"), context.get("worst_block_col_iterations", 0)
     if share is not None and iterations > 1 and share > STABLE_COLUMN_SHARE:
         clauses.append(

@@ -167,12 +167,16 @@ CATALOG: dict[str, Statistic] = {
             "mse", ("count", "sq_err"), _nan_if_empty(lambda p, ops: p["sq_err"] / ops.clamp_min(p["count"], 1.0)), "quantization"
         ),
         # per block of a block-scaled cast (lowprec.debug.per_block_stats): count = blocks, underflows and overflows
-        # = blocks that flush or saturate, max = the worst block's relative error, or a location key (max with argmax)
+        # = blocks that flush or saturate, max = the worst block's relative error, the largest flushed share, or a
+        # location key (max with argmax)
         Statistic("underflow_blocks%", ("count", "underflows"), _percent("underflows"), "block"),
         Statistic("saturated_blocks%", ("count", "overflows"), _percent("overflows"), "block"),
         Statistic("worst_block_rel_err", ("count", "max"), _nan_if_empty(_field("max")), "block"),
         Statistic("worst_block_row", ("count", "max"), _location, "block"),
         Statistic("worst_block_col", ("count", "max"), _location, "block"),
+        Statistic("worst_block_flushed%", ("count", "max"), _nan_if_empty(_field("max")), "block"),
+        Statistic("worst_flushed_row", ("count", "max"), _location, "block"),
+        Statistic("worst_flushed_col", ("count", "max"), _location, "block"),
         Statistic("max_blockwise_dynamic_range", ("count", "blockwise_dr"), _nan_if_empty(_field("blockwise_dr")), "feature"),
         # values of magnitude at most a threshold (``stats.zeros``: the family's names carry the threshold)
         Statistic("num_zeros", ("zeros",), _field("zeros"), "feature"),

@@ -19,7 +19,8 @@ from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.stats.catalog import derive_floats, derive_tensors
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 
-BLOCK = ["underflow_blocks%", "saturated_blocks%", "worst_block_rel_err", "worst_block_row", "worst_block_col"]
+FLUSHED = ["worst_block_flushed%", "worst_flushed_row", "worst_flushed_col"]
+BLOCK = ["underflow_blocks%", "saturated_blocks%", "worst_block_rel_err", "worst_block_row", "worst_block_col", *FLUSHED]
 OUTLIER_COL, LOUD_ROW = 70, 37
 
 
@@ -49,12 +50,17 @@ def block_ref(x: torch.Tensor, dq: torch.Tensor, block: tuple[int, int], thresho
     rel = ((db - xb).square().sum((-1, -2)) / xb.square().sum((-1, -2))).sqrt()
     worst = rel.max()
     rows, cols = torch.nonzero(rel == worst, as_tuple=True)
+    share = torch.where(nonzero > 0, 100.0 * flushed / nonzero.clamp(min=1), 0.0)
+    last = torch.nonzero(share.flatten() == share.max()).max().item()  # ties: the last block in row-major order
     return {
         "blocks": rel.numel(),
         "bad": int((flushed * 100 > threshold * nonzero).sum()),
         "worst": worst.item(),
         "row": rows.max().item(),
         "col": cols.max().item(),
+        "flushed": share.max().item(),
+        "flushed_row": last // share.shape[1],
+        "flushed_col": last % share.shape[1],
     }
 
 
@@ -64,6 +70,9 @@ def expect_blocks(got: dict, prefix: str, ref: dict, suffix: str = "") -> None:
     assert got[(f"{prefix}worst_block_rel_err{suffix}", 0)] == pytest.approx(ref["worst"], rel=1e-6)
     assert got[(f"{prefix}worst_block_row{suffix}", 0)] == ref["row"]
     assert got[(f"{prefix}worst_block_col{suffix}", 0)] == ref["col"]
+    assert got[(f"{prefix}worst_block_flushed%{suffix}", 0)] == pytest.approx(ref["flushed"], rel=1e-7)
+    assert got[(f"{prefix}worst_flushed_row{suffix}", 0)] == ref["flushed_row"]
+    assert got[(f"{prefix}worst_flushed_col{suffix}", 0)] == ref["flushed_col"]
 
 
 def test_outlier_channel_under_the_layers_own_mxfp8_rowwise_and_columnwise(log_dir):
@@ -80,6 +89,8 @@ def test_outlier_channel_under_the_layers_own_mxfp8_rowwise_and_columnwise(log_d
     # every block of the outlier channel flushes its other 31 values; the loud row's loses the most
     assert rowwise["bad"] == 64 and rowwise["blocks"] == 64 * 8
     assert (rowwise["row"], rowwise["col"]) == (LOUD_ROW, OUTLIER_COL // 32)
+    # the block flushing most: 31 of 32 in every row's outlier block, a tie that goes to the last row
+    assert (rowwise["flushed"], rowwise["flushed_row"], rowwise["flushed_col"]) == (100 * 31 / 32, 63, OUTLIER_COL // 32)
     expect_blocks(got, "lin_activation_", rowwise)
     # the columnwise copy (blocks of 32 down a column): the outlier channel's blocks are all 2**30, exact; every block
     # exact: the worst error 0, its location the last block (ties go to the last)
@@ -89,6 +100,9 @@ def test_outlier_channel_under_the_layers_own_mxfp8_rowwise_and_columnwise(log_d
     assert got[("lin_activation_worst_block_rel_err_columnwise", 0)] == 0
     assert got[("lin_activation_worst_block_row_columnwise", 0)] == 64 // 32 - 1  # in the tensor's orientation
     assert got[("lin_activation_worst_block_col_columnwise", 0)] == 256 - 1
+    assert got[("lin_activation_worst_block_flushed%_columnwise", 0)] == 0  # nothing flushes: the last block again
+    assert got[("lin_activation_worst_flushed_row_columnwise", 0)] == 64 // 32 - 1
+    assert got[("lin_activation_worst_flushed_col_columnwise", 0)] == 256 - 1
 
 
 def test_two_micro_batches_reduce_as_their_concatenation(log_dir):
@@ -106,7 +120,46 @@ def test_two_micro_batches_reduce_as_their_concatenation(log_dir):
     both = torch.cat([x1, x2])
     ref = block_ref(both, mx_fake(both, E4M3), (1, 32))
     assert ref["row"] == 64 + 5
-    expect_blocks(collect.values, "lin_activation_", {**ref, "row": 5})
+    # every row's outlier block flushes 31 of 32 in both: each feed's last, row 63, then the larger of the two rows
+    assert (ref["flushed"], ref["flushed_row"]) == (100 * 31 / 32, 64 + 63)
+    expect_blocks(collect.values, "lin_activation_", {**ref, "row": 5, "flushed_row": 63})
+
+
+def gaussian_outlier(seed: int, full_row: int) -> torch.Tensor:
+    """N(0, 1) values and channel ``OUTLIER_COL`` at 1e6: its blocks' scale (2**12) flushes their values under 4 (there
+    clipped to 1.5: all), and a value of 100 (kept) in each of them but row ``full_row``'s, whose block then flushes
+    most (31 of 32, the others 30)."""
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(seed))
+    block = OUTLIER_COL // 32 * 32
+    x[:, block : block + 32].clamp_(-1.5, 1.5)
+    x[:, OUTLIER_COL] = 1e6
+    x[:, OUTLIER_COL - 6] = 100.0
+    x[full_row, OUTLIER_COL - 6] = 0.5
+    return x
+
+
+def test_the_block_that_flushes_most_is_the_outlier_channels_not_the_worst_by_relative_error(log_dir):
+    """Over two micro-batches, the outlier's blocks flush most and are located at its column block; the worst block by
+    relative error is elsewhere (the outlier dominates its blocks' norms), its row that micro-batch's."""
+    x1, x2, dy = gaussian_outlier(1, full_row=40), gaussian_outlier(2, full_row=9), torch.randn(64, 128)
+    x2[9, OUTLIER_COL + 10] = 6.0  # kept (rounds to 8): x2's row 9 flushes 30 of 32, x1's row 40 alone 31
+    collect = Collect()
+    start(fp8_config(BLOCK, tensors=["activation"]), log_dir, statistics_logger=collect)
+    layer = make_linear(in_f=256, out_f=128)
+    for x in (x1, x2):
+        train_step(layer, x, dy, recipe=lowprec.MXFP8BlockScaling())
+    debug_api.step()
+    debug_api.end_debug()
+    both = torch.cat([x1, x2])
+    ref = block_ref(both, mx_fake(both, E4M3), (1, 32))
+    first, second = (block_ref(x, mx_fake(x, E4M3), (1, 32)) for x in (x1, x2))
+    assert (ref["flushed"], ref["flushed_row"], ref["flushed_col"]) == (100 * 31 / 32, 40, OUTLIER_COL // 32)
+    assert second["flushed"] == 100 * 30 / 32
+    assert ref["col"] != OUTLIER_COL // 32  # what worst_block_col cannot show
+    assert ref["worst"] in (first["worst"], second["worst"])
+    row = first["row"] if ref["worst"] == first["worst"] else second["row"]
+    expect_blocks(collect.values, "lin_activation_", {**ref, "row": row})
+    assert collect.values[("lin_activation_worst_flushed_col", 0)] == OUTLIER_COL // 32
 
 
 def test_what_if_prefixes_on_a_per_tensor_layer(log_dir):
@@ -165,6 +218,8 @@ def test_saturation_under_the_ocp_rule_and_never_under_nvidias(log_dir):
         (["worst_block_colum"], r"stats\.0'.*unsupported statistic.*worst_block_col"),
         (["fp8_current_scaling_underflow_blocks%"], r"stats\.0'.*describes the blocks of a block-scaled cast"),
         (["mxfp8_worst_blocks_rel_err"], r"stats\.0'.*unsupported statistic"),
+        (["mxfp8_worst_flushed_colum_columnwise"], r"stats\.0'.*unsupported statistic.*worst_flushed_col"),
+        (["fp8_current_scaling_worst_block_flushed%"], r"stats\.0'.*describes the blocks of a block-scaled cast"),
     ],
 )
 def test_config_errors_name_the_per_block_statistic(log_dir, stats, match):

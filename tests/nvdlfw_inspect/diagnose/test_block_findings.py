@@ -33,6 +33,7 @@ from nvdlfw_inspect.reading import iter_statistics, read_routing
 from nvdlfw_inspect.report import report_data
 
 BLOCK_STATS = ["underflow_blocks%", "saturated_blocks%", "worst_block_rel_err", "worst_block_row", "worst_block_col"]
+FLUSHED_STATS = ["worst_block_flushed%", "worst_flushed_row", "worst_flushed_col"]
 SCALE_STATS = ["scale_inv_std", "scale_exp_hist"]
 STEPS, TOKENS, WIDTH = 5, 32, 64
 BLOCK_KINDS = ("block_underflow", "block_saturation", "block_error")
@@ -112,7 +113,7 @@ def test_an_outlier_channel_flushes_its_blocks_and_the_finding_names_its_column(
     run(tmp_path / "healthy", "mxfp8", gaussian, fp8_stats(BLOCK_STATS))
     assert block_findings(diagnose(tmp_path / "healthy")) == []
 
-    run(tmp_path / "outlier", "mxfp8", outlier_channel, fp8_stats(BLOCK_STATS))
+    run(tmp_path / "outlier", "mxfp8", outlier_channel, fp8_stats(BLOCK_STATS + FLUSHED_STATS))
     diagnosis = diagnose(tmp_path / "outlier")
     assert block_findings(diagnosis) == [("block_underflow", "activation", "underflow_blocks%")]
     (finding,) = [f for f in diagnosis.findings if f.kind == "block_underflow"]
@@ -129,9 +130,17 @@ def test_an_outlier_channel_flushes_its_blocks_and_the_finding_names_its_column(
     assert finding.where == "model.a (MXFP8)"
     assert finding.message.startswith(f"blocks flush their values to zero in MXFP8, which has {MECHANISMS['mxfp8']}")
     assert "MXFP8's threshold 1% (calibrated: well-behaved data gives up to 0%, x2)" in finding.message
+    # the blocks that flush most are channel 37's: column block 1 at every iteration, keeping the outlier alone
+    flushed = logged(tmp_path / "outlier", "worst_block_flushed%")
+    assert set(logged(tmp_path / "outlier", "worst_flushed_col").values()) == {1.0}
+    assert all(96.875 >= value > 50 for value in flushed.values())  # 31 of 32 at most: the outlier is kept
+    assert finding.context["worst_flushed_col"] == 1 and finding.context["worst_flushed_col_share"] == 1.0
+    assert finding.context["worst_block_flushed%"] == flushed[STEPS - 1]
+    assert finding.context["worst_flushed_row"] == logged(tmp_path / "outlier", "worst_flushed_row")[STEPS - 1]
     assert finding.message.endswith(
-        "the worst block is in column block 0 at most iterations (100% of 4): the channels of that column block are the "
-        "worst represented"
+        "the blocks that flush most are in column block 1 at most iterations (100% of 4): an outlier channel there sets "
+        f"their scale (worst_block_flushed% {flushed[STEPS - 1]:.3g}%); the worst block is in column block 0 at most "
+        "iterations (100% of 4): the channels of that column block are the worst represented"
     )
     (remedy,) = finding.remedies
     assert (remedy.feature, remedy.gemms) == ("precision_plan", ("fprop", "wgrad"))  # the next rung: E5M2 elements
@@ -143,6 +152,36 @@ def test_an_outlier_channel_flushes_its_blocks_and_the_finding_names_its_column(
     assert main(["diagnose", str(tmp_path / "outlier"), "-o", str(tmp_path / "fix.yaml")]) == 0
 
 
+def test_an_outlier_channel_that_moves_between_column_blocks_is_said_to_move(tmp_path):
+    """The outlier at channel 37 (column block 1) at odd steps, 5 (column block 0) at even ones: after warm-up the
+    blocks that flush most are half the time in each, so no one channel is named; without worst_block_flushed% the
+    column is named but not called an outlier's."""
+    steps = iter(range(STEPS))
+
+    def moving(gen: torch.Generator) -> torch.Tensor:
+        x = gaussian(gen)
+        x[:, 37 if next(steps) % 2 else 5] = 1e6
+        return x
+
+    run(tmp_path, "mxfp8", moving, fp8_stats(BLOCK_STATS + FLUSHED_STATS))
+    assert logged(tmp_path, "worst_flushed_col") == {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0, 4: 0.0}
+    (finding,) = [f for f in diagnose(tmp_path).findings if f.kind == "block_underflow"]
+    assert (finding.context["worst_flushed_col"], finding.context["worst_flushed_col_share"]) == (1, 0.5)
+    assert (
+        "the blocks that flush most move between column blocks (column block 1 at 50% of 4 iterations): no one outlier "
+        "channel sets their scale"
+    ) in finding.message
+
+    # the column without the share: an outlier's blocks and blocks that lost their scale are not told apart
+    run(tmp_path / "column", "mxfp8", outlier_channel, fp8_stats(["underflow_blocks%", "worst_flushed_col"]))
+    (finding,) = [f for f in diagnose(tmp_path / "column").findings if f.kind == "block_underflow"]
+    assert finding.message.endswith(
+        "the blocks that flush most are in column block 1 at most iterations (100% of 4); log worst_block_flushed% to "
+        "tell an outlier channel there (its blocks keep it) from blocks that lost their scale; log worst_block_col to "
+        "see whether one channel range is the worst represented"
+    )
+
+
 def test_the_text_and_json_name_layer_tensor_format_and_column(tmp_path, capsys):
     run(tmp_path, "mxfp8", outlier_channel, fp8_stats(BLOCK_STATS))
     assert main(["diagnose", str(tmp_path), "-o", str(tmp_path / "fix.yaml")]) == 0
@@ -150,6 +189,9 @@ def test_the_text_and_json_name_layer_tensor_format_and_column(tmp_path, capsys)
     assert "per block" not in lines[0]  # the calibrated thresholds: each finding names its own
     heading = lines.index("1. model.a (MXFP8)  activation  block_underflow (underflow_blocks%, from iteration 1)")
     assert "column block 0 at most iterations" in lines[heading + 1]
+    assert (  # worst_flushed_col not logged: said, not guessed
+        "log worst_flushed_col and worst_block_flushed% to see whether an outlier channel sets their blocks' scale"
+    ) in lines[heading + 1]
     assert lines[heading + 2].startswith("   fix: precision_plan on fprop and wgrad: It flushes the values of whole blocks")
 
     assert main(["diagnose", str(tmp_path), "--block-underflow-pct", "60", "-o", str(tmp_path / "f.yaml")]) == 0
@@ -199,7 +241,9 @@ def test_nvfp4_rows_far_below_the_amax_lose_their_block_scales(tmp_path):
     """Eight of 32 rows 2**-24 down: a quarter of the blocks flush whole, the scale histogram spans past E4M3's normal
     range and puts them at zero; two rows of 256: under the underflow threshold, the worst block's error (1: all
     lost) is a finding of its own; rows 2**-17.5 down keep subnormal E4M3 scales or lose them."""
-    stats = {"LogNvfp4TensorStats": {"enabled": True, "tensors": ["activation"], "stats": BLOCK_STATS + SCALE_STATS}}
+    stats = {
+        "LogNvfp4TensorStats": {"enabled": True, "tensors": ["activation"], "stats": BLOCK_STATS + FLUSHED_STATS + SCALE_STATS}
+    }
     run(tmp_path / "healthy", "nvfp4", gaussian, stats)
     assert block_findings(diagnose(tmp_path / "healthy")) == []
 
@@ -224,6 +268,14 @@ def test_nvfp4_rows_far_below_the_amax_lose_their_block_scales(tmp_path):
     # every flushed block's error is 1, a tie that goes to the last of them in row-major order: row 7, column block 3
     assert (finding.context["worst_block_row"], finding.context["worst_block_col"]) == (7, 3)
     assert "the worst block is in column block 3 at most iterations (100% of 4)" in finding.message
+    # the blocks that flush most lose all their values, a tie too: no outlier among them, their column only the last
+    assert set(logged(tmp_path / "small", "nvfp4_worst_block_flushed%").values()) == {100.0}
+    assert (finding.context["worst_flushed_row"], finding.context["worst_flushed_col"]) == (7, 3)
+    assert (
+        "the blocks that flush most lose all their values (worst_block_flushed% 100%): their scales were lost, not set "
+        "by an outlier among them (such blocks tie, and column block 3 is only the last of them)"
+    ) in finding.message
+    assert "an outlier channel there sets their scale" not in finding.message
 
     run(tmp_path / "subnormal", "nvfp4", small_rows(8, TOKENS, 2.0**-17.5), stats)  # some scales flush, some not
     (subnormal,) = [f for f in diagnose(tmp_path / "subnormal").findings if f.kind in BLOCK_KINDS]

@@ -5,8 +5,8 @@ elements, zeros included, as Transformer Engine counts),
 ``overflows%`` (values beyond the FP8 range under delayed scaling, which then saturate),
 ``scale_inv_min``, ``scale_inv_max``, ``mse`` (mean squared quantization error), and for block recipes
 ``scale_inv_std`` and ``scale_exp_hist`` (``block_scale_stats``) and the per-block ``underflow_blocks%``,
-``saturated_blocks%``, ``worst_block_rel_err``, ``worst_block_row`` and ``worst_block_col`` (``per_block_stats``;
-option ``block_underflow_threshold``). Without a recipe
+``saturated_blocks%``, ``worst_block_rel_err``, ``worst_block_row``, ``worst_block_col``, ``worst_block_flushed%``,
+``worst_flushed_row`` and ``worst_flushed_col`` (``per_block_stats``; option ``block_underflow_threshold``). Without a recipe
 prefix the stat describes the layer's own recipe (any of lowprec's, NVFP4 and the block recipes
 included: their own operands, blockwise scales and, with ``_columnwise``, the transposed copy); with ``fp8_current_scaling_``,
 ``fp8_delayed_scaling_``, an MX prefix or ``fp8_block_scaling_`` it is computed as if that recipe were
@@ -136,8 +136,9 @@ class LogFp8TensorStats(ScheduledStats):
     ``stats``: ``[recipe_]name[_columnwise]`` with name ``underflows%``, ``overflows%`` (delayed scaling
     only), ``scale_inv_min``, ``scale_inv_max``, ``mse``, ``scale_inv_std`` or ``scale_exp_hist`` (block recipes
     only: a count per power of two, see ``block_scale_stats``), ``underflow_blocks%``, ``saturated_blocks%``,
-    ``worst_block_rel_err``, ``worst_block_row`` or ``worst_block_col`` (block recipes only: per block, see
-    ``per_block_stats``), and recipe ``fp8_current_scaling``,
+    ``worst_block_rel_err``, ``worst_block_row``, ``worst_block_col``, ``worst_block_flushed%``,
+    ``worst_flushed_row`` or ``worst_flushed_col`` (block recipes only: per block, see ``per_block_stats``), and
+    recipe ``fp8_current_scaling``,
     ``fp8_delayed_scaling``, an MX one (``mxfp8``, ``mxfp8_ocp``, ``mxfp6_e3m2``, ``mxfp6_e2m3``, ``mxfp4``, or
     the last three with ``_nvidia``) or ``fp8_block_scaling`` (none: the layer's own recipe, also
     MXFP8BlockScaling, MXBlockScaling, Float8BlockScaling and NVFP4BlockScaling, where ``_columnwise`` reads the

@@ -76,8 +76,9 @@ class LogNvfp4TensorStats(ScheduledStats):
     quantization error), ``scale_inv_min`` (smallest non-zero E4M3 block scale), ``scale_inv_max``,
     ``scale_inv_std`` and ``scale_exp_hist`` (see ``block_scale_stats``), and per 16-value block (see
     ``per_block_stats``) ``underflow_blocks%`` (blocks in which more than ``block_underflow_threshold`` %, default
-    50, of the non-zero values flush to zero), ``saturated_blocks%``, ``worst_block_rel_err``, ``worst_block_row``
-    and ``worst_block_col``. Layers
+    50, of the non-zero values flush to zero), ``saturated_blocks%``, ``worst_block_rel_err``, ``worst_block_row``,
+    ``worst_block_col``, ``worst_block_flushed%`` (the largest share of a block's non-zero values that flush),
+    ``worst_flushed_row`` and ``worst_flushed_col`` (where that block is: an outlier channel's column). Layers
     under ``NVFP4BlockScaling`` report their own operands. The others are skipped (said once per layer and tensor),
     unless ``what_if: true``: then they report the cast NVFP4BlockScaling would make, rounding to nearest. Other
     keys: ``tensors``/``tensors_struct``, ``freq``, ``start_step``, ``end_step``, ``start_end_list``.
