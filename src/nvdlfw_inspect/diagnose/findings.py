@@ -387,8 +387,14 @@ def _block_clauses(context: dict[str, Any], label: str, kind: str) -> str:
     represented (the worst block in one column block at most iterations) or not; NVFP4 block scales lost or
     subnormal."""
     clauses = _flushed_clauses(context) if kind == "block_underflow" else []
+    outlier = any("an outlier channel there sets their scale" in clause for clause in clauses)
     share, iterations = context.get("worst_block_col_share"), context.get("worst_block_col_iterations", 0)
-    if share is not None and iterations > 1 and share > STABLE_COLUMN_SHARE:
+    if outlier and share is not None:
+        clauses.append(
+            f"the largest relative error is in column block {context['worst_block_col']} (worst_block_col; an outlier "
+            "dominates its own block's norm, so that block's relative error stays small)"
+        )
+    elif share is not None and iterations > 1 and share > STABLE_COLUMN_SHARE:
         clauses.append(
             f"the worst block is in column block {context['worst_block_col']} at most iterations ({share:.0%} of "
             f"{iterations}): the channels of that column block are the worst represented"

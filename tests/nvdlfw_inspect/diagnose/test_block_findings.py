@@ -139,8 +139,8 @@ def test_an_outlier_channel_flushes_its_blocks_and_the_finding_names_its_column(
     assert finding.context["worst_flushed_row"] == logged(tmp_path / "outlier", "worst_flushed_row")[STEPS - 1]
     assert finding.message.endswith(
         "the blocks that flush most are in column block 1 at most iterations (100% of 4): an outlier channel there sets "
-        f"their scale (worst_block_flushed% {flushed[STEPS - 1]:.3g}%); the worst block is in column block 0 at most "
-        "iterations (100% of 4): the channels of that column block are the worst represented"
+        f"their scale (worst_block_flushed% {flushed[STEPS - 1]:.3g}%); the largest relative error is in column block 0 "
+        "(worst_block_col; an outlier dominates its own block's norm, so that block's relative error stays small)"
     )
     (remedy,) = finding.remedies
     assert (remedy.feature, remedy.gemms) == ("precision_plan", ("fprop", "wgrad"))  # the next rung: E5M2 elements
