@@ -19,6 +19,8 @@ from enum import Enum
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEDefaultFeatures, normalize_answer
 from lowprec.debug.names import GEMMS, INPUT_TENSORS, ROUTING_ORDER, TENSOR_GEMMS
+from lowprec.plan.recipes import spec_of
+from lowprec.recipe import Recipe
 
 
 class Precision(Enum):
@@ -31,25 +33,30 @@ class Precision(Enum):
 class GemmFormats:
     """The format each GEMM reads each input tensor in under the layer's recipes: the recipe's statistics label
     (``mxfp8``, ``nvfp4``, ``fp8_current_scaling``, ...), ``""`` for a recipe of no label, None for high precision.
-    Under one recipe every GEMM has the same; under a precision plan each GEMM its own. ``specs``: each quantizing
-    GEMM's recipe as a plan's recipe spec, in JSON (hashable; the routing records carry it), where known; ``rule``:
-    the precision plan rule that selected the layer, if one did."""
+    Under one recipe every GEMM has the same; under a precision plan each GEMM its own. ``recipes``: each quantizing
+    GEMM's recipe, where known (the routing records carry it as a plan's recipe spec); ``rule``: the precision plan
+    rule that selected the layer, if one did."""
 
     labels: tuple[tuple[str, str, str | None], ...]  # (tensor, GEMM, label), in INPUT_TENSORS and TENSOR_GEMMS order
-    specs: tuple[tuple[str, str], ...] = ()  # (GEMM, recipe spec as JSON)
+    recipes: tuple[tuple[str, Recipe], ...] = ()  # (GEMM, its recipe)
     rule: str | None = None
 
     @classmethod
     def of(
-        cls, labels: Mapping[tuple[str, str], str | None], specs: Mapping[str, str] | None = None, rule: str | None = None
+        cls,
+        labels: Mapping[tuple[str, str], str | None],
+        recipes: Mapping[str, Recipe | None] | None = None,
+        rule: str | None = None,
     ) -> GemmFormats:
         ordered = tuple((tensor, gemm, labels[(tensor, gemm)]) for tensor in INPUT_TENSORS for gemm in TENSOR_GEMMS[tensor])
-        return cls(ordered, tuple((gemm, specs[gemm]) for gemm in GEMMS if gemm in (specs or {})), rule)
+        known = tuple((gemm, recipe) for gemm, recipe in (recipes or {}).items() if recipe is not None)
+        return cls(ordered, known, rule)
 
     def spec(self, gemm: str) -> dict | None:
-        """``gemm``'s recipe as a plan's recipe spec (a fresh mapping), None where not known or not quantized."""
-        text = next((spec for g, spec in self.specs if g == gemm), None)
-        return None if text is None else json.loads(text)
+        """``gemm``'s recipe as a plan's recipe spec, None where not known or not quantized (made when said, never in
+        a forward: a compiled graph does not trace it)."""
+        recipe = next((recipe for g, recipe in self.recipes if g == gemm), None)
+        return None if recipe is None else spec_of(recipe)
 
     @classmethod
     def uniform(cls, quantized: bool) -> GemmFormats:
@@ -268,7 +275,7 @@ def log_plan(plan: LayerPlan, written: dict[tuple[str, str], Routing]) -> None:
             formats = plan.formats
             label = formats.label(tensor, gemm) if tensor in INPUT_TENSORS else None
             feature = _deciding_feature(plan, tensor, gemm, precision)
-            spec = next((text for g, text in formats.specs if g == gemm), None) if label else None
+            spec = json.dumps(formats.spec(gemm)) if label else None
             routing = (_DECISIONS[precision], feature, formats.quantizes(gemm), label or None, spec, formats.rule)
             if written.get((tensor, gemm)) != routing:
                 written[(tensor, gemm)] = routing

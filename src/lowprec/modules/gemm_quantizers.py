@@ -9,12 +9,10 @@ multiply (two 2-D block-scaled operands) is refused by the recipe itself when it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection
 
 from lowprec.debug.names import INPUT_TENSORS, TENSOR_GEMMS
 from lowprec.debug.plan import GemmFormats
-from lowprec.plan.recipes import spec_of
 from lowprec.plan.rules import GEMMS, GemmRecipes
 from lowprec.quant.protocol import CastState, Quantizer
 from lowprec.recipe import Recipe
@@ -35,8 +33,7 @@ class GemmQuantizers:
             for tensor, pair in pairs.items()
             for gemm, quantizer in zip(TENSOR_GEMMS[tensor], pair, strict=True)
         }
-        specs = {gemm: _spec_text(recipes.of(gemm)) for gemm in GEMMS if recipes.of(gemm) is not None}
-        self.formats = GemmFormats.of(labels, specs, rule)
+        self.formats = GemmFormats.of(labels, {gemm: recipes.of(gemm) for gemm in GEMMS}, rule)
 
     @classmethod
     def of(
@@ -91,11 +88,6 @@ class GemmQuantizers:
                     None if second is None else second.replaying(second_state),
                 )
         return GemmQuantizers(self.recipes, pairs, self.rule)
-
-
-def _spec_text(recipe: Recipe) -> str:
-    """``recipe`` as a plan's recipe spec in JSON: what the routing records say a GEMM ran."""
-    return json.dumps(spec_of(recipe))
 
 
 HIGH_PRECISION = GemmQuantizers(GemmRecipes.every(None), {tensor: (None, None) for tensor in INPUT_TENSORS})
