@@ -19,6 +19,20 @@ def default_name() -> str:
     return f"Layer_{next(_unnamed)}"
 
 
+def gemm_leaves(model: torch.nn.Module) -> list[NamedModule]:
+    """The named layers of ``model`` that call the debug API themselves: those holding no named layer."""
+    return [
+        module
+        for module in model.modules()
+        if isinstance(module, NamedModule) and not any(isinstance(child, NamedModule) for child in list(module.modules())[1:])
+    ]
+
+
+def gemm_sizes(model: torch.nn.Module) -> dict[str, int]:
+    """Every GEMM layer of ``model`` (converted) and its weight elements, in model order."""
+    return {name: size for leaf in gemm_leaves(model) for name, size in leaf.gemm_sizes().items()}
+
+
 class NamedModule(torch.nn.Module):
     """A module with a debug ``name``; renaming a composite layer renames the layers inside it."""
 
@@ -50,6 +64,11 @@ class NamedModule(torch.nn.Module):
         """The names this module calls the debug API with and the types they declare, so that
         ``debug_api.infer_and_assign_layer_names`` can tell which config sections select none of them."""
         return [(self.name, self.layer_types)]
+
+    def gemm_sizes(self) -> dict[str, int]:
+        """Each of its GEMM layers' weight elements (``in x out``) by the name of ``debug_layers``: its GEMMs' share
+        of the model's FLOPs (``lowprec.plan.cost``). A layer of one GEMM: its weight's."""
+        return {self.name: self.weight.numel()}
 
     def set_tensor_parallel_group(self, group: Any) -> None:
         """The process group this layer's (and its sublayers') weights are sharded over: weight

@@ -103,6 +103,9 @@ class GroupedLinear(NamedModule):
         """Its GEMMs, not the module itself, call the debug API."""
         return [(name, self.layer_types) for name in self.gemms.names(self.name)]
 
+    def gemm_sizes(self) -> dict[str, int]:
+        return dict.fromkeys(self.gemms.names(self.name), self.in_features * self.out_features)
+
     def extra_repr(self) -> str:
         return (
             f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "

@@ -85,6 +85,9 @@ class LayerNormMLP(NamedModule):
         """Its two GEMM layers, not the module itself, call the debug API."""
         return [(f"{self.name}.{gemm}", self.layer_types) for gemm in ("fc1", "fc2")]
 
+    def gemm_sizes(self) -> dict[str, int]:
+        return {f"{self.name}.fc1": self.fc1_weight.numel(), f"{self.name}.fc2": self.fc2_weight.numel()}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.fc1_unit.linear(f"{self.name}.fc1", self.norm(x), self.fc1_weight, self.fc1_bias, self.training)
         return self.fc2_unit.linear(f"{self.name}.fc2", self._activation(hidden), self.fc2_weight, self.fc2_bias, self.training)

@@ -136,6 +136,10 @@ class GatedExperts(NamedModule):
         names = self.gate_up_gemms.names(f"{self.name}.gate_up_proj") + self.down_gemms.names(f"{self.name}.down_proj")
         return [(name, self.layer_types) for name in names]
 
+    def gemm_sizes(self) -> dict[str, int]:
+        gate_up = dict.fromkeys(self.gate_up_gemms.names(f"{self.name}.gate_up_proj"), self.gate_up_proj[0].numel())
+        return gate_up | dict.fromkeys(self.down_gemms.names(f"{self.name}.down_proj"), self.down_proj[0].numel())
+
     def extra_repr(self) -> str:
         return (
             f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, intermediate_dim={self.intermediate_dim}, "

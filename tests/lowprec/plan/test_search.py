@@ -46,7 +46,9 @@ def test_every_front_point_is_the_cheapest_plan_of_its_damage(seed):
     assert [p.cost for p in front] == sorted(p.cost for p in front)  # cheapest first, damage falling
     assert [p.damage for p in front] == sorted((p.damage for p in front), reverse=True)
     for point in front:
-        best = min(sum(o.cost for o in plan.values()) for plan in plans if sum(o.damage for o in plan.values()) <= point.damage + 1e-12)
+        best = min(
+            sum(o.cost for o in plan.values()) for plan in plans if sum(o.damage for o in plan.values()) <= point.damage + 1e-12
+        )
         assert point.cost == pytest.approx(best)
         result = search(units, point.damage + 1e-12)
         assert result.cost == pytest.approx(point.cost) and result.within_budget

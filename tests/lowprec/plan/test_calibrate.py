@@ -1,0 +1,116 @@
+"""The plan search's calibration (``lowprec.planner``): probes of every GEMM in every candidate format on a real small
+model, a planted sensitive layer (an outlier channel in its input) measured as the most damaged and kept wide by the
+search, the damage model's fit, and a calibration saved and read back giving the same plan."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import lowprec
+from lowprec.plan.search import GEMMS, Unit, search
+from lowprec.planner.calibrate import Calibration, calibrate
+from lowprec.planner.predict import fit_kappa, options, totals
+
+WIDTH = 64
+
+
+class Planted(torch.nn.Module):
+    """Three layers; ``model.b``'s input carries one channel 1000 times the others (an outlier channel, as LLMs'
+    massive activations, with a weight column 1000 times smaller so that it carries no more than the others)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = lowprec.Linear(WIDTH, WIDTH, name="model.a")
+        self.b = lowprec.Linear(WIDTH, WIDTH, name="model.b")
+        self.c = lowprec.Linear(WIDTH, 1, name="model.c")
+        self.register_buffer("boost", torch.ones(WIDTH))
+        self.boost[7] = 1000.0
+        with torch.no_grad():
+            self.b.weight[:, 7] /= 1000.0
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        hidden = torch.tanh(self.a(x)) * self.boost
+        return torch.nn.functional.mse_loss(self.c(torch.tanh(self.b(hidden))), y)
+
+
+def training():
+    torch.manual_seed(0)
+    model = Planted()
+    generator = torch.Generator().manual_seed(1)
+    target = torch.randn(WIDTH, 1, generator=generator)
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(64, WIDTH, generator=generator)
+        return x, torch.tanh(x @ target)
+
+    return model, batch, model
+
+
+def adam(model: torch.nn.Module, steps: int):
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    return calibrate(training(), ["nvfp4", "mxfp8", "bf16"], steps=6, make_optimizer=adam, checkpoints=2, probe_batches=2)
+
+
+def test_every_gemm_is_probed_in_every_candidate_and_the_planted_layer_is_the_most_damaged(calibration):
+    assert calibration.sizes == {"model.a": WIDTH * WIDTH, "model.b": WIDTH * WIDTH, "model.c": WIDTH}
+    assert calibration.checkpoints == [3, 6] and len(calibration.losses) == 6
+    keys = {Calibration.key(layer, gemm, fmt) for layer in calibration.sizes for gemm in GEMMS for fmt in ("nvfp4", "mxfp8")}
+    assert set(calibration.update) == keys and set(calibration.direct) == keys
+    assert all(len(calibration.samples[key]) == 4 for key in keys)  # 2 checkpoints x 2 probe batches
+    assert all(calibration.direct[key] == 0 for key in keys if "|fprop|" not in key)  # only fprop touches the forward
+    # the outlier channel sets NVFP4's block scales of model.b's input: its fprop damages the gradient most
+    worst = max(keys, key=lambda key: calibration.update[key])
+    assert worst == "model.b|fprop|nvfp4"
+    for layer in calibration.sizes:  # 4 bits lose more than 8, GEMM by GEMM
+        for gemm in GEMMS:
+            assert calibration.update[f"{layer}|{gemm}|nvfp4"] >= calibration.update[f"{layer}|{gemm}|mxfp8"]
+
+
+def test_the_gradient_error_is_the_relative_squared_error_of_a_real_step(calibration):
+    """Recompute one probe by hand from the calibrated model's first checkpoint is not possible after training, so
+    check the quantity on a fresh model: ``||g_fmt - g||^2 / ||g||^2`` of one GEMM in one format."""
+    model, batch, loss_of = training()
+    x = batch(0)
+
+    def grads(plan) -> torch.Tensor:
+        model.zero_grad()
+        with lowprec.autocast(enabled=False, plan=plan):
+            loss_of(x).backward()
+        return torch.cat([p.grad.reshape(-1).double() for p in model.parameters()])
+
+    plan = {"rules": [{"layers": {"exact_layer_names": ["model.b"]}, "fprop": "nvfp4"}]}
+    error = (grads(plan) - grads(None)).square().sum() / grads(None).square().sum()
+    assert 1e-4 < error.item() < 1  # what a probe measures: a real, small, non-zero error
+
+
+def test_the_damage_model_is_fitted_on_the_cheapest_run_and_the_search_keeps_the_planted_layer_wide(calibration):
+    every = {Unit(layer, gemm): "nvfp4" for layer in calibration.sizes for gemm in GEMMS}
+    direct, update = totals(calibration, every)
+    kappa = fit_kappa(calibration, "nvfp4", measured_gap=direct + 2 * update)
+    assert kappa == pytest.approx(2.0)
+    assert fit_kappa(calibration, "nvfp4", measured_gap=direct / 2) == 0.0  # the direct damage explains it all
+    units = options(calibration, kappa)
+    full = sum(option.damage for unit, choices in units.items() for option in choices if option.format == "nvfp4")
+    assert full == pytest.approx(direct + 2 * update)
+    budget = full - 2 * calibration.update["model.b|fprop|nvfp4"] * 0.5  # room for all but half of model.b's fprop
+    result = search(units, budget)
+    formats = result.formats()
+    assert formats["model.b"]["fprop"] != "nvfp4" and result.within_budget
+    assert formats["model.a"] == dict.fromkeys(GEMMS, "nvfp4")
+
+
+def test_a_calibration_saved_and_read_back_gives_the_same_plan(calibration, tmp_path):
+    again = Calibration.load(calibration.save(tmp_path / "calibration.json"))
+    assert again == calibration
+    budget = 0.5 * sum(calibration.update.values())
+    assert search(options(again, 1.0), budget) == search(options(calibration, 1.0), budget)
+    assert math.isfinite(calibration.seconds) and calibration.seconds > 0
