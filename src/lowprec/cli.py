@@ -113,7 +113,8 @@ MODEL_HELP = (
     "called with no argument after torch.manual_seed(seed), returning (model, batch_fn): a torch.nn.Module whose "
     "forward(batch) returns the scalar loss, and batch_fn(step) returning that step's batch (drawn after a "
     "torch.manual_seed the seed fixes, so every recipe reads the same batches). Its linear layers are converted by "
-    "lowprec.convert and every layer's statistics logged (.*); --size and --plan do not apply"
+    "lowprec.convert and every layer's statistics logged (.*); --plan is resolved against them; --size does not apply. "
+    "Ready-made: lowprec.compare.zoo:llama (a small Llama) and lowprec.compare.zoo:moe (a small Mixtral)"
 )
 #: the flags that train, with their defaults: given beside run directories they are an error
 TRAINING_DEFAULTS = {

@@ -51,6 +51,8 @@ DEMO_RECIPE = lowprec.DelayedScaling()
 #: training instabilities"): the attention saturates and the gradient into its QKV projection spans more binades
 #: than E5M2 holds, the precision problem the demo exhibits (2e-3 trains as well here and exhibits none)
 DEMO_LEARNING_RATE = 1e-2
+#: the layers a run's statistics select: the demo GPT's, or every layer of a model of the user's own
+GPT_LAYERS, EVERY_LAYER = r"gpt\..*", ".*"
 DEBUG_LAYER_NAMES = (
     "gpt.layers.<i>.self_attention.layernorm_qkv, gpt.layers.<i>.self_attention.proj, gpt.layers.<i>.layernorm_mlp.fc1, "
     "gpt.layers.<i>.layernorm_mlp.fc2, gpt.head"
@@ -111,11 +113,10 @@ class GPT(torch.nn.Module):
         return self.head(self.norm(h))
 
 
-def gemm_layers(size: Size) -> dict[str, tuple[str, ...]]:
-    """The GPT's GEMM layers: each debug name and its layer types (as config selectors and plan rules see them),
-    read from a model built on the meta device (no memory, no random numbers drawn)."""
-    with torch.device("meta"):
-        model = GPT(size)
+def model_gemm_layers(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """The GEMM layers of a model of lowprec layers (the GPT, or a model ``lowprec.convert`` converted): each debug
+    name and its layer types, as config selectors and plan rules see them. Composite layers count through their
+    innermost lowprec layers, whose ``debug_layers`` name each GEMM (an expert's ``{name}.gemm_{i}``)."""
     leaves = [
         module
         for module in model.modules()
@@ -124,10 +125,18 @@ def gemm_layers(size: Size) -> dict[str, tuple[str, ...]]:
     return {name: types for leaf in leaves for name, types in leaf.debug_layers()}
 
 
-def planned_recipes(plan: PrecisionPlan, size: Size, recipe: Recipe | None) -> dict[str, GemmRecipes]:
+def gemm_layers(size: Size) -> dict[str, tuple[str, ...]]:
+    """The GPT's GEMM layers (``model_gemm_layers``), read from a model built on the meta device (no memory, no random
+    numbers drawn)."""
+    with torch.device("meta"):
+        return model_gemm_layers(GPT(size))
+
+
+def planned_recipes(plan: PrecisionPlan, layers: Mapping[str, tuple[str, ...]], recipe: Recipe | None) -> dict[str, GemmRecipes]:
     """Each GEMM layer's training recipes (None: high precision) under ``plan`` in an autocast of ``recipe`` (None: no
-    autocast), as the run resolves them."""
-    return {name: plan.resolve(name, types).gemm_recipes(True, recipe) for name, types in gemm_layers(size).items()}
+    autocast), as the run resolves them; ``layers``: the model's GEMM layers and their types (``gemm_layers``,
+    ``model_gemm_layers``)."""
+    return {name: plan.resolve(name, types).gemm_recipes(True, recipe) for name, types in layers.items()}
 
 
 def cast_tensors(recipes: GemmRecipes) -> tuple[str, ...]:
@@ -135,14 +144,15 @@ def cast_tensors(recipes: GemmRecipes) -> tuple[str, ...]:
     return tuple(tensor for tensor in INPUT_TENSORS if any(recipes.of(gemm) is not None for gemm in TENSOR_GEMMS[tensor]))
 
 
-def plan_statistics_config(planned: Mapping[str, GemmRecipes], freq: int) -> dict:
-    """Statistics for a model of several formats: ``LogTensorStats`` of every GEMM input, and ``LogFp8TensorStats``'
-    ``underflows%`` and ``mse`` of each cast tensor in its layer's own format (FP8, MX, block or NVFP4). A tensor no
-    GEMM of its layer casts has no own format, so no quantization statistics (a section would refuse it)."""
+def plan_statistics_config(planned: Mapping[str, GemmRecipes], freq: int, layers: str = GPT_LAYERS) -> dict:
+    """Statistics for a model of several formats: ``LogTensorStats`` of every GEMM input of the ``layers`` (a regex:
+    the GPT's, or ``EVERY_LAYER`` for a model of the user's own), and ``LogFp8TensorStats``' ``underflows%`` and
+    ``mse`` of each cast tensor in its layer's own format (FP8, MX, block or NVFP4). A tensor no GEMM of its layer
+    casts has no own format, so no quantization statistics (a section would refuse it)."""
     config: dict = {
         "plan_tensor_statistics": {
             "enabled": True,
-            "layers": {"layer_name_regex_pattern": r"gpt\..*"},
+            "layers": {"layer_name_regex_pattern": layers},
             "transformer_engine": {
                 "LogTensorStats": {
                     "enabled": True,
@@ -393,14 +403,9 @@ def run_demo(
     disk and holds the result; the training is never stopped by it.
     ``factory``: train the user's model instead of the GPT (``ModelFactory``; ``size`` is then unused): it is made
     after ``torch.manual_seed(seed)``, converted by ``lowprec.convert`` (layers ``model.<path>``), and each batch
-    drawn after a ``torch.manual_seed`` that ``seed`` fixes. A precision plan resolves the GPT's layers only, so
-    ``plan`` with a ``factory`` is a ``LowprecValueError``.
+    drawn after a ``torch.manual_seed`` that ``seed`` fixes. A precision plan is resolved against the converted model's
+    layers (``model_gemm_layers``), and its statistics config then selects every layer (``.*``).
     """
-    if factory is not None and plan is not None:
-        raise LowprecValueError(
-            "plan: a precision plan is resolved against the demo GPT's layers; with a factory (your own model) train "
-            "without one, or apply it in your own loop with lowprec.autocast(plan=...)"
-        )
     if not is_int(seed) or seed < 0:
         raise LowprecValueError(f"seed must be a non-negative integer, got {seed!r}")
     if size not in SIZES:
@@ -417,23 +422,29 @@ def run_demo(
     print(threads_line(threads, why), flush=True)
     shape = SIZES[size]
     log_dir = Path(log_dir)
-    if precision_plan is not None:
-        planned = planned_recipes(precision_plan, shape, recipe)
-        print("\n".join(plan_lines(precision_plan, planned, recipe)), flush=True)
-        if config is None:
-            log_dir.mkdir(parents=True, exist_ok=True)
-            text = yaml.safe_dump(plan_statistics_config(planned, freq=5), sort_keys=False)
-            config = write_text_atomic(log_dir / PLAN_CONFIG, text, "the plan's statistics config")
-            print(f"config:     {config}  (statistics suited to the plan's formats)", flush=True)
-    debug_api.initialize(config_file=str(config or DEMO_CONFIG), feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
-    write_faults = get_logger().faults  # still readable after end_debug: which log lines a full disk cost
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        torch.manual_seed(seed)
-        model, batch, loss_of = (
-            _gpt_training(shape, device, seed) if factory is None else _factory_training(factory, device, seed)
-        )
+        built = None
+        if precision_plan is not None:
+            if factory is not None:  # built before the session opens, to give its statistics config the user's layers
+                torch.manual_seed(seed)
+                built = _factory_training(factory, device, seed)
+            layers = gemm_layers(shape) if built is None else model_gemm_layers(built[0])
+            planned = planned_recipes(precision_plan, layers, recipe)
+            print("\n".join(plan_lines(precision_plan, planned, recipe)), flush=True)
+            if config is None:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                selected = GPT_LAYERS if factory is None else EVERY_LAYER
+                text = yaml.safe_dump(plan_statistics_config(planned, freq=5, layers=selected), sort_keys=False)
+                config = write_text_atomic(log_dir / PLAN_CONFIG, text, "the plan's statistics config")
+                print(f"config:     {config}  (statistics suited to the plan's formats)", flush=True)
+        debug_api.initialize(config_file=str(config or DEMO_CONFIG), feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+        write_faults = get_logger().faults  # still readable after end_debug: which log lines a full disk cost
+        if built is None:
+            torch.manual_seed(seed)
+            built = _gpt_training(shape, device, seed) if factory is None else _factory_training(factory, device, seed)
+        model, batch, loss_of = built
         optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))

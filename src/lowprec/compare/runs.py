@@ -20,16 +20,21 @@ from pathlib import Path
 import torch
 import yaml
 
+import lowprec
 from lowprec.compare.bottom import bottom_line, final_loss
 from lowprec.compare.outliers import TOP, outliers, over_thresholds, run_format
 from lowprec.compare.page import render
 from lowprec.compare.recipes import DEFAULT_RECIPES, PLAN_RUN, RECIPES, Entry, parse_recipes, plan_entry
 from lowprec.demo import (
+    EVERY_LAYER,
+    GPT_LAYERS,
     SIZES,
     ModelFactory,
     RunNotSaved,
     check_device,
     choose_threads,
+    gemm_layers,
+    model_gemm_layers,
     plan_statistics_config,
     planned_recipes,
     read_losses,
@@ -51,10 +56,6 @@ PAGE = "compare.html"
 CONFIG = "compare_config.yaml"
 
 
-#: the layers a compare run's statistics select: the demo GPT's, or every layer of a model of the user's own
-GPT_LAYERS, EVERY_LAYER = r"gpt\..*", ".*"
-
-
 def statistics_config(entry: Entry, freq: int, layers: str = GPT_LAYERS) -> dict:
     """``LogTensorStats`` and the recipe's quantization statistics for every GEMM operand of the ``layers`` (a regex:
     the GPT's, or ``EVERY_LAYER`` for a model of the user's own, whose layer names compare cannot know)."""
@@ -67,14 +68,21 @@ def statistics_config(entry: Entry, freq: int, layers: str = GPT_LAYERS) -> dict
     return {"compare_statistics": section}
 
 
-def _plan_run(plan: str | os.PathLike | Mapping | PrecisionPlan, recipe: str | None, size: str, seed: int) -> tuple[str, Entry]:
-    """The plan's run; a ``ValueError`` when the plan quantizes no GEMM of the demo GPT under that autocast (a run that
-    repeats the high-precision one: a Megatron plan changes only quantized layers unless it overrides high precision)."""
+def _plan_run(
+    plan: str | os.PathLike | Mapping | PrecisionPlan,
+    recipe: str | None,
+    layers: Mapping[str, tuple[str, ...]],
+    what: str,
+    seed: int,
+) -> tuple[str, Entry]:
+    """The plan's run; a ``ValueError`` when the plan quantizes none of the ``layers`` of the model (``what``, in words)
+    under that autocast (a run that repeats the high-precision one: a Megatron plan changes only quantized layers
+    unless it overrides high precision)."""
     precision_plan = load_plan(plan)
     label = Path(plan).name if isinstance(plan, (str, os.PathLike)) else precision_plan.source
     entry = plan_entry(precision_plan, label, recipe)
     autocast_recipe = entry.make(seed)
-    planned = planned_recipes(precision_plan, SIZES[size], autocast_recipe)
+    planned = planned_recipes(precision_plan, layers, autocast_recipe)
     if all(recipes.of(gemm) is None for recipes in planned.values() for gemm in GEMMS):
         why = (
             "its rules give no quantized recipe, or do not override high precision (Megatron's "
@@ -83,7 +91,7 @@ def _plan_run(plan: str | os.PathLike | Mapping | PrecisionPlan, recipe: str | N
             else "its rules keep every layer in high precision"
         )
         raise LowprecValueError(
-            f"{precision_plan.source} quantizes no GEMM of the demo GPT under an autocast of {describe(autocast_recipe)}: "
+            f"{precision_plan.source} quantizes no GEMM of {what} under an autocast of {describe(autocast_recipe)}: "
             f"{why}; its run would repeat a high-precision one"
         )
     return PLAN_RUN, entry
@@ -137,16 +145,28 @@ def _judged_by(log_dir: Path, stats: list[Statistic]) -> tuple[Formats | None, s
 
 
 def _run(
-    name: str, entry: Entry, steps: int, size: str, seed: int, log_dir: Path, device: str, freq: int, threads: int, factory
+    name: str,
+    entry: Entry,
+    steps: int,
+    size: str,
+    seed: int,
+    log_dir: Path,
+    device: str,
+    freq: int,
+    threads: int,
+    factory: ModelFactory | None,
+    layers: Mapping[str, tuple[str, ...]],
 ) -> dict:
-    """Train one recipe (or plan) with one seed, quietly; what the run logged (losses, statistics) and its cost."""
+    """Train one recipe (or plan) with one seed, quietly; what the run logged (losses, statistics) and its cost.
+    ``layers``: the model's GEMM layers, against which a plan is resolved."""
     log_dir.mkdir(parents=True, exist_ok=True)
     recipe = entry.make(seed)
-    planned = None if entry.plan is None else planned_recipes(entry.plan, SIZES[size], recipe)
+    planned = None if entry.plan is None else planned_recipes(entry.plan, layers, recipe)
+    selected = GPT_LAYERS if factory is None else EVERY_LAYER
     if planned is not None:
-        wanted = plan_statistics_config(planned, freq)
+        wanted = plan_statistics_config(planned, freq, selected)
     else:
-        wanted = statistics_config(entry, freq, GPT_LAYERS if factory is None else EVERY_LAYER)
+        wanted = statistics_config(entry, freq, selected)
     config = write_text_atomic(log_dir / CONFIG, yaml.safe_dump(wanted, sort_keys=False), "the config")
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_demo(
@@ -258,7 +278,9 @@ def compare_formats(
 
     ``model``: train the user's model instead of the GPT: ``"module:function"`` or the function itself, returning
     ``(model, batch_fn)`` (``lowprec.demo.ModelFactory``); checked once before any run. Its statistics select every
-    layer; ``size`` is then unused and a ``plan`` is refused.
+    layer; ``size`` is then unused. A ``plan`` is resolved against its layers as ``lowprec.convert`` names them (the
+    model made once more for that, before any run). ``lowprec.compare.zoo`` holds two such models, a small Llama
+    (``lowprec.compare.zoo:llama``) and a small Mixtral (``lowprec.compare.zoo:moe``).
 
     ``plan``: a precision plan (a YAML path, a debug config with a ``precision_plan:`` key, a mapping or a
     ``PrecisionPlan``) trained as one more run, last, named ``plan`` and labelled ``plan: <file name>``: the layers
@@ -270,18 +292,17 @@ def compare_formats(
     out = Path(out)
     if plan_recipe is not None and plan is None:
         raise LowprecValueError(f"plan_recipe={plan_recipe!r} is the autocast recipe of a plan's run: give the plan too")
-    if model is not None and plan is not None:
-        raise LowprecValueError(
-            "plan (--plan) is resolved against the demo GPT's layers, so it cannot run with model (--model): drop one"
-        )
     _check(steps, size, seed, seeds, out, names + ([PLAN_RUN] if plan is not None else []))
     factory = None if model is None else load_factory(model)
+    layers, what = gemm_layers(SIZES[size]), "the demo GPT"
     if factory is not None:
         torch.manual_seed(seed)
-        user_model(factory, f"--model {model!r}")  # its contract checked before any run
+        made, _ = user_model(factory, f"--model {model!r}")  # its contract checked before any run
+        if plan is not None:  # the plan is resolved against its layers as the runs convert and name them
+            layers, what = model_gemm_layers(lowprec.convert(made)), f"the model of --model {model!r}"
     entries = [(name, RECIPES[name]) for name in names]
     if plan is not None:
-        entries.append(_plan_run(plan, plan_recipe, size, seed))
+        entries.append(_plan_run(plan, plan_recipe, layers, what, seed))
     device = check_device(device)
     threads, why = choose_threads(threads)
     print(threads_line(threads, why), flush=True)
@@ -295,7 +316,7 @@ def compare_formats(
             run_name = name if seeds == 1 else f"{name} seed{k}"
             log_dir = out / name if seeds == 1 else out / name / f"seed{k}"
             try:
-                seed_runs.append(_run(name, entry, steps, size, k, log_dir, device, freq, threads, factory))
+                seed_runs.append(_run(name, entry, steps, size, k, log_dir, device, freq, threads, factory, layers))
             except RunNotSaved as error:  # trained, but its logs are cut short: its losses, and the disk named
                 print(loss_line(run_name, error.result["losses"], error.result))
                 failed.append({"name": run_name, "label": entry.label, "error": f"not compared: {error}"})
