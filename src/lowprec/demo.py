@@ -32,7 +32,7 @@ import lowprec
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.names import INPUT_TENSORS, TENSOR_GEMMS
 from lowprec.errors import LowprecValueError
-from lowprec.modules.base import NamedModule
+from lowprec.modules.base import gemm_leaves
 from lowprec.plan import GEMMS, GemmRecipes, PrecisionPlan, load_plan
 from lowprec.plan.recipes import describe
 from lowprec.recipe import Recipe
@@ -117,12 +117,7 @@ def model_gemm_layers(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
     """The GEMM layers of a model of lowprec layers (the GPT, or a model ``lowprec.convert`` converted): each debug
     name and its layer types, as config selectors and plan rules see them. Composite layers count through their
     innermost lowprec layers, whose ``debug_layers`` name each GEMM (an expert's ``{name}.gemm_{i}``)."""
-    leaves = [
-        module
-        for module in model.modules()
-        if isinstance(module, NamedModule) and not any(isinstance(child, NamedModule) for child in list(module.modules())[1:])
-    ]
-    return {name: types for leaf in leaves for name, types in leaf.debug_layers()}
+    return {name: types for leaf in gemm_leaves(model) for name, types in leaf.debug_layers()}
 
 
 def gemm_layers(size: Size) -> dict[str, tuple[str, ...]]:
