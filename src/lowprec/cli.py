@@ -207,9 +207,103 @@ COMPARE = cli.Command(
 )
 
 
+def format_names(text: str) -> list[str]:
+    from lowprec.plan.cost import formats_on
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    try:
+        return formats_on(None, names)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def plan_arguments(sub: argparse.ArgumentParser) -> None:
+    from lowprec.demo import SIZES
+    from lowprec.plan.cost import FORMAT_BITS, GPU_SPEEDUP
+
+    sub.add_argument(
+        "--formats",
+        type=format_names,
+        default=["nvfp4", "mxfp8", "bf16"],
+        help=f"candidate formats, comma-separated, from {','.join(FORMAT_BITS)} (default nvfp4,mxfp8,bf16; bf16 is "
+        "always a candidate)",
+    )
+    sub.add_argument("--model", default=None, help=MODEL_HELP)
+    sub.add_argument("--size", choices=list(SIZES), default="tiny", help="the demo GPT's size (default tiny)")
+    sub.add_argument("--steps", type=positive_int, default=60, help="training steps of every run (default 60)")
+    sub.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=3,
+        help="seeds of every run: the spread of high precision sets the budget (default 3)",
+    )
+    sub.add_argument(
+        "--budget",
+        type=float,
+        default=1.0,
+        help="the loss gap to high precision allowed, in units of its seed-to-seed standard deviation (default 1)",
+    )
+    sub.add_argument(
+        "--gpu",
+        choices=list(GPU_SPEEDUP),
+        default=None,
+        help="cost each GEMM by its time on this GPU (published dense throughput per format; formats it lacks are "
+        "dropped) instead of the bits it reads",
+    )
+    sub.add_argument("--rounds", type=non_negative_int, default=2, help="re-searches after a plan misses the budget (default 2)")
+    sub.add_argument("--out", default="./plan_logs", help="where the runs, plan.yaml and plan.html go (default ./plan_logs)")
+    sub.add_argument("--seed", type=non_negative_int, default=0, help="the first seed (default 0)")
+    sub.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    sub.add_argument(
+        "--threads", type=positive_int, default=None, help="torch's CPU threads (default: OMP_NUM_THREADS, else the free cores)"
+    )
+
+
+def plan(args: argparse.Namespace) -> int:
+    from lowprec.planner.find import find_plan
+
+    try:
+        found = find_plan(
+            model=args.model,
+            size=args.size,
+            candidates=args.formats,
+            steps=args.steps,
+            seeds=args.seeds,
+            budget=args.budget,
+            gpu=args.gpu,
+            out=args.out,
+            rounds=args.rounds,
+            seed=args.seed,
+            device=args.device,
+            threads=args.threads,
+        )
+    except ValueError as error:
+        raise cli.UserError(str(error)) from None
+    final = found.final
+    verdict = "within" if final.within_budget else "NOT within"
+    print(
+        f"plan: {found.plan_file}: measured gap {final.measured_gap:+.4g} (predicted {final.predicted_gap:+.4g}), {verdict} "
+        f"the budget {found.budget:.4g} ({found.budget_units:g} x the seed-to-seed spread {found.noise:.4g}); "
+        f"the whole model in {found.cheapest}: {found.cheapest_gap:+.4g}"
+    )
+    print(f"page: {Path(args.out) / 'plan.html'}")
+    return 0
+
+
+PLAN = cli.Command(
+    "plan",
+    "Find the cheapest per-layer precision plan that trains like high precision: calibrate, search, prove with compare.",
+    plan_arguments,
+    plan,
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    description = "Validate configs, list and explain features, write reports, diagnose runs, run the demo, compare formats."
-    return cli.main(argv, extra=[DEMO, COMPARE], description=description)
+    description = (
+        "Validate configs, list and explain features, write reports, diagnose runs, run the demo, compare formats, "
+        "find a precision plan."
+    )
+    return cli.main(argv, extra=[DEMO, COMPARE, PLAN], description=description)
 
 
 if __name__ == "__main__":

@@ -368,6 +368,18 @@ def _factory_training(factory: ModelFactory, device: str, seed: int) -> tuple[to
     return model, batch, loss_of
 
 
+def optimizer_for(
+    model: torch.nn.Module, steps: int, learning_rate: float = DEMO_LEARNING_RATE
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """The demo's optimizer (AdamW, weight decay 0.01) and schedule (20 steps of warm-up, then a cosine to 0 at
+    ``steps``), which every run of ``run_demo`` and the plan search's calibration train with."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))
+    )
+    return optimizer, schedule
+
+
 def run_demo(
     steps: int = 300,
     size: str = "small",
@@ -440,10 +452,7 @@ def run_demo(
             torch.manual_seed(seed)
             built = _gpt_training(shape, device, seed) if factory is None else _factory_training(factory, device, seed)
         model, batch, loss_of = built
-        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))
-        )
+        optimizer, schedule = optimizer_for(model, steps, learning_rate)
         losses, started, time_left = [], time.perf_counter(), TimeLeft()
         # a step's cost: this process's CPU time on the CPU, which other processes do not inflate as they do wall
         # time (on a busy machine NVFP4 looked the fastest recipe and is the slowest); on a GPU, wall time

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import json
 import os
 import statistics
 from collections.abc import Mapping
@@ -53,6 +54,7 @@ from nvdlfw_inspect.reading import Statistic, iter_statistics, read_routing
 
 TENSORS = ("activation", "gradient", "weight")
 PAGE = "compare.html"
+DATA = "compare.json"  # the page's data (runs, final losses per seed, bottom lines), for programs on top
 CONFIG = "compare_config.yaml"
 
 
@@ -350,6 +352,7 @@ def compare_formats(
         "runs": runs,
         "failed": failed,
     }
+    write_text_atomic(out / DATA, json.dumps(data, default=str), "the comparison's data")
     return write_text_atomic(out / PAGE, render(data), "the comparison page")
 
 

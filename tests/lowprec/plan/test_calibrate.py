@@ -8,45 +8,17 @@ import math
 
 import pytest
 import torch
+from planted_plan import WIDTH, factory
 
 import lowprec
 from lowprec.plan.search import GEMMS, Unit, search
 from lowprec.planner.calibrate import Calibration, calibrate
 from lowprec.planner.predict import fit_kappa, options, totals
 
-WIDTH = 64
-
-
-class Planted(torch.nn.Module):
-    """Three layers; ``model.b``'s input carries one channel 1000 times the others (an outlier channel, as LLMs'
-    massive activations, with a weight column 1000 times smaller so that it carries no more than the others)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = lowprec.Linear(WIDTH, WIDTH, name="model.a")
-        self.b = lowprec.Linear(WIDTH, WIDTH, name="model.b")
-        self.c = lowprec.Linear(WIDTH, 1, name="model.c")
-        self.register_buffer("boost", torch.ones(WIDTH))
-        self.boost[7] = 1000.0
-        with torch.no_grad():
-            self.b.weight[:, 7] /= 1000.0
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        hidden = torch.tanh(self.a(x)) * self.boost
-        return torch.nn.functional.mse_loss(self.c(torch.tanh(self.b(hidden))), y)
-
 
 def training():
     torch.manual_seed(0)
-    model = Planted()
-    generator = torch.Generator().manual_seed(1)
-    target = torch.randn(WIDTH, 1, generator=generator)
-
-    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn(64, WIDTH, generator=generator)
-        return x, torch.tanh(x @ target)
-
+    model, batch = factory()
     return model, batch, model
 
 
