@@ -8,8 +8,9 @@
    run's gap fits the damage model (``predict.fit_kappa``).
 3. **Search** (``lowprec.plan.search``): the cheapest plan whose predicted gap is within the budget.
 4. **Prove** (``compare``): the plan trained with the same steps and seeds; within budget when the mean gap of its
-   final loss to high precision's (seed by seed) is at most the budget. If not, the GEMMs with the largest predicted
-   damage in the plan move up a format and it is proved again, at most ``rounds`` times.
+   final loss to high precision's (seed by seed) is at most the budget. If not, the prediction was short by the
+   factor measured / predicted: every predicted damage is scaled by it and the search run again (where nothing was
+   predicted, the GEMMs with the largest gradient error move up a format instead), at most ``rounds`` times.
 
 Everything goes in ``out``: ``calibration.json``, ``baselines/`` and ``proof_<round>/`` (compare's pages and runs),
 ``plan.yaml`` (the last plan tried, lowprec's plan format: ``lowprec.autocast(plan=...)``, ``demo --plan``),
@@ -22,7 +23,7 @@ import json
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from lowprec.demo import SIZES, ModelFactory, _factory_training, _gpt_training, 
 from lowprec.errors import LowprecValueError
 from lowprec.plan.cost import FORMAT_BITS, formats_on
 from lowprec.plan.search import Option, SearchResult, Unit, plan_of, search
-from lowprec.planner.calibrate import HIGH_PRECISION, calibrate
+from lowprec.planner.calibrate import HIGH_PRECISION, Calibration, calibrate
 from lowprec.planner.page import render
 from lowprec.planner.predict import fit_kappa, options
 from nvdlfw_inspect.files import write_text_atomic
@@ -55,7 +56,8 @@ class Round:
     measured_gap: float | None
     within_budget: bool
     page: str
-    bumped: list[str] = field(default_factory=list)
+    rescaled: float | None = None  # after it: every predicted damage multiplied by this (measured / predicted)
+    bumped: list[str] = field(default_factory=list)  # after it: these GEMMs moved up a format
 
 
 @dataclass
@@ -95,12 +97,15 @@ def _gap(finals: dict[int, float], base: dict[int, float]) -> float:
     return statistics.fmean(finals[seed] - base[seed] for seed in seeds)
 
 
-def _bump(units: dict[Unit, list[Option]], result: SearchResult, count: int) -> list[Unit]:
-    """The ``count`` GEMMs of the plan with the largest predicted damage lose their current option (they move up to
-    the next option on their hull at the next search); the units bumped."""
-    worst = sorted(
-        (unit for unit, option in result.chosen.items() if option.damage > 0), key=lambda u: (-result.chosen[u].damage, u)
-    )
+def _bump(units: dict[Unit, list[Option]], calibration: Calibration, result: SearchResult, count: int) -> list[Unit]:
+    """The ``count`` quantized GEMMs of the plan with the largest gradient error in calibration lose their current
+    option (they move up to the next option on their hull at the next search); the units bumped."""
+
+    def error(unit: Unit) -> float:
+        return calibration.update[Calibration.key(unit.layer, unit.gemm, result.chosen[unit].format)]
+
+    quantized = [unit for unit, option in result.chosen.items() if option.format != HIGH_PRECISION]
+    worst = sorted(quantized, key=lambda unit: (-error(unit), unit))
     for unit in worst[:count]:
         units[unit] = [option for option in units[unit] if option.format != result.chosen[unit].format]
     return worst[:count]
@@ -168,7 +173,12 @@ def find_plan(
         tried.append(Round(formats, result.cost, result.damage, measured, within, str(page)))
         if within or number == rounds:
             break
-        tried[-1].bumped = [f"{unit.layer} {unit.gemm}" for unit in _bump(units, result, BUMPED_PER_ROUND)]
+        if result.damage > 0:  # the model under-predicted this plan: every damage scaled by how much, searched again
+            scale = measured / result.damage
+            units = {unit: [replace(o, damage=o.damage * scale) for o in choices] for unit, choices in units.items()}
+            tried[-1].rescaled = scale
+        else:  # nothing predicted to rescale: the GEMMs it measured worst in calibration move up a format
+            tried[-1].bumped = [f"{unit.layer} {unit.gemm}" for unit in _bump(units, calibration, result, BUMPED_PER_ROUND)]
     found = PlanSearch(
         candidates=candidates,
         cheapest=cheapest,

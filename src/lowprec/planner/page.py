@@ -109,6 +109,15 @@ def reasons(calibration: Calibration, formats: dict[str, dict[str, str]], kappa:
     return f"<table><tr><th>layer</th><th>GEMM</th><th>format</th>{head}</tr>{''.join(rows)}</table>"
 
 
+def _after(entry: Any) -> str:
+    """What a round that missed the budget changed for the next."""
+    if entry.rescaled is not None:
+        return f"damages scaled x{entry.rescaled:.3g} (measured / predicted)"
+    if entry.bumped:
+        return f"moved up a format: {html.escape(', '.join(entry.bumped))}"
+    return "-"
+
+
 def render(found: Any, calibration: Calibration) -> str:
     """The page of a ``PlanSearch``."""
     final = found.final
@@ -116,7 +125,7 @@ def render(found: Any, calibration: Calibration) -> str:
     rounds = "".join(
         f"<tr><td>{number}</td><td>{r.cost:.3f}</td><td>{r.predicted_gap:+.4f}</td>"
         f"<td>{'-' if r.measured_gap is None else f'{r.measured_gap:+.4f}'}</td><td>{'yes' if r.within_budget else 'no'}</td>"
-        f'<td>{html.escape(", ".join(r.bumped)) or "-"}</td><td><a href="{html.escape(r.page)}">compare page</a></td></tr>'
+        f'<td>{_after(r)}</td><td><a href="{html.escape(r.page)}">compare page</a></td></tr>'
         for number, r in enumerate(found.rounds)
     )
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Precision plan search</title><style>{STYLE}
@@ -129,7 +138,7 @@ it: kappa = {found.kappa:.4g}.</p>
 <p><b>The plan ({html.escape(found.plan_file)}): measured gap {final.measured_gap:+.4g}, predicted {final.predicted_gap:+.4g},
 {verdict} the budget</b>, at cost {final.cost:.3f} (BF16 everywhere: 3).</p>
 <h2>Rounds</h2><table><tr><th>round</th><th>cost</th><th>predicted gap</th><th>measured gap</th><th>within</th>
-<th>moved up a format after it</th><th></th></tr>{rounds}</table>
+<th>then</th><th></th></tr>{rounds}</table>
 <h2>Pareto front</h2>{front_chart(found.front, (final.cost, final.predicted_gap), found.budget)}
 <h2>The plan</h2>{plan_map(final.formats)}
 <h2>Why each GEMM got its format</h2>
