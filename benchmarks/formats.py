@@ -5,12 +5,15 @@ the bandwidth of quantizing one tensor in each format, measured side by side in 
    and current scaling, MXFP8, FP8 block scaling, NVFP4) as a ratio to the same step in high precision.
    On the CPU every recipe is emulated; on a CUDA GPU per-tensor FP8 runs ``torch._scaled_mm`` and the
    block recipes are emulated (quantize, dequantize, GEMM in high precision).
-2. Quantizing a bf16 tensor (128 MiB on CUDA, 8 MiB on the CPU) with each format's quantizer (rowwise,
-   as an activation), as GB/s of bytes read next to a plain copy's. On CUDA each cast runs the fused
-   Triton kernels, and again as the torch emulation (``(torch)`` rows, ``lowprec.set_kernel_mode("emulated")``)
-   to show what the fusion saves. When torchao is installed, its eager ``to_mx`` (MXFP8, E4M3, blocks of
-   32) and ``nvfp4_quantize`` (with a per-tensor scale from the amax, as ours) run beside them, and a last
-   table gives ours / torchao's time (below 1: ours is faster).
+2. Quantizing a bf16 tensor (128 MiB on CUDA, 8 MiB on the CPU) with each format's activation quantizer,
+   rowwise and in both orientations (``both`` rows: rowwise and columnwise, as every activation and gradient
+   of a training step needs), as GB/s of bytes read next to a plain copy's and a transposing copy's. A table
+   gives each format's both-orientation time over two rowwise casts and a transpose (the goal: at most 1).
+   On CUDA each rowwise cast runs the fused Triton kernels, and again as the torch emulation (``(torch)`` rows,
+   ``lowprec.set_kernel_mode("emulated")``) to show what the fusion saves. When torchao is installed, its eager
+   ``to_mx`` (MXFP8, E4M3, blocks of 32) and ``nvfp4_quantize`` (with a per-tensor scale from the amax, as
+   ours) run beside them, rowwise and on the tensor and its contiguous transpose (``both``), and a last table
+   gives ours / torchao's time of each (below 1: ours is faster).
 
 ``--tiny`` runs the CPU tables at tiny sizes (checks that the code runs, not its speed); ``--json PATH``
 also writes the key numbers of the last device's tables.
@@ -76,8 +79,8 @@ def unfused(cast, x: torch.Tensor):
 
 
 def torchao_casts(x: torch.Tensor) -> dict[str, Callable[[], object]]:
-    """torchao's eager MXFP8 and NVFP4 quantization of ``x``, keyed by the label of our recipe they match;
-    empty (said once) when torchao is not installed."""
+    """torchao's eager MXFP8 and NVFP4 quantization of ``x`` (``label``) and of ``x`` and its transpose
+    (``label both``), keyed by the label of our recipe they match; empty (said once) when torchao is not installed."""
     try:
         from torchao.prototype.mx_formats.mx_tensor import to_mx
         from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
@@ -85,22 +88,30 @@ def torchao_casts(x: torch.Tensor) -> dict[str, Callable[[], object]]:
         print(f"torchao columns: not measured (torchao not installed: {error})")
         return {}
 
-    def nvfp4() -> object:
-        return nvfp4_quantize(x, 16, per_tensor_amax_to_scale(x.abs().amax().float()))
+    def mxfp8(y: torch.Tensor) -> object:
+        return to_mx(y, torch.float8_e4m3fn, 32)
 
-    return {"MXFP8": lambda: to_mx(x, torch.float8_e4m3fn, 32), "NVFP4": nvfp4}
+    def nvfp4(y: torch.Tensor) -> object:
+        return nvfp4_quantize(y, 16, per_tensor_amax_to_scale(y.abs().amax().float()))
+
+    casts = {}
+    for label, cast in (("MXFP8", mxfp8), ("NVFP4", nvfp4)):
+        casts[label] = lambda cast=cast: cast(x)
+        casts[f"{label} both"] = lambda cast=cast: (cast(x), cast(x.t().contiguous()))
+    return casts
 
 
 def quantize_table(args: argparse.Namespace, device: str, side: int) -> dict[str, float]:
     """Seconds per quantization of a ``side`` x ``side`` bf16 tensor by each recipe's activation
-    quantizer, by torchao's matching casts, and a copy's."""
+    quantizer, rowwise and in both orientations, by torchao's matching casts, and a copy's and a transpose's."""
     x = torch.randn(side, side, device=device, dtype=torch.bfloat16)
     size = x.numel() * x.element_size()
-    work = {"copy (ceiling)": lambda: x.clone()}
+    work = {"copy (ceiling)": lambda: x.clone(), "transpose": lambda: x.t().contiguous()}
     for label, recipe in RECIPES.items():
         if recipe is not None:
             quantizer = recipe.quantizers("bench")["activation"]
             work[label] = lambda quantizer=quantizer: quantizer.quantize(x)
+            work[f"{label} both"] = lambda quantizer=quantizer: quantizer.quantize(x, transpose=True)
             if device == "cuda":
                 work[f"{label} (torch)"] = lambda quantizer=quantizer: unfused(quantizer.quantize, x)
     theirs = torchao_casts(x)
@@ -115,10 +126,16 @@ def quantize_table(args: argparse.Namespace, device: str, side: int) -> dict[str
     copy_rate = size / seconds["copy (ceiling)"]
     for label, value in seconds.items():
         print(f"{label:<32} {value * 1e3:>9.2f} {size / value / 1e9:>10.2f} {size / value / copy_rate:>8.2f}")
+    print(f"\n{'format':<20} {'both / (2 rowwise + transpose)':>31}")
+    for label, recipe in RECIPES.items():
+        if recipe is not None:
+            budget = 2 * seconds[label] + seconds["transpose"]
+            print(f"{label:<20} {seconds[f'{label} both'] / budget:>31.2f}")
     if theirs:
-        print(f"\n{'format':<12} {'ours / torchao':>15}")
-        for label in theirs:
-            print(f"{label:<12} {seconds[label] / seconds[f'{label} (torchao)']:>15.2f}")
+        print(f"\n{'format':<12} {'rowwise':>8} {'both':>8}   ours / torchao")
+        for label in ("MXFP8", "NVFP4"):
+            ratios = [seconds[f"{label}{part}"] / seconds[f"{label}{part} (torchao)"] for part in ("", " both")]
+            print(f"{label:<12} {ratios[0]:>8.2f} {ratios[1]:>8.2f}")
     return seconds
 
 

@@ -52,7 +52,9 @@ def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
     while stride < SIZE:
         pairs = x.reshape(-1, SIZE // (2 * stride), 2, stride)
         first, second = pairs[:, :, 0], pairs[:, :, 1]
-        x = torch.stack([first + second, first - second], dim=2)
+        x = torch.empty_like(pairs)  # written in place: a stack of the two halves copies them once more
+        torch.add(first, second, out=x[:, :, 0])
+        torch.sub(first, second, out=x[:, :, 1])
         stride *= 2
     return x.reshape(shape)
 
