@@ -35,7 +35,7 @@ import torch
 import yaml
 
 from lowprec.compare.outliers import collect, settled
-from lowprec.demo import SIZES, plan_statistics_config, planned_recipes, run_demo
+from lowprec.demo import SIZES, gemm_layers, plan_statistics_config, planned_recipes, run_demo
 from lowprec.plan import GEMMS, PrecisionPlan, load_plan, named_recipe
 from nvdlfw_inspect.reading import iter_statistics
 
@@ -70,7 +70,7 @@ def train(name: str, label: str, plan: PrecisionPlan, nvfp4: bool, args: argpars
     """One run of the demo into ``out/name`` under ``plan`` (empty: the autocast's recipe everywhere), NVFP4 or high
     precision."""
     recipe = named_recipe("nvfp4", seed=args.seed) if nvfp4 else None
-    planned = planned_recipes(plan, SIZES[args.size], recipe)
+    planned = planned_recipes(plan, gemm_layers(SIZES[args.size]), recipe)
     log_dir = out / name
     log_dir.mkdir(parents=True, exist_ok=True)
     config = log_dir / "config.yaml"

@@ -179,7 +179,7 @@ LOWPREC_FLOORS = {
     "lowprec.quant": {"lowprec.errors", "lowprec.formats", "lowprec.kernels"},
     "lowprec.recipe": {"lowprec.errors", "lowprec.formats", "lowprec.quant"},
 }
-PROGRAMS = ("lowprec.cli", "lowprec.demo", "lowprec.compare")
+PROGRAMS = ("lowprec.cli", "lowprec.demo", "lowprec.compare", "lowprec.planner")
 
 
 def lowprec_imports() -> dict[str, set[str]]:

@@ -352,8 +352,9 @@ def compare_formats(
         "runs": runs,
         "failed": failed,
     }
+    page = write_text_atomic(out / PAGE, render(data), "the comparison page")  # the page first: what people read
     write_text_atomic(out / DATA, json.dumps(data, default=str), "the comparison's data")
-    return write_text_atomic(out / PAGE, render(data), "the comparison page")
+    return page
 
 
 RANKING = (

@@ -8,16 +8,18 @@ import json
 
 import pytest
 import yaml
+from browser import CHROMIUM, dom
 
 from lowprec.plan import load_plan, named_recipe
 from lowprec.plan.search import GEMMS
 from lowprec.planner.find import find_plan
+from lowprec.planner.page import FORMAT_COLOURS
 
 
 @pytest.fixture(scope="module")
 def found(tmp_path_factory):
     out = tmp_path_factory.mktemp("plan")
-    return out, find_plan(model="planted_plan:factory", candidates=["nvfp4", "mxfp8"], steps=30, seeds=3, out=out, threads=1)
+    return out, find_plan(model="planted_plan:factory", candidates=["nvfp4", "mxfp8"], steps=20, seeds=3, out=out, threads=1)
 
 
 def test_the_plan_keeps_the_sensitive_gemm_wide_and_trains_within_the_budget_where_nvfp4_everywhere_does_not(found):
@@ -60,3 +62,16 @@ def test_the_command_refuses_bad_input_before_training(tmp_path, capsys):
     assert main(["plan", "--seeds", "1", "--out", str(tmp_path)]) == 1
     assert "seeds must be at least 2" in capsys.readouterr().err
     assert not (tmp_path / "calibration.json").exists()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
+def test_the_page_loads_in_a_browser_with_the_front_and_the_map(found):
+    out, result = found
+    html, errors = dom(out / "plan.html")
+    assert errors == []
+    assert html.count("<circle") == len(result.front) + 1  # every front point, and the chosen plan ringed
+    assert 'aria-label="Pareto front"' in html and ">budget</text>" in html
+    for gemms in result.final.formats.values():
+        for fmt in gemms.values():
+            assert f'background:{FORMAT_COLOURS[fmt]};color:#fff">{fmt}</td>' in html
+    assert html.count('href="') >= len(result.rounds) + 1  # each round's compare page and the baselines
