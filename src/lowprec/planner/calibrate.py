@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +35,7 @@ import torch
 import lowprec
 from lowprec.errors import LowprecValueError
 from lowprec.modules.base import gemm_sizes
-from lowprec.plan import load_plan
+from lowprec.plan import UnusedPlanRuleWarning, load_plan
 from lowprec.plan.search import GEMMS
 
 HIGH_PRECISION = "bf16"
@@ -96,10 +98,10 @@ def calibrate(
     sizes = gemm_sizes(model)
     if not sizes:
         raise LowprecValueError("the model has no lowprec GEMM layer: convert it with lowprec.convert first")
-    plans = {(layer, gemm, fmt): _probe_plan(layer, gemm, fmt) for layer in sizes for gemm in GEMMS for fmt in wanted}
+    probes = [(layer, gemm, fmt) for layer in sizes for gemm in GEMMS for fmt in wanted]
     at = sorted({max(1, round(steps * (i + 1) / checkpoints)) for i in range(checkpoints)})
     optimizer, schedule = make_optimizer(model, steps)
-    samples: dict[tuple[str, str, str], list[tuple[float, float]]] = {key: [] for key in plans}
+    samples: dict[tuple[str, str, str], list[tuple[float, float]]] = {key: [] for key in probes}
     losses: list[float] = []
     started = time.perf_counter()
     extra = steps  # the probes' batches: drawn past the training steps (drawing them moves on the batch order)
@@ -113,16 +115,47 @@ def calibrate(
         if step + 1 in at:
             for _ in range(probe_batches):
                 train_batch, eval_batch, extra = batch(extra), batch(extra + 1), extra + 2
-                _probe(model, loss_of, train_batch, eval_batch, plans, samples)
+                _probe(model, loss_of, train_batch, eval_batch, probes, samples)
             if progress is not None:
-                progress(f"calibration: step {step + 1}/{steps}, {len(plans)} probes done")
+                progress(f"calibration: step {step + 1}/{steps}, {len(probes)} probes done")
     direct, update = {}, {}
     for (layer, gemm, fmt), values in samples.items():
-        key = Calibration.key(layer, gemm, fmt)
-        direct[key] = max(0.0, sum(v[0] for v in values) / len(values))
-        update[key] = max(0.0, sum(v[1] for v in values) / len(values))
+        if values:
+            key = Calibration.key(layer, gemm, fmt)
+            direct[key] = max(0.0, sum(v[0] for v in values) / len(values))
+            update[key] = max(0.0, sum(v[1] for v in values) / len(values))
+    _from_peers(samples, direct, update)
     recorded = {Calibration.key(*key): [list(v) for v in values] for key, values in samples.items()}
     return Calibration(sizes, list(candidates), at, losses, direct, update, recorded, time.perf_counter() - started)
+
+
+_EXPERT = re.compile(r"gemm_\d+$")
+
+
+def _from_peers(samples: dict[tuple[str, str, str], list[tuple[float, float]]], direct: dict, update: dict) -> None:
+    """A GEMM no probe batch ran (an expert no token was routed to) takes the largest damage of its peers (the same
+    layer's other experts) in the same format and direction, else the largest of any GEMM: not measured is not free.
+    Said once, with how many."""
+    missing = [key for key, values in samples.items() if not values]
+    for layer, gemm, fmt in missing:
+        peers = [
+            Calibration.key(other, gemm, fmt)
+            for other, g, f in samples
+            if (g, f) == (gemm, fmt) and samples[(other, g, f)] and _EXPERT.sub("", other) == _EXPERT.sub("", layer)
+        ]
+        pool = peers or [Calibration.key(*other) for other in samples if other[1:] == (gemm, fmt) and samples[other]]
+        key = Calibration.key(layer, gemm, fmt)
+        direct[key] = max((direct[p] for p in pool), default=math.inf)
+        update[key] = max((update[p] for p in pool), default=math.inf)
+    if missing:
+        layers = sorted({layer for layer, _, _ in missing})
+        warnings.warn(
+            f"calibration: {len(layers)} GEMM layer(s) ran on no probe batch (experts no token was routed to: "
+            f"{', '.join(layers[:4])}{' ...' if len(layers) > 4 else ''}); each takes the largest damage of its peers, "
+            "so the search keeps it no narrower than them: give more --probe-batches or a larger batch to measure it",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _probe(
@@ -130,7 +163,7 @@ def _probe(
     loss_of: Callable[[Any], torch.Tensor],
     train_batch: Any,
     eval_batch: Any,
-    plans: dict[tuple[str, str, str], Any],
+    probes: list[tuple[str, str, str]],
     samples: dict[tuple[str, str, str], list[tuple[float, float]]],
 ) -> None:
     """Every probe from the current weights (which no probe changes), on one pair of batches."""
@@ -138,8 +171,10 @@ def _probe(
 
     def gradient(plan: Any) -> torch.Tensor:
         model.zero_grad(set_to_none=True)
-        with lowprec.autocast(enabled=False, plan=plan):
-            loss = loss_of(train_batch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnusedPlanRuleWarning)  # an expert this batch does not reach: asked below
+            with lowprec.autocast(enabled=False, plan=plan):
+                loss = loss_of(train_batch)
         loss.backward()
         return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in parameters])
 
@@ -147,12 +182,18 @@ def _probe(
         clean = loss_of(eval_batch).item()
     reference = gradient(None)
     energy = reference.square().sum().item()
-    for (layer, gemm, fmt), plan in plans.items():
+    for layer, gemm, fmt in probes:
+        plan = _probe_plan(layer, gemm, fmt)  # a fresh plan: whether the layer ran is whether the plan resolved it
+        error = (gradient(plan) - reference).square().sum().item() / energy if energy > 0 else 0.0
+        if layer not in plan.resolved():
+            continue  # the GEMM did not run on this batch: no sample
         direct = 0.0
         if gemm == "fprop":
-            with torch.no_grad(), lowprec.autocast(enabled=False, plan=plan):
-                direct = loss_of(eval_batch).item() - clean
-        update = (gradient(plan) - reference).square().sum().item() / energy if energy > 0 else 0.0
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UnusedPlanRuleWarning)
+                with lowprec.autocast(enabled=False, plan=plan):
+                    direct = loss_of(eval_batch).item() - clean
+        update = error
         if math.isfinite(direct) and math.isfinite(update):
             samples[(layer, gemm, fmt)].append((direct, update))
         else:  # a format that makes the loss or the gradient NaN or infinite: as bad as can be measured

@@ -86,3 +86,31 @@ def test_a_calibration_saved_and_read_back_gives_the_same_plan(calibration, tmp_
     budget = 0.5 * sum(calibration.update.values())
     assert search(options(again, 1.0), budget) == search(options(calibration, 1.0), budget)
     assert math.isfinite(calibration.seconds) and calibration.seconds > 0
+
+
+class Experts(torch.nn.Module):
+    """Three experts of a ``GroupedLinear``; the router sends every token to the first two, none to ``gemm_2``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = lowprec.GroupedLinear(3, WIDTH, WIDTH, name="model.experts")
+        self.head = lowprec.Linear(WIDTH, 1, name="model.head")
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        half = x.shape[0] // 2
+        hidden = self.experts(x, [half, x.shape[0] - half, 0])
+        return torch.nn.functional.mse_loss(self.head(torch.tanh(hidden)), y)
+
+
+def test_an_expert_no_probe_reaches_takes_its_peers_worst_damage_and_it_is_said():
+    torch.manual_seed(0)
+    model = Experts()
+    _, batch = factory()
+    with pytest.warns(UserWarning, match=r"1 GEMM layer\(s\) ran on no probe batch .*model\.experts\.gemm_2"):
+        found = calibrate((model, batch, model), ["nvfp4"], steps=2, make_optimizer=adam, checkpoints=1)
+    assert found.samples["model.experts.gemm_2|fprop|nvfp4"] == []
+    for gemm in GEMMS:
+        peers = [found.update[f"model.experts.gemm_{i}|{gemm}|nvfp4"] for i in (0, 1)]
+        assert found.update[f"model.experts.gemm_2|{gemm}|nvfp4"] == max(peers)
+        assert len(found.samples[f"model.experts.gemm_0|{gemm}|nvfp4"]) == 1
