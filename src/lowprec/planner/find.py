@@ -140,6 +140,12 @@ def find_plan(
     if not budget > 0:
         raise LowprecValueError(f"budget must be a positive number of seed-to-seed spreads, got {budget!r}")
     out = Path(out)
+    earlier = [name for name in ("calibration.json", "baselines", RESULT_FILE) if (out / name).exists()]
+    if earlier:
+        raise LowprecValueError(
+            f"out: {str(out)!r} holds an earlier plan search ({', '.join(earlier)}), whose runs compare would refuse "
+            "to overwrite after the calibration: give another --out, or remove it"
+        )
     out.mkdir(parents=True, exist_ok=True)
     factory = None if model is None else load_factory(model)
     device = check_device(device)

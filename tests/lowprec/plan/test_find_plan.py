@@ -62,6 +62,9 @@ def test_the_command_refuses_bad_input_before_training(tmp_path, capsys):
     assert main(["plan", "--seeds", "1", "--out", str(tmp_path)]) == 1
     assert "seeds must be at least 2" in capsys.readouterr().err
     assert not (tmp_path / "calibration.json").exists()
+    (tmp_path / "plan.json").write_text("{}")  # an earlier search's
+    assert main(["plan", "--out", str(tmp_path)]) == 1
+    assert "holds an earlier plan search (plan.json)" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
