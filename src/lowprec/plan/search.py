@@ -21,7 +21,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-GEMMS = ("fprop", "dgrad", "wgrad")
+from lowprec.plan.rules import GEMMS
 
 
 @dataclass(frozen=True, order=True)

@@ -49,12 +49,8 @@ def rule_tensors(name: str | None) -> tuple[str, list[str]] | None:
     return (layer, tensors.split(", ")) if layer else None
 
 
-def _option(spec: dict[str, Any], key: str, default: Any) -> Any:
-    return spec.get(key, default)
-
-
 def _mx_rule(spec: dict[str, Any], element: str) -> str:
-    rule = _option(spec, "scale_rule", None)
+    rule = spec.get("scale_rule", None)
     return rule or ("ocp" if element in OCP_DEFAULT else "nvidia")
 
 
@@ -67,14 +63,14 @@ def _step(spec: dict[str, Any], tensor: str, kind: str, columnwise: bool) -> Ste
     tensor in, in words; None when no rung keeps a low-precision format."""
     name = spec["name"]
     if name == "NVFP4BlockScaling":
-        if kind != "block_saturation" and tensor == "gradient" and _option(spec, "disable_stochastic_rounding", False):
+        if kind != "block_saturation" and tensor == "gradient" and spec.get("disable_stochastic_rounding", False):
             why = (
                 "stochastic rounding of the gradient, off in this run, rounds each value up or down with the odds that "
                 "keep its mean, so values under half of E2M1's smallest step are kept on average instead of all flushed "
                 "(NVIDIA's NVFP4 recipe, arXiv 2509.25149, rounds gradients so)"
             )
             return {**spec, "disable_stochastic_rounding": False}, 4, why, "NVFP4"
-        if columnwise and tensor in ("activation", "gradient") and _option(spec, "disable_rht", False):
+        if columnwise and tensor in ("activation", "gradient") and spec.get("disable_rht", False):
             why = (
                 "the random Hadamard transform of wgrad's operands, off in this run, spreads a block's outlier over its 16 "
                 "values so that the others keep their bits (NVIDIA's NVFP4 recipe, arXiv 2509.25149, applies it to wgrad)"
@@ -82,7 +78,7 @@ def _step(spec: dict[str, Any], tensor: str, kind: str, columnwise: bool) -> Ste
             return {**spec, "disable_rht": False}, 4, why, "NVFP4"
         return {"name": "MXFP8BlockScaling"}, 8, "MXFP8 (E4M3 elements, 4 more bits than E2M1, a scale per 32 values)", "MXFP8"
     if name == "MXFP8BlockScaling":
-        fmt = _option(spec, "fp8_format", "E4M3")
+        fmt = spec.get("fp8_format", "E4M3")
         if kind == "block_saturation" or fmt == "E5M2" or (fmt == "HYBRID" and tensor == "gradient"):
             return None  # its scales round up (nothing saturates but infinities), and E5M2 is the widest element
         wider = "HYBRID" if tensor == "gradient" and fmt == "E4M3" else "E5M2"
@@ -91,7 +87,7 @@ def _step(spec: dict[str, Any], tensor: str, kind: str, columnwise: bool) -> Ste
         return {**spec, "fp8_format": wider}, 9, why, "MXFP8"
     if name == "MXBlockScaling":
         key = "gradient_element" if tensor == "gradient" and "gradient_element" in spec else "element"
-        element = _option(spec, key, "e4m3")
+        element = spec.get(key, "e4m3")
         if kind == "block_saturation":
             if _mx_rule(spec, element) != "ocp":
                 return None
@@ -107,7 +103,7 @@ def _step(spec: dict[str, Any], tensor: str, kind: str, columnwise: bool) -> Ste
         why = f"MX {wider.upper()} elements ({ELEMENT_BITS[wider]} bits, {what}) in the same blocks of 32"
         return {**spec, key: wider}, ELEMENT_BITS[wider] + (wider == "e5m2"), why, MX_NAMES[wider]
     if name == "Float8BlockScaling":
-        if tensor == "weight" and _option(spec, "w_block_scaling_dim", 2) == 2:
+        if tensor == "weight" and spec.get("w_block_scaling_dim", 2) == 2:
             why = "1 x 128 blocks of the weight instead of 128 x 128: a scale per 128 values, not per 16384"
             return {**spec, "w_block_scaling_dim": 1}, 8, why, "FP8 block scaling"
         return {"name": "MXFP8BlockScaling"}, 8, "MXFP8's blocks of 32 values (a scale each) instead of 128", "MXFP8"

@@ -105,11 +105,8 @@ def test_outlier_channel_under_the_layers_own_mxfp8_rowwise_and_columnwise(log_d
     assert got[("lin_activation_worst_flushed_col_columnwise", 0)] == 256 - 1
 
 
-def test_two_micro_batches_reduce_as_their_concatenation(log_dir):
-    """Counts add, the worst error is the larger; its column is the concatenation's, its row the one in the
-    micro-batch that held it (here the second)."""
-    x1, x2, dy = planted(seed=1, loud_row=None), planted(seed=2, loud_row=5), torch.randn(64, 128)
-    x1[:, 3] = 0.0  # some blocks of the first lose nothing at all: the counts differ between micro-batches
+def two_micro_batches(log_dir, x1: torch.Tensor, x2: torch.Tensor, dy: torch.Tensor) -> Collect:
+    """One MXFP8 step of two micro-batches with the block statistics of the activation; what was logged."""
     collect = Collect()
     start(fp8_config(BLOCK, tensors=["activation"]), log_dir, statistics_logger=collect)
     layer = make_linear(in_f=256, out_f=128)
@@ -117,6 +114,15 @@ def test_two_micro_batches_reduce_as_their_concatenation(log_dir):
         train_step(layer, x, dy, recipe=lowprec.MXFP8BlockScaling())
     debug_api.step()
     debug_api.end_debug()
+    return collect
+
+
+def test_two_micro_batches_reduce_as_their_concatenation(log_dir):
+    """Counts add, the worst error is the larger; its column is the concatenation's, its row the one in the
+    micro-batch that held it (here the second)."""
+    x1, x2, dy = planted(seed=1, loud_row=None), planted(seed=2, loud_row=5), torch.randn(64, 128)
+    x1[:, 3] = 0.0  # some blocks of the first lose nothing at all: the counts differ between micro-batches
+    collect = two_micro_batches(log_dir, x1, x2, dy)
     both = torch.cat([x1, x2])
     ref = block_ref(both, mx_fake(both, E4M3), (1, 32))
     assert ref["row"] == 64 + 5
@@ -143,13 +149,7 @@ def test_the_block_that_flushes_most_is_the_outlier_channels_not_the_worst_by_re
     relative error is elsewhere (the outlier dominates its blocks' norms), its row that micro-batch's."""
     x1, x2, dy = gaussian_outlier(1, full_row=40), gaussian_outlier(2, full_row=9), torch.randn(64, 128)
     x2[9, OUTLIER_COL + 10] = 6.0  # kept (rounds to 8): x2's row 9 flushes 30 of 32, x1's row 40 alone 31
-    collect = Collect()
-    start(fp8_config(BLOCK, tensors=["activation"]), log_dir, statistics_logger=collect)
-    layer = make_linear(in_f=256, out_f=128)
-    for x in (x1, x2):
-        train_step(layer, x, dy, recipe=lowprec.MXFP8BlockScaling())
-    debug_api.step()
-    debug_api.end_debug()
+    collect = two_micro_batches(log_dir, x1, x2, dy)
     both = torch.cat([x1, x2])
     ref = block_ref(both, mx_fake(both, E4M3), (1, 32))
     first, second = (block_ref(x, mx_fake(x, E4M3), (1, 32)) for x in (x1, x2))
