@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -132,7 +133,16 @@ def find_plan(
     candidates = list(dict.fromkeys(candidates))
     if HIGH_PRECISION not in candidates:
         candidates.append(HIGH_PRECISION)  # the format nothing is lost in: every GEMM can fall back to it
-    quantized = [fmt for fmt in formats_on(gpu, candidates) if fmt != HIGH_PRECISION]
+    offered = formats_on(gpu, candidates)
+    dropped = [fmt for fmt in candidates if fmt not in offered]
+    if dropped:
+        warnings.warn(
+            f"plan: {gpu} has no published speed for {', '.join(dropped)} (no tensor cores for it, or not measured "
+            "there): not searched; leave out --gpu to cost every format by the bits it reads",
+            UserWarning,
+            stacklevel=2,
+        )
+    quantized = [fmt for fmt in offered if fmt != HIGH_PRECISION]
     if not quantized:
         raise LowprecValueError(f"candidates {candidates}: none but bf16 runs on {gpu or 'any GPU'}; give a format to search")
     if seeds < 2:

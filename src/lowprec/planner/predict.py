@@ -40,11 +40,13 @@ def options(calibration: Calibration, kappa: float, gpu: str | None = None) -> d
     units: dict[Unit, list[Option]] = {}
     for layer, share in shares.items():
         for gemm in GEMMS:
-            choices = [Option(HIGH_PRECISION, gemm_cost(share, HIGH_PRECISION, gpu), 0.0)]
+            choices = [Option(HIGH_PRECISION, gemm_cost(share, HIGH_PRECISION, gpu, gemm), 0.0)]
             for fmt in calibration.candidates:
                 if fmt == HIGH_PRECISION:
                     continue
                 key = Calibration.key(layer, gemm, fmt)
-                choices.append(Option(fmt, gemm_cost(share, fmt, gpu), calibration.direct[key] + kappa * calibration.update[key]))
+                choices.append(
+                    Option(fmt, gemm_cost(share, fmt, gpu, gemm), calibration.direct[key] + kappa * calibration.update[key])
+                )
             units[Unit(layer, gemm)] = choices
     return units

@@ -78,3 +78,11 @@ def test_the_page_loads_in_a_browser_with_the_front_and_the_map(found):
         for fmt in gemms.values():
             assert f'background:{FORMAT_COLOURS[fmt]};color:#fff">{fmt}</td>' in html
     assert html.count('href="') >= len(result.rounds) + 1  # each round's compare page and the baselines
+
+
+def test_formats_a_gpu_has_no_speed_for_are_dropped_with_a_warning(tmp_path):
+    from lowprec.errors import LowprecValueError
+
+    with pytest.warns(UserWarning, match="h100 has no published speed for nvfp4, mxfp8"):
+        with pytest.raises(LowprecValueError, match="none but bf16 runs on h100"):
+            find_plan(candidates=["nvfp4", "mxfp8"], gpu="h100", out=tmp_path)

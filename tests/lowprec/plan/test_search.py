@@ -109,7 +109,11 @@ def test_the_cost_is_the_bits_read_times_the_flops_share_or_the_time_on_a_named_
     assert sum(shares.values()) == pytest.approx(1.0) and shares["fc1"] == pytest.approx(16384 / 45056)
     assert FORMAT_BITS["nvfp4"] == 4.5 and FORMAT_BITS["mxfp8"] == 8.25 and FORMAT_BITS["mxfp4"] == 4.25
     assert gemm_cost(0.5, "bf16") == 0.5 and gemm_cost(0.5, "nvfp4") == pytest.approx(0.5 * 4.5 / 16)
-    assert gemm_cost(0.5, "nvfp4", gpu="b200") == 0.125 and gemm_cost(0.5, "current", gpu="h200") == 0.25
+    assert gemm_cost(0.5, "nvfp4", gpu="b200") == 0.125 and gemm_cost(0.5, "current", gpu="h100") == 0.25
+    # Transformer Engine's measured B300 / H200 NVL milliseconds, per direction: NVFP4 fprop 1.932 vs BF16 4.196
+    assert gemm_cost(0.5, "nvfp4", gpu="b300", gemm="fprop") == pytest.approx(0.5 * 1.932 / 4.196)
+    assert gemm_cost(1.0, "block", gpu="h200", gemm="wgrad") == pytest.approx(7.821 / 10.548)
+    assert formats_on("b300", ["nvfp4", "mxfp6_e2m3", "block", "bf16"]) == ["nvfp4", "bf16"]  # not measured there
     assert formats_on("h100", ["nvfp4", "mxfp8", "current", "bf16"]) == ["current", "bf16"]
     assert formats_on(None, ["nvfp4", "bf16"]) == ["nvfp4", "bf16"]
     with pytest.raises(ValueError, match="no published speedups for GPU 'tpu'"):
