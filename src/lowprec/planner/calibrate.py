@@ -16,6 +16,9 @@ loss one optimizer step later instead was tried and drowns in the step's own noi
 loss on the demo GPT). Each is the mean over the checkpoints and probe batches, ``direct`` clipped at 0 (a format
 is not credited for luck). How much loss a unit of ``update`` costs over a run is fitted later, on one run in the
 cheapest format (``planner.predict``).
+
+Beside the probes, the reference backward of each probe batch captures every GEMM's operands, whose casts in each
+candidate give the what-if statistics of ``planner.operands`` (``errors``): why a format damages a GEMM.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from lowprec.errors import LowprecValueError
 from lowprec.modules.base import gemm_sizes
 from lowprec.plan import UnusedPlanRuleWarning, load_plan
 from lowprec.plan.search import GEMMS
+from lowprec.planner.operands import captured_operands, operand_errors
 
 HIGH_PRECISION = "bf16"
 
@@ -44,7 +48,9 @@ HIGH_PRECISION = "bf16"
 @dataclass
 class Calibration:
     """What a calibration measured: each GEMM layer's weight elements, the candidates, the checkpoints, and per
-    ``"layer|gemm|format"`` the mean ``direct`` and ``update`` damage (loss units, at least 0) and their samples."""
+    ``"layer|gemm|format"`` the mean ``direct`` and ``update`` damage (loss units, at least 0) and their samples, and
+    per operand of that GEMM the mean of its what-if statistics (``planner.operands.ERROR_STATS``) over the probe
+    batches (``errors``: empty in calibrations saved before they were measured)."""
 
     sizes: dict[str, int]
     candidates: list[str]
@@ -54,6 +60,7 @@ class Calibration:
     update: dict[str, float] = field(default_factory=dict)
     samples: dict[str, list[list[float]]] = field(default_factory=dict)  # key -> [[direct, update] per sample]
     seconds: float = 0.0
+    errors: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # key -> operand -> stat -> mean
 
     @staticmethod
     def key(layer: str, gemm: str, fmt: str) -> str:
@@ -102,6 +109,7 @@ def calibrate(
     at = sorted({max(1, round(steps * (i + 1) / checkpoints)) for i in range(checkpoints)})
     optimizer, schedule = make_optimizer(model, steps)
     samples: dict[tuple[str, str, str], list[tuple[float, float]]] = {key: [] for key in probes}
+    error_samples: list[dict[tuple[str, str, str], dict[str, dict[str, float]]]] = []
     losses: list[float] = []
     started = time.perf_counter()
     extra = steps  # the probes' batches: drawn past the training steps (drawing them moves on the batch order)
@@ -115,7 +123,7 @@ def calibrate(
         if step + 1 in at:
             for _ in range(probe_batches):
                 train_batch, eval_batch, extra = batch(extra), batch(extra + 1), extra + 2
-                _probe(model, loss_of, train_batch, eval_batch, probes, samples)
+                error_samples.append(_probe(model, loss_of, train_batch, eval_batch, probes, samples, wanted))
             if progress is not None:
                 progress(f"calibration: step {step + 1}/{steps}, {len(probes)} probes done")
     direct, update = {}, {}
@@ -126,7 +134,23 @@ def calibrate(
             update[key] = max(0.0, sum(v[1] for v in values) / len(values))
     _from_peers(samples, direct, update)
     recorded = {Calibration.key(*key): [list(v) for v in values] for key, values in samples.items()}
-    return Calibration(sizes, list(candidates), at, losses, direct, update, recorded, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    errors = _mean_errors(error_samples)
+    return Calibration(sizes, list(candidates), at, losses, direct, update, recorded, seconds, errors)
+
+
+def _mean_errors(
+    error_samples: list[dict[tuple[str, str, str], dict[str, dict[str, float]]]],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Each statistic's mean over the probe batches whose backward ran the GEMM."""
+    means: dict[str, dict[str, dict[str, float]]] = {}
+    for key in dict.fromkeys(key for sample in error_samples for key in sample):
+        runs = [sample[key] for sample in error_samples if key in sample]
+        means[Calibration.key(*key)] = {
+            operand: {stat: sum(run[operand][stat] for run in runs) / len(runs) for stat in stats}
+            for operand, stats in runs[0].items()
+        }
+    return means
 
 
 _EXPERT = re.compile(r"gemm_\d+$")
@@ -165,8 +189,10 @@ def _probe(
     eval_batch: Any,
     probes: list[tuple[str, str, str]],
     samples: dict[tuple[str, str, str], list[tuple[float, float]]],
-) -> None:
-    """Every probe from the current weights (which no probe changes), on one pair of batches."""
+    formats: Sequence[str],
+) -> dict[tuple[str, str, str], dict[str, dict[str, float]]]:
+    """Every probe from the current weights (which no probe changes), on one pair of batches; the what-if
+    statistics of ``formats`` on the operands of the reference backward."""
     parameters = [p for p in model.parameters() if p.requires_grad]
 
     def gradient(plan: Any) -> torch.Tensor:
@@ -180,7 +206,10 @@ def _probe(
 
     with torch.no_grad():
         clean = loss_of(eval_batch).item()
-    reference = gradient(None)
+    with captured_operands(model) as operands:
+        reference = gradient(None)
+    errors = operand_errors(operands, formats)
+    del operands  # every layer's activation and gradient: not held through the probes
     energy = reference.square().sum().item()
     for layer, gemm, fmt in probes:
         plan = _probe_plan(layer, gemm, fmt)  # a fresh plan: whether the layer ran is whether the plan resolved it
@@ -199,3 +228,4 @@ def _probe(
         else:  # a format that makes the loss or the gradient NaN or infinite: as bad as can be measured
             samples[(layer, gemm, fmt)].append((math.inf, math.inf))
     model.zero_grad(set_to_none=True)
+    return errors

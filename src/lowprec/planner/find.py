@@ -14,7 +14,7 @@
 
 Everything goes in ``out``: ``calibration.json``, ``baselines/`` and ``proof_<round>/`` (compare's pages and runs),
 ``plan.yaml`` (the last plan tried, lowprec's plan format: ``lowprec.autocast(plan=...)``, ``demo --plan``),
-``plan.json`` and ``plan.html``.
+``plan.json`` (with the calibration's operand statistics, ``errors``) and ``plan.html``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ class Round:
 
 @dataclass
 class PlanSearch:
-    """What ``find_plan`` found: the budget in loss units and how it was set, the fit, the front, the rounds."""
+    """What ``find_plan`` found: the budget in loss units and how it was set, the fit, the front, the rounds, and the
+    calibration's what-if statistics of every GEMM's operands in every candidate (``Calibration.errors``)."""
 
     candidates: list[str]
     cheapest: str
@@ -77,6 +78,7 @@ class PlanSearch:
     rounds: list[Round]
     plan_file: str
     baselines_page: str
+    errors: dict[str, dict[str, dict[str, float]]]
 
     @property
     def final(self) -> Round:
@@ -208,6 +210,7 @@ def find_plan(
         rounds=tried,
         plan_file=str(plan_file),
         baselines_page=str(baselines),
+        errors=calibration.errors,
     )
     write_text_atomic(out / RESULT_FILE, json.dumps(_as_dict(found), default=str, indent=1), "the plan search's result")
     write_text_atomic(out / PAGE_FILE, render(found, calibration), "the plan search's page")

@@ -1,6 +1,7 @@
 """``plan.html``: what ``find_plan`` found, on one self-contained page: the budget and how it was set, each round's
 predicted and measured gap, the Pareto front of cost against predicted damage, the plan as a map of layers x GEMMs
-coloured by format, and why each GEMM got its format (its measured damage in every candidate)."""
+coloured by format, and why each GEMM got its format (its measured damage in every candidate, and what each
+candidate's cast does to its operands)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import html
 from typing import Any
 
 from lowprec.compare.page import STYLE, nice_ticks, tick_label
+from lowprec.plan.cost import FORMAT_BITS
 from lowprec.plan.search import GEMMS
 from lowprec.planner.calibrate import HIGH_PRECISION, Calibration
 
@@ -92,9 +94,10 @@ def plan_map(formats: dict[str, dict[str, str]]) -> str:
 
 
 def reasons(calibration: Calibration, formats: dict[str, dict[str, str]], kappa: float) -> str:
-    """Per GEMM: its format and its measured damage in every candidate (``direct + kappa x update``, and the two)."""
+    """Per GEMM: its format, its measured damage in every candidate (``direct + kappa x update``, and the two) beside
+    what each candidate's cast does to its operands (``planner.operands``), and why it got its format in a sentence."""
     candidates = [fmt for fmt in calibration.candidates if fmt != HIGH_PRECISION]
-    head = "".join(f"<th>{html.escape(fmt)}: predicted (direct, gradient error)</th>" for fmt in candidates)
+    head = "".join(f"<th>{html.escape(fmt)}: predicted (direct, gradient error); operands</th>" for fmt in candidates)
     rows = []
     for layer, gemms in formats.items():
         for gemm in GEMMS:
@@ -102,11 +105,40 @@ def reasons(calibration: Calibration, formats: dict[str, dict[str, str]], kappa:
             for fmt in candidates:
                 key = Calibration.key(layer, gemm, fmt)
                 direct, update = calibration.direct[key], calibration.update[key]
-                cells.append(f"<td>{direct + kappa * update:.3g} ({direct:.2g}, {update:.2g})</td>")
+                operands = "".join(
+                    f"<br>{name}: {stats['rel_mse']:.2g}, {_share(stats)}"
+                    for name, stats in calibration.errors.get(key, {}).items()
+                )
+                cells.append(f"<td>{direct + kappa * update:.3g} ({direct:.2g}, {update:.2g}){operands}</td>")
+            why = html.escape(_why(calibration, layer, gemm, gemms[gemm], kappa))
             rows.append(
-                f"<tr><td>{html.escape(layer)}</td><td>{gemm}</td><td><b>{html.escape(gemms[gemm])}</b></td>{''.join(cells)}</tr>"
+                f"<tr><td>{html.escape(layer)}</td><td>{gemm}</td><td><b>{html.escape(gemms[gemm])}</b></td>"
+                f"{''.join(cells)}<td>{why}</td></tr>"
             )
-    return f"<table><tr><th>layer</th><th>GEMM</th><th>format</th>{head}</tr>{''.join(rows)}</table>"
+    return f"<table><tr><th>layer</th><th>GEMM</th><th>format</th>{head}<th>why</th></tr>{''.join(rows)}</table>"
+
+
+def _share(stats: dict[str, float]) -> str:
+    """The larger of an operand's shares of values flushed to zero and clipped."""
+    if stats["saturation%"] > stats["underflow%"]:
+        return f"{stats['saturation%']:.3g}% clipped"
+    return f"{stats['underflow%']:.3g}% flushed"
+
+
+def _why(calibration: Calibration, layer: str, gemm: str, chosen: str, kappa: float) -> str:
+    """One sentence: what the next cheaper candidate does to the GEMM's worst-hit operand (the largest share flushed
+    or clipped) and was predicted to cost, and the format kept; where none is cheaper, the same of the format kept."""
+    cheaper = [fmt for fmt in calibration.candidates if FORMAT_BITS[fmt] < FORMAT_BITS[chosen]]
+    fmt = max(cheaper, key=lambda f: FORMAT_BITS[f]) if cheaper else chosen
+    key = Calibration.key(layer, gemm, fmt)
+    damage = f"predicted damage {calibration.direct[key] + kappa * calibration.update[key]:.3g}"
+    errors = calibration.errors.get(key)
+    if errors:
+        name, stats = max(errors.items(), key=lambda item: max(item[1]["underflow%"], item[1]["saturation%"]))
+        damage = f"on the {name}, {_share(stats)} (relative mse {stats['rel_mse']:.2g}), {damage}"
+    if cheaper:
+        return f"{fmt} {damage}; kept {chosen}"
+    return f"{fmt} {damage}, the cheapest candidate; kept"
 
 
 def _after(entry: Any) -> str:
@@ -143,6 +175,8 @@ it: kappa = {found.kappa:.4g}.</p>
 <h2>The plan</h2>{plan_map(final.formats)}
 <h2>Why each GEMM got its format</h2>
 <p class=note>Predicted damage to the final loss of each GEMM alone in each format, from the calibration probes:
-direct (the forward's loss, fprop only) and the relative squared error of the gradient.</p>
+direct (the forward's loss, fprop only) and the relative squared error of the gradient; under each, the GEMM's operands
+cast in that format on the calibration's real tensors: relative mse ||q(x) - x||<sup>2</sup> / ||x||<sup>2</sup> and
+the larger of the shares of non-zero values flushed to zero and clipped to their block's largest magnitude.</p>
 {reasons(calibration, final.formats, found.kappa)}
 </body></html>"""

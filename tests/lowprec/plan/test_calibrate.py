@@ -1,9 +1,11 @@
 """The plan search's calibration (``lowprec.planner``): probes of every GEMM in every candidate format on a real small
 model, a planted sensitive layer (an outlier channel in its input) measured as the most damaged and kept wide by the
-search, the damage model's fit, and a calibration saved and read back giving the same plan."""
+search, the damage model's fit, a calibration saved and read back giving the same plan, and the what-if statistics of
+every GEMM's operands (checked against float64 computed here) on the page."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -11,9 +13,13 @@ import torch
 from planted_plan import WIDTH, factory
 
 import lowprec
+from lowprec.plan import named_recipe
 from lowprec.plan.search import GEMMS, Unit, search
 from lowprec.planner.calibrate import Calibration, calibrate
+from lowprec.planner.operands import ERROR_STATS, OPERANDS, captured_operands, operand_errors
+from lowprec.planner.page import reasons
 from lowprec.planner.predict import fit_kappa, options, totals
+from lowprec.study import decode_e4m3, decode_e8m0
 
 
 def training():
@@ -114,3 +120,71 @@ def test_an_expert_no_probe_reaches_takes_its_peers_worst_damage_and_it_is_said(
         peers = [found.update[f"model.experts.gemm_{i}|{gemm}|nvfp4"] for i in (0, 1)]
         assert found.update[f"model.experts.gemm_2|{gemm}|nvfp4"] == max(peers)
         assert len(found.samples[f"model.experts.gemm_0|{gemm}|nvfp4"]) == 1
+
+
+def test_every_operand_is_measured_in_every_candidate_and_the_outlier_channel_flushes_nvfp4(calibration):
+    for layer in calibration.sizes:
+        for gemm in GEMMS:
+            for fmt in ("nvfp4", "mxfp8"):
+                errors = calibration.errors[Calibration.key(layer, gemm, fmt)]
+                assert list(errors) == [name for name, _ in OPERANDS[gemm]]
+                assert all(list(stats) == list(ERROR_STATS) for stats in errors.values())
+    flushed = {key: calibration.errors[key]["activation"]["underflow%"] for key in calibration.errors if "|fprop|" in key}
+    # channel 7 sets the scale of its NVFP4 block of 16 in model.b's input: its neighbours flush to zero
+    assert flushed["model.b|fprop|nvfp4"] > 15 and flushed["model.b|fprop|nvfp4"] > 2 * flushed["model.a|fprop|nvfp4"]
+    assert flushed["model.b|fprop|mxfp8"] < 1 and flushed["model.a|fprop|mxfp8"] < 1
+
+
+def test_the_statistics_are_those_of_the_gemms_real_operands_computed_in_float64():
+    model, batch, loss_of = training()
+    seen = {}
+    model.b.register_forward_pre_hook(lambda module, args: seen.update(x=args[0].detach()))
+    model.b.register_full_backward_hook(lambda module, grad_in, grad_out: seen.update(dy=grad_out[0].detach()))
+    with captured_operands(model) as operands:
+        loss_of(batch(0)).backward()
+    assert set(operands) == {"model.a", "model.b", "model.c"}
+    assert torch.equal(operands["model.b"]["activation"][0], seen["x"])
+    assert torch.equal(operands["model.b"]["gradient"][0], seen["dy"])
+    assert torch.equal(operands["model.b"]["weight"][0], model.b.weight.detach())
+    errors = operand_errors(operands, ["nvfp4", "mxfp8"])
+    x = seen["x"].double()
+    for fmt, width, largest in (("nvfp4", 16, _nvfp4_largest), ("mxfp8", 32, _mxfp8_largest)):
+        view = lowprec.quantize(seen["x"], named_recipe(fmt), "activation", layer_name="model.b")
+        q = view.dequantize(torch.float64, "rowwise")
+        blocks, cast = x.reshape(x.shape[0], -1, width), q.reshape(x.shape[0], -1, width)
+        clipped = (blocks.abs() > cast.abs()) & (cast.abs() == largest(view.rowwise).unsqueeze(-1))
+        nonzero = (x != 0).sum().item()
+        expected = {
+            "rel_mse": ((q - x).square().sum() / x.square().sum()).item(),
+            "underflow%": 100 * ((x != 0) & (q == 0)).sum().item() / nonzero,
+            "saturation%": 100 * clipped.sum().item() / nonzero,
+            "worst_block_rel_err": ((cast - blocks).norm(dim=-1) / blocks.norm(dim=-1)).max().item(),
+        }
+        assert errors[("model.b", "fprop", fmt)]["activation"] == pytest.approx(expected, rel=1e-6), fmt
+    assert errors[("model.b", "fprop", "nvfp4")]["activation"]["underflow%"] > 15
+
+
+def _nvfp4_largest(rowwise) -> torch.Tensor:
+    """E2M1's largest value 6 times each block's decode scale, in fp32 as the cast multiplies it."""
+    return (6 * decode_e4m3(rowwise.scale_inv) * rowwise.global_scale_inv).double()
+
+
+def _mxfp8_largest(rowwise) -> torch.Tensor:
+    """E4M3's largest value 448 times each block's E8M0 scale."""
+    return (448 * decode_e8m0(rowwise.scale_inv)).double()
+
+
+def test_the_page_says_why_with_the_operands_errors_and_a_calibration_without_them_still_loads(calibration, tmp_path):
+    formats = {layer: dict.fromkeys(GEMMS, "nvfp4") for layer in calibration.sizes}
+    formats["model.b"]["fprop"] = "mxfp8"
+    page = reasons(calibration, formats, kappa=1.0)
+    stats = calibration.errors["model.b|fprop|nvfp4"]["activation"]
+    assert f"activation: {stats['rel_mse']:.2g}, {stats['underflow%']:.3g}% flushed" in page
+    assert f"nvfp4 on the activation, {stats['underflow%']:.3g}% flushed (relative mse {stats['rel_mse']:.2g})" in page
+    assert "; kept mxfp8</td>" in page and "the cheapest candidate; kept</td>" in page
+    data = json.loads(calibration.save(tmp_path / "calibration.json").read_text())
+    del data["errors"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = Calibration.load(tmp_path / "old.json")
+    assert old.errors == {} and old.update == calibration.update
+    assert "; kept mxfp8</td>" in reasons(old, formats, kappa=1.0)
