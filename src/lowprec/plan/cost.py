@@ -76,7 +76,7 @@ _TE_MS = {
 GPU_SPEEDUP: dict[str, dict[str, dict[str, float]]] = {
     **{gpu: {fmt: dict.fromkeys(GEMMS, x) for fmt, x in table.items()} for gpu, table in _PEAK.items()},
     **{
-        gpu: {fmt: {g: bf16 / t for g, bf16, t in zip(GEMMS, table["bf16"], ms)} for fmt, ms in table.items()}
+        gpu: {fmt: {g: bf16 / t for g, bf16, t in zip(GEMMS, table["bf16"], ms, strict=True)} for fmt, ms in table.items()}
         for gpu, table in _TE_MS.items()
     },
 }
