@@ -14,6 +14,7 @@ from lowprec.plan import load_plan, named_recipe
 from lowprec.plan.search import GEMMS
 from lowprec.planner.find import find_plan
 from lowprec.planner.page import FORMAT_COLOURS
+from nvdlfw_inspect.diagnose import diagnose
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,18 @@ def test_the_plan_keeps_the_sensitive_gemm_wide_and_trains_within_the_budget_whe
     assert all(not r.within_budget for r in result.rounds[:-1])
     for earlier in result.rounds[:-1]:  # a round that missed: the damage model scaled by what it under-predicted
         assert earlier.rescaled == pytest.approx(earlier.measured_gap / earlier.predicted_gap)
+
+
+def test_the_layer_the_diagnosis_flags_in_nvfp4_everywhere_is_kept_wider_by_the_plan(found):
+    """``diagnose`` on the NVFP4-everywhere baseline flags the planted layer's activation; the plan keeps a GEMM
+    that reads it rowwise (fprop) wider than NVFP4."""
+    out, result = found
+    findings = diagnose(out / "baselines" / "nvfp4" / "seed0").findings
+    flagged = {(f.layer, f.tensor) for f in findings}
+    assert ("model.b", "activation") in flagged
+    for layer, tensor in flagged:
+        reading = {"activation": "fprop", "weight": "fprop", "gradient": "dgrad"}[tensor]
+        assert result.final.formats[layer][reading] != "nvfp4", (layer, tensor)
 
 
 def test_the_plan_file_loads_and_gives_each_gemm_its_format_and_the_page_and_result_are_written(found):
