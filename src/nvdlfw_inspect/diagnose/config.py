@@ -14,9 +14,10 @@ from typing import Any
 
 import yaml
 
+from nvdlfw_inspect.diagnose.formats import GEMMS
 from nvdlfw_inspect.diagnose.in_format import PLAN_FEATURE, PLAN_KEY, plan_rules
 from nvdlfw_inspect.diagnose.model import Remedy
-from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER, WATCH_STATS, WATCH_TENSORS
+from nvdlfw_inspect.diagnose.remedies import WATCH_STATS, WATCH_TENSORS
 
 NAMESPACE = "transformer_engine"
 PRECEDENCE = ("DisableFP8GEMM", "FakeQuant", "PerTensorScaling")
@@ -56,7 +57,7 @@ def _section_name(layer: str, taken: set[str]) -> str:
 
 def gemm_tensor_selection(claims: dict[str, set[str]]) -> dict[str, Any]:
     """``gemms`` and ``tensors`` when every GEMM has the same tensors, else ``gemms_struct``."""
-    gemms = [gemm for gemm in GEMM_ORDER if gemm in claims]
+    gemms = [gemm for gemm in GEMMS if gemm in claims]
     tensors = {frozenset(claims[gemm]) for gemm in gemms}
     if len(tensors) == 1:
         return {"gemms": gemms, "tensors": sorted(claims[gemms[0]])}
@@ -82,7 +83,7 @@ def layer_features(remedies: Iterable[Remedy]) -> tuple[dict[str, Any], list[str
             reasons.append(remedy.reason)
     features: dict[str, Any] = {}
     if claims["DisableFP8GEMM"]:
-        features["DisableFP8GEMM"] = {"enabled": True, "gemms": [g for g in GEMM_ORDER if g in claims["DisableFP8GEMM"]]}
+        features["DisableFP8GEMM"] = {"enabled": True, "gemms": [g for g in GEMMS if g in claims["DisableFP8GEMM"]]}
     if claims["FakeQuant"]:
         quant_format = next(dict(r.options)["quant_format"] for r in remedies if r.feature == "FakeQuant")
         features["FakeQuant"] = {"enabled": True, "quant_format": quant_format, **gemm_tensor_selection(claims["FakeQuant"])}

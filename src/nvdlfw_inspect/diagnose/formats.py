@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.reading import RoutingRecord
 
+#: a layer's GEMMs, in the order configs and messages list them
+GEMMS = ("fprop", "dgrad", "wgrad")
 #: the GEMMs that read each input tensor, or that write each output tensor
 TENSOR_GEMMS = {
     "activation": ("fprop", "wgrad"),
@@ -127,7 +129,7 @@ class Formats:
         """Each GEMM's recipe of ``layer`` as a plan's recipe spec (None: high precision), from which a remedy that
         changes one option keeps the others; None unless the records say it for every GEMM."""
         found = {}
-        for gemm in ("fprop", "dgrad", "wgrad"):
+        for gemm in GEMMS:
             if (layer, gemm) not in self._gemms:
                 return None
             if self._gemms[(layer, gemm)] is None:

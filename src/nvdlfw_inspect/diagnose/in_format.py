@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nvdlfw_inspect.diagnose.formats import TENSOR_GEMMS, format_name
+from nvdlfw_inspect.diagnose.formats import GEMMS, TENSOR_GEMMS, format_name
 from nvdlfw_inspect.diagnose.model import Finding, Remedy
 
 PLAN_KEY = "precision_plan"
@@ -29,7 +29,6 @@ PLAN_FEATURE = "precision_plan"  # a Remedy's ``feature`` when it is a plan rule
 RULE_PREFIX = "diagnose: "
 """The name of every rule ``diagnose`` writes starts so: ``diagnose: <layer>: <tensor>[, <tensor>]``; the re-run's
 routing records carry it (``plan_rule``), which tells ``in_place`` what it was written for."""
-GEMMS = ("fprop", "dgrad", "wgrad")
 MX_ELEMENTS_WIDER = {"e2m1": "e3m2", "e2m3": "e4m3", "e3m2": "e4m3", "e4m3": "e5m2"}
 #: the bits of each MX element, how a wider one is told (``width``)
 ELEMENT_BITS = {"e2m1": 4, "e2m3": 6, "e3m2": 6, "e4m3": 8, "e5m2": 8}

@@ -35,8 +35,8 @@ from typing import Any
 
 from nvdlfw_inspect.config_manager import OTHER_TOOLS_KEYS, LayerSpec
 from nvdlfw_inspect.diagnose.config import NAMESPACE, WATCH_SECTION, free_name, gemm_tensor_selection
+from nvdlfw_inspect.diagnose.formats import GEMMS
 from nvdlfw_inspect.diagnose.in_format import PLAN_KEY, rule_tensors
-from nvdlfw_inspect.diagnose.remedies import GEMM_ORDER
 from nvdlfw_inspect.errors import ConfigLocation
 
 DISABLE_GEMM = ("DisableFP8GEMM", "DisableQuantizationGEMM", "DisableFp8Gemm")
@@ -225,7 +225,7 @@ def _combined(feature: str, user: dict, remedy: dict, section: str, layer: str, 
         return remedy
     if feature in DISABLE_GEMM:
         gemms = set(_gemms(user)) | set(_gemms(remedy))
-        return {"enabled": True, "gemms": [gemm for gemm in GEMM_ORDER if gemm in gemms]}
+        return {"enabled": True, "gemms": [gemm for gemm in GEMMS if gemm in gemms]}
     if feature in PAIR_FEATURES:
         pairs = _pairs(user)
         for pair, options in _pairs(remedy).items():
@@ -304,7 +304,7 @@ def _from_pairs(pairs: dict[tuple[str, str], dict]) -> dict:
         return {"enabled": True, **options[0], **gemm_tensor_selection(claims)}
     items = [
         {"gemm": gemm, "tensors_struct": [{"tensor": t, **pairs[(gemm, t)]} for t in sorted(claims[gemm])]}
-        for gemm in GEMM_ORDER
+        for gemm in GEMMS
         if gemm in claims
     ]
     return {"enabled": True, "gemms_struct": items}

@@ -24,7 +24,6 @@ from nvdlfw_inspect.diagnose.formats import TENSOR_GEMMS
 from nvdlfw_inspect.diagnose.model import Finding, Remedy
 from nvdlfw_inspect.diagnose.thresholds import FORMAT_RANGE_BITS
 
-GEMM_ORDER = ("fprop", "dgrad", "wgrad")
 OUTPUTS = ("output", "dgrad", "wgrad")
 WIDE_FORMAT = "FP8E5M2"
 WATCH_TENSORS = ["activation", "weight", "gradient", "output", "dgrad", "wgrad"]
