@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,12 +15,10 @@ TESTS = Path(__file__).parent
 # log-reading and interpreter helpers, tests/references the float64 and bit-exact references
 sys.path[:0] = [str(TESTS), str(TESTS / "support"), str(TESTS / "references")]
 
+from cuda_marks import CUDA_SKIP_REASON  # noqa: E402
 from tmpfs import mounted_tmpfs  # noqa: E402
 
 import nvdlfw_inspect.api as debug_api  # noqa: E402
-
-# A skipif reason naming the device marks a test that needs CUDA (scripts/gpu_check.sh runs `-m cuda`).
-CUDA_SKIP_REASON = re.compile(r"CUDA|GPU|FP8 tensor cores")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
+from cuda_marks import files_with_cuda_tests  # noqa: E402
 
 # A line of each benchmark's tables in benchmarks.log
 TABLE_LINES = {
@@ -44,7 +46,12 @@ def test_the_cpu_plan_runs_every_step_and_fills_every_target(tmp_path):
     pytest.importorskip("transformers")  # benchmarks/real_model.py builds a transformers Llama
     out = tmp_path / "out"
     tiny = ["--tiny"] if torch.cuda.is_available() else []  # without CUDA, the plan goes tiny by itself
-    env = dict(os.environ, PYTHON=sys.executable)
+    # The plan's `pytest -m cuda` collects only the files that can hold cuda tests: collecting the other ~120
+    # (each rewritten for assertions in a fresh process) takes half a minute on a CPU, and the suite collects them.
+    # One thread per benchmark: the tiny models gain nothing from more, and xdist's other workers want the cores.
+    env = dict(
+        os.environ, PYTHON=sys.executable, PYTEST_ADDOPTS=shlex.join(files_with_cuda_tests(ROOT / "tests")), OMP_NUM_THREADS="1"
+    )
     command = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), *tiny]
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from browser import CHROMIUM, dom
@@ -20,19 +21,32 @@ from nvdlfw_inspect.report import write_report
 STEPS = 80  # the problem begins at iteration 30 and persists; 300 steps show it in two more layers
 QKV = "gpt.layers.1.self_attention.layernorm_qkv"
 HEAD = "gpt.head"
-needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    log_dir = tmp_path_factory.mktemp("loop") / "demo_logs"
-    run_demo(steps=STEPS, log_dir=log_dir, threads=1)
-    return log_dir
+def needs_browser() -> None:
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (scripts/test.sh installs it)")
 
 
-@pytest.fixture(scope="module")
-def fixed_run(demo_run):
-    """The two commands the demo printed after ``next:`` and ``then:``, run as printed."""
+def test_the_loop_from_the_demo_to_its_fixed_rerun(tmp_path, subtests, capsys):
+    """The demo and the rerun it prints each train for about a minute on a CPU: this one test runs each once and
+    checks every stage of the loop in a subtest (module fixtures shared by several tests would train again on
+    every xdist worker that got one of them)."""
+    demo_run = tmp_path / "demo_logs"
+    run_demo(steps=STEPS, log_dir=demo_run, threads=1)
+    with subtests.test("diagnose ranks the exhibited problem first and fixes it in high precision"):
+        check_diagnose_ranks_the_exhibited_problem_first_and_fixes_it_in_high_precision(demo_run)
+    with subtests.test("the page shows the problem first, agrees with the diagnosis and maps the head"):
+        check_the_page_shows_the_problem_first_agrees_with_the_diagnosis_and_maps_the_head(demo_run, tmp_path)
+    fixed_run = rerun_as_printed(demo_run)
+    with subtests.test("the merged config validates and the rerun shows the problem gone"):
+        check_the_merged_config_validates_and_the_rerun_shows_the_problem_gone(demo_run, fixed_run, capsys)
+    with subtests.test("the page of the rerun shows the remedy in place and worked"):
+        check_the_page_of_the_rerun_shows_the_remedy_in_place_and_worked(fixed_run, tmp_path)
+
+
+def rerun_as_printed(demo_run: Path) -> Path:
+    """The two commands the demo printed after ``next:`` and ``then:``, run as printed; the rerun's log directory."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for line in next_steps(demo_run, DEMO_CONFIG, STEPS, "small"):
         step = line.split(None, 1)[1].split("  (")[0]
@@ -50,7 +64,7 @@ def rows(html: str, table: str) -> list[list[str]]:
     ]
 
 
-def test_diagnose_ranks_the_exhibited_problem_first_and_fixes_it_in_high_precision(demo_run):
+def check_diagnose_ranks_the_exhibited_problem_first_and_fixes_it_in_high_precision(demo_run: Path) -> None:
     diagnosis = diagnose(demo_run)
     top = diagnosis.findings[0]
     assert (top.layer, top.tensor, top.kind, top.stat) == (QKV, "gradient", "underflow", "underflows%")
@@ -61,9 +75,9 @@ def test_diagnose_ranks_the_exhibited_problem_first_and_fixes_it_in_high_precisi
     assert diagnosis.in_place == []  # the head's wgrad alone in high precision: its tensors' other GEMMs are FP8
 
 
-@needs_browser
-def test_the_page_shows_the_problem_first_agrees_with_the_diagnosis_and_maps_the_head(demo_run, tmp_path):
-    html, errors = dom(write_report(demo_run, tmp_path / "report.html"))
+def check_the_page_shows_the_problem_first_agrees_with_the_diagnosis_and_maps_the_head(demo_run: Path, tmp_path: Path) -> None:
+    needs_browser()
+    html, errors = dom(write_report(demo_run, tmp_path / "demo_report.html"))
     assert errors == []
     first = re.search(r'<ol id="findings">\s*<li[^>]*>(.*?)</li>', html, re.S).group(1)
     assert f'{QKV}</a><span class="format"> (FP8 delayed scaling)</span> gradient: <b>' in first
@@ -77,7 +91,7 @@ def test_the_page_shows_the_problem_first_agrees_with_the_diagnosis_and_maps_the
     assert " ".join(head[1]) == "FP8 delayed scaling" and " ".join(head[2]) == "FP8 delayed scaling"
 
 
-def test_the_merged_config_validates_and_the_rerun_shows_the_problem_gone(demo_run, fixed_run, capsys):
+def check_the_merged_config_validates_and_the_rerun_shows_the_problem_gone(demo_run: Path, fixed_run: Path, capsys) -> None:
     merged = demo_run / "diagnose_config.yaml"
     text = merged.read_text()
     assert "gemm_input_statistics:" in text and "head_wgrad_in_high_precision:" in text  # the demo's own sections
@@ -92,9 +106,9 @@ def test_the_merged_config_validates_and_the_rerun_shows_the_problem_gone(demo_r
     assert f"- {QKV} gradient: DisableFP8GEMM on dgrad and wgrad since iteration 0: worked" in printed
 
 
-@needs_browser
-def test_the_page_of_the_rerun_shows_the_remedy_in_place_and_worked(fixed_run, tmp_path):
-    html, errors = dom(write_report(fixed_run, tmp_path / "report.html"))
+def check_the_page_of_the_rerun_shows_the_remedy_in_place_and_worked(fixed_run: Path, tmp_path: Path) -> None:
+    needs_browser()
+    html, errors = dom(write_report(fixed_run, tmp_path / "fixed_report.html"))
     assert errors == []
     in_place = re.search(r'<div id="in-place">(.*?)</div>\s*<details', html, re.S).group(1)
     assert f"{QKV}</a> gradient: <b>worked</b>" in in_place
