@@ -12,4 +12,7 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
 fi
 "$VENV/bin/ruff" check src tests examples benchmarks
 "$VENV/bin/ruff" format --check src tests examples benchmarks
+# Keep bytecode caches (ignored by git) even where the environment turns them off: otherwise every xdist worker
+# and every test's subprocess compiles and assertion-rewrites each module again (7 s of each collection here).
+unset PYTHONDONTWRITEBYTECODE
 "$PY" -m pytest -q -n "${PYTEST_WORKERS:-auto}" "$@"
