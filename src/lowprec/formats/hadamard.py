@@ -19,6 +19,7 @@ every device, where a matrix product's summation order (and so its last bits) de
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -45,30 +46,43 @@ def random_signs(key: HadamardSigns, device: torch.device) -> torch.Tensor:
     return (torch.randint(0, 2, (SIZE,), generator=generator).float() * 2 - 1).to(device)
 
 
-def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
-    """``x @ H16`` for every 16-element chunk of the last dimension: butterflies of strides 1, 2, 4, 8."""
+def walsh_hadamard(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``x @ H16`` for every 16-element chunk along ``dim``: butterflies of strides 1, 2, 4, 8, written back and forth
+    between two buffers. Along the first dimension each butterfly adds whole contiguous rows, 10x faster on a CPU than
+    along the last one."""
     shape = x.shape
+    chunks, inner = _chunks(shape, dim)  # a butterfly's operands are runs of ``stride * inner`` elements
+    buffers = [torch.empty(shape, dtype=x.dtype, device=x.device) for _ in range(2)]
     stride = 1
     while stride < SIZE:
-        pairs = x.reshape(-1, SIZE // (2 * stride), 2, stride)
-        first, second = pairs[:, :, 0], pairs[:, :, 1]
-        x = torch.empty_like(pairs)  # written in place: a stack of the two halves copies them once more
-        torch.add(first, second, out=x[:, :, 0])
-        torch.sub(first, second, out=x[:, :, 1])
+        pairs = x.reshape(chunks, SIZE // (2 * stride), 2, stride * inner)
+        x = buffers[stride.bit_length() % 2].view(pairs.shape)  # not the one read from
+        torch.add(pairs[:, :, 0], pairs[:, :, 1], out=x[:, :, 0])
+        torch.sub(pairs[:, :, 0], pairs[:, :, 1], out=x[:, :, 1])
         stride *= 2
     return x.reshape(shape)
 
 
-def transform(x: torch.Tensor, key: HadamardSigns, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``x`` (fp32, last dimension a multiple of 16) with every 16-element chunk of a row multiplied by ``T``,
-    rounded to ``dtype`` (the dtype of the tensor transformed: bf16 and fp16 round, see the module
-    docstring) and returned as fp32."""
+def _chunks(shape: torch.Size, dim: int) -> tuple[int, int]:
+    """How many 16-element chunks lie along ``dim`` of ``shape`` in all, and how many elements follow each element
+    of ``dim`` (explicit sizes: a reshape cannot infer them for an empty tensor)."""
+    dim %= len(shape)
+    return math.prod(shape[:dim]) * (shape[dim] // SIZE), math.prod(shape[dim + 1 :])
+
+
+def transform(x: torch.Tensor, key: HadamardSigns, dtype: torch.dtype = torch.float32, dim: int = -1) -> torch.Tensor:
+    """``x`` (fp32, its size along ``dim`` a multiple of 16) with every 16-element chunk along ``dim`` (the last: a
+    row's) multiplied by ``T``, rounded to ``dtype`` (the dtype of the tensor transformed: bf16 and fp16 round, see the
+    module docstring) and returned as fp32. Along the first dimension of a 2-D ``x`` it is the transform of ``x.t()``'s
+    rows, transposed: the same operations on the same values, so the same bits."""
     signs = random_signs(key, x.device)
-    out = walsh_hadamard((x.reshape(-1, SIZE) * signs).reshape(x.shape)) * (1 / SIZE**0.5)
+    chunks, inner = _chunks(x.shape, dim)
+    signed = (x.reshape(chunks, SIZE, inner) * signs[:, None]).reshape(x.shape)
+    out = walsh_hadamard(signed, dim).mul_(1 / SIZE**0.5)
     return out.to(dtype).float() if dtype in (torch.bfloat16, torch.float16) else out
 
 
 def inverse(x: torch.Tensor, key: HadamardSigns) -> torch.Tensor:
     """Undo :func:`transform` (up to its rounding): ``T`` is orthogonal, so multiply by ``T.T = H16 diag(signs) / 4``."""
     signs = random_signs(key, x.device)
-    return (walsh_hadamard(x).reshape(-1, SIZE) * signs).reshape(x.shape) * (1 / SIZE**0.5)
+    return walsh_hadamard(x).reshape(-1, SIZE).mul_(signs).reshape(x.shape).mul_(1 / SIZE**0.5)

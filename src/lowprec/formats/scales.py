@@ -39,6 +39,7 @@ python_float``, two roundings, so the numerator is always a tensor (``torch.div(
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -126,6 +127,11 @@ class MXScaleRule:
         if self.convention not in MX_SCALE_RULES:
             raise LowprecValueError(f"MX scale rule must be one of {list(MX_SCALE_RULES)}, got {self.convention!r}")
 
+    @property
+    def marks_nan(self) -> bool:
+        """Whether a block holding a NaN gets the NaN scale byte (see ``scales``), so the caster must find those blocks."""
+        return self.convention == OCP or not self.element.has_nan
+
     def scales(
         self, amax: torch.Tensor, input_dtype: torch.dtype = torch.float32, has_nan: torch.Tensor | None = None
     ) -> BlockScales:
@@ -134,16 +140,24 @@ class MXScaleRule:
         amax = amax.float()
         if self.convention == NVIDIA:
             amax = amax * (1.0 / self.element.max)  # a Python float: multiplied as fp32(1 / element max)
-        positive = amax > 0
-        log2 = ceil_log2 if self.convention == NVIDIA else floor_log2
-        exponent = torch.where(positive & amax.isfinite(), log2(torch.where(positive, amax, 1.0)), E8M0_BIAS)
-        if self.convention == OCP:
-            exponent = torch.where(amax.isfinite(), exponent - (math.frexp(self.element.max)[1] - 1), exponent)  # - emax_elem
-        exponent = torch.where(positive, exponent, -E8M0_BIAS).clamp(-E8M0_BIAS, E8M0_BIAS)
-        stored = exponent + E8M0_BIAS
-        if has_nan is not None and (self.convention == OCP or not self.element.has_nan):  # the block's NaN is its scale's
+        finite = amax.clamp(max=FP32_MAX)  # inf as the largest float: exponent 128 (NVIDIA), clamped below
+        if self.convention == NVIDIA:
+            exponent = ceil_log2(finite)
+        else:  # emax_elem below floor(log2(amax)); an infinite amax keeps the exponent 127
+            emax = math.frexp(self.element.max)[1] - 1
+            exponent = torch.where(amax.isfinite(), floor_log2(finite) - emax, E8M0_BIAS)
+        stored = torch.where(amax > 0, exponent + E8M0_BIAS, 0).clamp_(0, 2 * E8M0_BIAS)  # zero (and NaN): byte 0
+        multiplier = _e8m0_multipliers(stored.device).index_select(0, stored.reshape(-1)).reshape(stored.shape)
+        if has_nan is not None and self.marks_nan:  # the block's NaN is its scale's
             stored = torch.where(has_nan, E8M0_NAN, stored)
-        return BlockScales(stored.to(torch.uint8).view(torch.float8_e8m0fnu), power_of_two(-exponent))
+        return BlockScales(stored.to(torch.uint8).view(torch.float8_e8m0fnu), multiplier)
+
+
+@functools.cache
+def _e8m0_multipliers(device: torch.device) -> torch.Tensor:
+    """``2**(127 - byte)`` in fp32 for every finite E8M0 byte: what a block of that scale byte is multiplied by (a
+    table: a dozen fewer operations on every cast than ``power_of_two``)."""
+    return torch.tensor([math.ldexp(1.0, E8M0_BIAS - byte) for byte in range(2 * E8M0_BIAS + 1)], device=device)
 
 
 @dataclass(frozen=True)
@@ -152,6 +166,7 @@ class Float8BlockScaleRule:
 
     element: FP8Format
     power_2: bool = True
+    marks_nan = False  # a block's NaN changes nothing of its scale
 
     def scales(
         self, amax: torch.Tensor, input_dtype: torch.dtype = torch.float32, has_nan: torch.Tensor | None = None
@@ -162,14 +177,16 @@ class Float8BlockScaleRule:
         usable = (amax > 0) & amax.isfinite()
         scale = divide(self.element.max, torch.where(usable, amax, 1.0))
         scale = torch.where(scale.isinf(), overflow_scale(input_dtype), scale)
-        if self.power_2:
-            scale = power_of_two(floor_log2(scale))
+        if self.power_2:  # 2**floor(log2(scale)): the mantissa bits cleared, for fp8_max / (an fp32 amax) is normal
+            scale = scale.view(torch.int32).bitwise_and_(0x7F800000).view(torch.float32)
         scale = torch.where(usable, scale, 1.0)
         return BlockScales(scale.reciprocal(), scale)
 
 
 class NVFP4ScaleRule:
     """NVFP4: an E4M3 scale per block under an fp32 per-tensor scale from the tensor's amax."""
+
+    marks_nan = False  # a block's NaN changes nothing of its scale
 
     def scales(
         self, amax: torch.Tensor, input_dtype: torch.dtype = torch.float32, has_nan: torch.Tensor | None = None

@@ -99,11 +99,9 @@ class BlockQuantizer:
         if self._uses_kernel(x):
             return self._quantize_fused(x, transpose, tensor.dtype, offset)
         dtype = tensor.dtype
-        # each orientation from a contiguous copy: block reductions over a strided view cost 8x a rowwise cast
-        rowwise = self._orientation(x.contiguous().float(), None, offset, "rowwise", dtype)
-        columnwise = None
-        if transpose:
-            columnwise = self._orientation(x.t().contiguous().float(), self.hadamard_seed, offset, "columnwise", dtype)
+        source = x.contiguous().float()
+        rowwise = self._orientation(source, False, None, offset, dtype)
+        columnwise = self._orientation(source, True, self.hadamard_seed, offset, dtype) if transpose else None
         return BlockScaledTensor(rowwise, columnwise, self.format, tensor.dtype, offset)
 
     def replaying(self, offset: CastState) -> BlockQuantizer:
@@ -162,43 +160,63 @@ class BlockQuantizer:
         layout = BlockLayout(self.element, self.block, tuple(x.t().shape), self.hadamard_seed)
         return rowwise, BlockScaledData(data_t, scales_t, inv_t, layout)
 
-    def _padded(self, x: torch.Tensor, hadamard_seed: hadamard.HadamardSigns | None, dtype: torch.dtype) -> torch.Tensor:
-        """``x`` padded with zeros to whole blocks (not copied when whole already), then through the Hadamard
-        transform of ``hadamard_seed``, rounded to ``dtype`` (the input's: Transformer Engine transforms bf16 in bf16)."""
+    def _padded(
+        self, x: torch.Tensor, hadamard_seed: hadamard.HadamardSigns | None, dtype: torch.dtype, columnwise: bool = False
+    ) -> torch.Tensor:
+        """``x`` padded with zeros to whole blocks of its rows (``columnwise``: of its columns, the block's width down
+        them; not copied when whole already), then through the Hadamard transform of ``hadamard_seed`` along the
+        block's width, rounded to ``dtype`` (the input's: Transformer Engine transforms bf16 in bf16)."""
         rows, cols = x.shape
-        height, width = self.block
+        height, width = self.block[::-1] if columnwise else self.block
         padded = x if rows % height == cols % width == 0 else F.pad(x, (0, -cols % width, 0, -rows % height))
-        return padded if hadamard_seed is None else hadamard.transform(padded, hadamard_seed, dtype)
+        if hadamard_seed is None:
+            return padded
+        return hadamard.transform(padded, hadamard_seed, dtype, dim=0 if columnwise else -1)
 
     def _orientation(
-        self, x: torch.Tensor, hadamard_seed: hadamard.HadamardSigns | None, offset: int | None, part: str, dtype: torch.dtype
+        self,
+        x: torch.Tensor,
+        columnwise: bool,
+        hadamard_seed: hadamard.HadamardSigns | None,
+        offset: int | None,
+        dtype: torch.dtype,
     ) -> BlockScaledData:
-        """One orientation of fp32 ``x``, whose values came from a tensor of ``dtype``."""
+        """The rowwise (``columnwise``: the columnwise, stored as ``x.t()``'s rows) quantization of fp32 ``x``, whose
+        values came from a tensor of ``dtype``. Columns are blocked in ``x``'s own layout, where a reduction or a
+        Hadamard butterfly down the rows runs on whole contiguous rows (a transposed copy's 16-wide rows take 10x
+        longer), and the scaled values are transposed, so the element cast and its noise see ``x.t()``'s layout."""
         rows, cols = x.shape
-        height, width = self.block
-        padded = self._padded(x, hadamard_seed, dtype)
+        height, width = self.block[::-1] if columnwise else self.block
+        padded = self._padded(x, hadamard_seed, dtype, columnwise)
         padded_rows, padded_cols = padded.shape
         tiles = padded.reshape(padded_rows // height, height, padded_cols // width, width)
-        scaled = torch.empty_like(tiles)  # one buffer for the NaN-free copy and then the scaled values
-        amax, has_nan = block_amaxes(tiles, scratch=scaled)
+        work = torch.empty_like(tiles)  # the magnitudes, then the scaled values
+        amax, has_nan = block_amaxes(tiles, work, self.rule.marks_nan)
         scales = self.rule.scales(amax, dtype, has_nan)
-        torch.mul(tiles, scales.multiplier[:, None, :, None], out=scaled)
+        scaled = torch.mul(tiles, scales.multiplier[:, None, :, None], out=work).view(padded.shape)
+        if columnwise:  # the element cast and its noise in ``x.t()``'s layout
+            scaled = scaled.t().contiguous()
         if offset is None:
             data = self.element.cast(scaled, overwrite=True)
         else:
+            part = "columnwise" if columnwise else "rowwise"
             data = self.element.cast(scaled, self.rounding.noise(offset, part, scaled.shape, scaled.device), overwrite=True)
-        layout = BlockLayout(self.element, self.block, (rows, cols), hadamard_seed)
-        return BlockScaledData(data.reshape(padded_rows, padded_cols), scales.stored, scales.tensor_scale_inv, layout)
+        stored = scales.stored.t().contiguous() if columnwise else scales.stored
+        layout = BlockLayout(self.element, self.block, (cols, rows) if columnwise else (rows, cols), hadamard_seed)
+        return BlockScaledData(data, stored, scales.tensor_scale_inv, layout)
 
 
-def block_amaxes(tiles: torch.Tensor, scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def block_amaxes(
+    tiles: torch.Tensor, scratch: torch.Tensor | None = None, nan_mask: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The amax of each block of ``tiles`` (``(rows, height, columns, width)``) ignoring NaN, as Transformer
-    Engine's ``fmaxf`` does, and which blocks hold a NaN; without a host read, and with reductions in place of
-    a temporary ``abs``, a NaN mask and a ``where`` (8 ms against 28 for 16 MiB of fp32 on a CPU core).
-    ``scratch``: a tensor of ``tiles``' shape and dtype to overwrite, saving an allocation."""
-    finite_or_inf = torch.nan_to_num(tiles, nan=0.0, posinf=math.inf, neginf=-math.inf, out=scratch)
-    amax = torch.maximum(finite_or_inf.amax(dim=(1, 3)).abs_(), finite_or_inf.amin(dim=(1, 3)).abs_())  # +0, not -0
-    return amax, tiles.amax(dim=(1, 3)).isnan()
+    Engine's ``fmaxf`` does, and (``nan_mask``; else None) which blocks hold a NaN; without a host read. Reduced as
+    the int32 bits of the magnitudes, which order as their values (NaN above inf): an int reduction over 16-wide
+    rows is 5x faster on a CPU than a float one. ``scratch``: a tensor of ``tiles``' shape and dtype to overwrite."""
+    bits = torch.bitwise_and(tiles.view(torch.int32), 0x7FFFFFFF, out=None if scratch is None else scratch.view(torch.int32))
+    has_nan = bits.amax(dim=(1, 3)) > 0x7F800000 if nan_mask else None
+    magnitudes = bits.view(torch.float32).nan_to_num_(nan=0.0, posinf=math.inf)
+    return magnitudes.view(torch.int32).amax(dim=(1, 3)).view(torch.float32), has_nan
 
 
 @dataclass

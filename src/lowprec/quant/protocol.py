@@ -180,8 +180,8 @@ class BlockScaledData:
         height, width = self.layout.block
         rows, cols = self.data.shape
         elements = self.layout.element.decode(self.data).reshape(rows // height, height, cols // width, width)
-        out = (elements * self.scales.float()[:, None, :, None]).reshape(rows, cols)
-        return out if self.tensor_scale_inv is None else out * self.tensor_scale_inv
+        out = elements.mul_(self.scales.float()[:, None, :, None]).reshape(rows, cols)  # decode's tensor is this one's
+        return out if self.tensor_scale_inv is None else out.mul_(self.tensor_scale_inv)
 
     def dequantize(self) -> torch.Tensor:
         """The represented values in the unpadded shape, the Hadamard transform undone (fp32)."""

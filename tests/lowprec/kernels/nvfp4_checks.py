@@ -70,8 +70,8 @@ def reference(x: torch.Tensor, block_height: int) -> tuple:
     if x.shape[1]:
         return quantizer.quantize(x, transpose=True).inner_tensors().values()
     rowwise, columnwise = (
-        quantizer._orientation(x.float(), None, None, "rowwise", x.dtype),
-        quantizer._orientation(x.float().t(), None, None, "columnwise", x.dtype),
+        quantizer._orientation(x.float(), False, None, None, x.dtype),
+        quantizer._orientation(x.float(), True, None, None, x.dtype),
     )
     return (
         rowwise.data,
