@@ -1,4 +1,5 @@
-"""``LogTensorStats`` of the base namespace: min, max, mean, std, l1_norm and l2_norm of any tensor."""
+"""``LogTensorStats`` of the base namespace: min, max, mean, std, l1_norm and l2_norm of any tensor, and the
+statistics that warn early (kurtosis, rms, outlier_channel_ratio, max_channel)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from nvdlfw_inspect.logging import enable_logging_at_current_step
 from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats import zeros
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.stats.catalog import TORCH_REDUCTIONS, derive_tensors, reducible
+from nvdlfw_inspect.stats.catalog import EARLY_STATS, TORCH_REDUCTIONS, column_amax, derive_tensors, reads, reducible
 from nvdlfw_inspect.stats.fields import empty_partials
 from nvdlfw_inspect.stats.kernels import unreadable_reason
 from nvdlfw_inspect.utils import append_parent_docstring
@@ -113,8 +114,9 @@ class DerivedStats(Mapping):
     """One call's statistics as 0-dim float32 tensors on the tensor's device, each computed when first read:
     most callers never read them. A value is torch's own reduction of the tensor (as the reference returns it; of
     its float32 upcast for 8-bit floats, which torch does not reduce) while the tensor is unchanged since the call;
-    otherwise (modified in place, an inference tensor whose changes cannot be seen, an empty or integer tensor) it
-    is derived from the partials taken at the call.
+    otherwise (modified in place, an inference tensor whose changes cannot be seen, an empty or integer tensor), and
+    for the statistics the reference lacks (kurtosis, rms, the channel ones), it is derived from the partials (and the
+    per-column amax) taken at the call.
     The mapping holds the tensor until it is dropped."""
 
     def __init__(
@@ -123,8 +125,10 @@ class DerivedStats(Mapping):
         partials: torch.Tensor | None,
         stats: list[str],
         zeros: Mapping[str, tuple[torch.Tensor, str]] | None = None,
+        channel_amax: torch.Tensor | None = None,
     ):
         self._tensor, self._version = tensor, _version(tensor)
+        self._channel_amax = channel_amax
         self._partials, self._zeros = partials, dict(zeros or {})  # zeros: name -> (its partial, its derivation)
         self._stats = [*stats, *self._zeros]
         self._values: dict[str, torch.Tensor] = {}
@@ -142,9 +146,9 @@ class DerivedStats(Mapping):
             return derive_tensors(partials, [derivation])[derivation]
         tensor = self._tensor
         unchanged = self._version is not None and _version(tensor) == self._version
-        if unchanged and tensor.is_floating_point() and tensor.numel() > 0:
+        if stat in TORCH_REDUCTIONS and unchanged and tensor.is_floating_point() and tensor.numel() > 0:
             return TORCH_REDUCTIONS[stat](reducible(tensor))
-        return derive_tensors(self._partials, [stat])[stat]
+        return derive_tensors(self._partials, [stat], self._channel_amax)[stat]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._stats)
@@ -161,8 +165,9 @@ class DerivedStats(Mapping):
 class LogTensorStats(GenericConfigAPIMapper):
     """Logs statistics of the tensors passed to ``debug_api.log_tensor_stats``.
 
-    Keys: ``stats`` (min, max, mean, std, l1_norm, l2_norm, and the ``num_zeros`` family: ``num_zeros``,
-    ``num_zeros%``, ``num_zeros[1e-10]``, ``num_zeros[1e-10]%``, see ``stats.zeros``), ``tensors``/``tensors_struct``, and the
+    Keys: ``stats`` (min, max, mean, std, l1_norm, l2_norm, kurtosis, rms, outlier_channel_ratio, max_channel, and the
+    ``num_zeros`` family: ``num_zeros``, ``num_zeros%``, ``num_zeros[1e-10]``, ``num_zeros[1e-10]%``, see
+    ``stats.zeros``), ``tensors``/``tensors_struct``, and the
     window keys ``freq`` (default 1), ``start_step``, ``end_step`` (closed window; -1 no end),
     ``start_end_list`` (half-open [start, end) windows; overrides start/end).
 
@@ -189,7 +194,7 @@ class LogTensorStats(GenericConfigAPIMapper):
     def _get_supported_stats_list(self) -> set[str]:
         """The statistics this class's ``log_tensor_stats`` computes; subclasses (TE's) call it unbound with
         ``self=None``, so it must not use ``self``."""
-        return set(TORCH_REDUCTIONS)
+        return set(TORCH_REDUCTIONS) | set(EARLY_STATS)
 
     def validate_tensor_config(self, config: dict, location: ConfigLocation) -> None:
         supported = sorted(self._get_supported_stats_list())
@@ -301,6 +306,7 @@ class LogTensorStats(GenericConfigAPIMapper):
         if readable:
             tensor = tensor.detach()
         partials = empty_partials(tensor.device) if readable and stats else None
+        channel_amax = column_amax(tensor) if readable and reads(stats, "channel_amax") else None
         key = (layer_name, tensor_name, *key_tail)
         feed = {
             "layer_name": layer_name,
@@ -309,12 +315,14 @@ class LogTensorStats(GenericConfigAPIMapper):
             "accumulate": tensor_name != "weight",
             **self._reduction(layer_name, **kwargs),
         }
-        taken = bool(stats) and STATS_BUFFERS.feed(key, stats=stats, tensor=tensor, call_out=partials, **feed)
+        taken = bool(stats) and STATS_BUFFERS.feed(
+            key, stats=stats, tensor=tensor, call_out=partials, channel_amax=channel_amax, **feed
+        )
         zeros_taken = zeros.feed_zeros(zeros_stats, key, tensor, **feed) if zeros_stats else {}
         if not taken and not zeros_taken:
             return {}
         returned = {z.name: (zeros_taken[z.threshold], z.derivation) for z in zeros_stats if z.threshold in zeros_taken}
-        return DerivedStats(tensor, partials, stats if taken else [], returned)
+        return DerivedStats(tensor, partials, stats if taken else [], returned, channel_amax)
 
 
 def _zeros_stat(name: str, location: ConfigLocation) -> zeros.ZerosStat | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import threading
 from collections.abc import Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass
@@ -39,13 +40,16 @@ import torch.distributed as dist
 from nvdlfw_inspect.distributed import get_distributed_world_size, group_ranks, is_distributed
 from nvdlfw_inspect.errors import DistributedDesyncError
 from nvdlfw_inspect.logging import MetricLogger, say_once
-from nvdlfw_inspect.stats.catalog import derive_floats, fields_for
+from nvdlfw_inspect.stats.catalog import column_amax, derive_floats, fields_for, reads
 from nvdlfw_inspect.stats.desync import NO_ITERATION, OwnGroup, check_stamps
-from nvdlfw_inspect.stats.fields import identity_partials, merge_partials
+from nvdlfw_inspect.stats.fields import INDEX, identity_partials, merge_partials
 from nvdlfw_inspect.stats.kernels import Grid, tensor_stats, unreadable_partials_reason, unreadable_reason, warn_skipped
-from nvdlfw_inspect.stats.reduce import combine, pack_min, pack_sum, unpack_min
+from nvdlfw_inspect.stats.kernels.fallback import tensor_partials
+from nvdlfw_inspect.stats.reduce import EXTREMES, MIN_FIELDS, combine, pack_min, pack_sum, unpack_min
 
 _CPU = torch.device("cpu")
+_CHANNELS = INDEX["channels"]
+_CHANNELS_EXTREME = EXTREMES.index(_CHANNELS) - len(MIN_FIELDS)  # among the max fields of unpack_min's extremes
 Stat = tuple[str, str]  # (name in the log, derivation)
 Quantization = tuple[torch.Tensor, Grid]  # (scale, grid) of a cast whose statistics a request wants
 
@@ -66,11 +70,34 @@ class StatsBuffer:
     iteration: int | None = None  # the iteration fed since the last flush, None if not fed
     feeds: int = 0  # tensors offered since the last flush (taken or not): a forgotten step() shows in it
     want_abs_min: bool = False
+    want_moments: bool = False  # M3 and M4: the row is fed by torch reductions (kernels.fallback), not the operator
+    want_channels: bool = False  # the per-column amax vector, kept in channel_amax beside the row
+    channel_amax: torch.Tensor | None = None  # merged since the last flush
     derivations: tuple[str, ...] = ()  # each derivation its stats need, once
 
     def __post_init__(self) -> None:
         self.derivations = tuple(dict.fromkeys(derivation for _, derivation in self.stats))
         self.want_abs_min = "abs_min_nonzero" in fields_for(self.derivations)
+        self.want_moments = reads(self.derivations, "m4")
+        self.want_channels = reads(self.derivations, "channel_amax")
+
+    def add_channels(self, table: torch.Tensor, amax: torch.Tensor) -> None:
+        """Merge a tensor's ``column_amax`` into the request's vector (element-wise max, on its device) and its length
+        into the row's ``channels`` field, which tells every rank the vector's length at the reduction. A tensor whose
+        last dimension differs from the step's earlier ones is left out of them, said once (the run goes on)."""
+        if amax.numel() == 0:
+            return
+        if self.channel_amax is None:
+            self.channel_amax = amax.clone()
+        elif self.channel_amax.shape != amax.shape:
+            reason = (
+                f"its last dimension has {amax.numel()} channels, {self.channel_amax.numel()} earlier in the step: "
+                "its channel statistics leave it out"
+            )
+            return warn_skipped(self.layer_name, self.tensor_name, reason)
+        else:
+            torch.maximum(self.channel_amax, amax, out=self.channel_amax)
+        table[self.row, _CHANNELS : _CHANNELS + 1].fill_(amax.numel())
 
 
 def as_stats(stats: Iterable[str | Stat]) -> list[Stat]:
@@ -188,6 +215,7 @@ class _Snapshot:
 
     buffers: dict[Hashable, StatsBuffer]
     rows: dict[torch.device, torch.Tensor]
+    channels: dict[Hashable, torch.Tensor]  # each request's per-column amax vector, for those that keep one
     fed: dict[Hashable, int]  # every request fed since the last flush -> the iteration it was fed at
     groups: dict[Any, list[Hashable]]
     step: int | None
@@ -259,6 +287,7 @@ class StatsBuffers:
         quantization: Quantization | None = None,
         call_out: torch.Tensor | None = None,
         amax_out: torch.Tensor | None = None,
+        channel_amax: torch.Tensor | None = None,
         accumulate: bool = True,
         reduction_group: Any = None,
         skip_reduction: bool = False,
@@ -270,8 +299,10 @@ class StatsBuffers:
         ``stats`` are names, or ``(logged name, derivation)`` pairs such as
         ``("fp8_current_scaling_mse", "mse")``. ``quantization`` adds the statistics of casting the
         tensor with that scale on that grid. ``call_out`` (an empty partial) receives this call's own
-        partials, ``amax_out`` (a 0-dim float32 tensor) the tensor's max |x| (NaN ignored). An empty tensor is
-        logged as one (count 0, NaN extremes).
+        partials, ``amax_out`` (a 0-dim float32 tensor) the tensor's max |x| (NaN ignored). ``channel_amax``: the
+        tensor's ``column_amax`` when the caller has it already (computed here otherwise, for the channel
+        statistics). Kurtosis takes torch reductions in float64 instead of the operator (M3 and M4). An empty tensor
+        is logged as one (count 0, NaN extremes).
         """
         source = tensor if tensor is not None else partials
         if source is None:
@@ -296,6 +327,15 @@ class StatsBuffers:
                 return buffer is not None
             if buffer is None:
                 amax_out = None  # nothing to record either
+            taken = buffer is not None
+            if taken and buffer.want_channels:
+                buffer.add_channels(table, channel_amax if channel_amax is not None else column_amax(tensor))
+            if taken and buffer.want_moments:
+                own = tensor_partials(tensor, buffer.want_abs_min, want_moments=True)
+                table[buffer.row] = merge_partials(torch.stack([table[buffer.row], own]))
+                if call_out is not None:
+                    call_out.copy_(own)
+                buffer, call_out = None, None  # the operator runs only for amax_out, or for the launch's other requests
             if tensor.numel() > 0 or call_out is not None or amax_out is not None:  # an empty tensor: the row stays empty
                 launch = self._launch
                 if launch is not None and launch.tensor is tensor:
@@ -304,7 +344,7 @@ class StatsBuffers:
                     launch = _Launch(tensor)
                     launch.add(buffer, quantization, amax_out)
                     launch.run(table, call_out)
-            return buffer is not None
+            return taken
 
     def flush(self, step: int | None = None, timeout: float | None = None) -> dict[tuple[str, str, str, int], float]:
         """Log every request fed since the last flush; returns ``{(layer, tensor, stat, iteration): value}``.
@@ -320,8 +360,8 @@ class StatsBuffers:
                 snapshot = self._take(step, timeout)
             if snapshot is None:
                 return {}
-            table, where, errors = self._collect(snapshot)
-            logged = self._derive(table, where, snapshot)
+            table, where, channels, errors = self._collect(snapshot)
+            logged = self._derive(table, where, channels, snapshot)
             if logged:
                 with MetricLogger.batch():
                     MetricLogger.log_statistics([(*name, value, iteration) for (*name, iteration), value in logged.items()])
@@ -334,20 +374,27 @@ class StatsBuffers:
         fed = {key: buffer.iteration for key, buffer in self.buffers.items() if buffer.iteration is not None}
         if not fed:
             return None
+        channels = {}
         for key in fed:
-            self.buffers[key].iteration = None
-            self.buffers[key].feeds = 0
+            buffer = self.buffers[key]
+            buffer.iteration = None
+            buffer.feeds = 0
+            if buffer.channel_amax is not None:
+                channels[key], buffer.channel_amax = buffer.channel_amax, None
         rows = {device: table.take() for device, table in self._tables.items()}
-        return _Snapshot(dict(self.buffers), rows, fed, self._groups(), step, timeout)
+        return _Snapshot(dict(self.buffers), rows, channels, fed, self._groups(), step, timeout)
 
-    def _collect(self, snapshot: _Snapshot) -> tuple[torch.Tensor, dict[Hashable, int], list[DistributedDesyncError]]:
+    def _collect(
+        self, snapshot: _Snapshot
+    ) -> tuple[torch.Tensor, dict[Hashable, int], dict[Hashable, torch.Tensor], list[DistributedDesyncError]]:
         """The rows of every group, reduced over it where it is reduced, in one host table (each device's table is
-        copied to the host once, before the reductions); the row of each request this rank logs; and the desync
-        errors of the groups that could not be reduced."""
+        copied to the host once, before the reductions); the row of each request this rank logs; the per-column amax
+        vectors on the host, reduced likewise; and the desync errors of the groups that could not be reduced."""
         devices = list(dict.fromkeys(buffer.device for buffer in snapshot.buffers.values()))  # not a table no row is in
         host = [snapshot.rows[device].cpu() for device in devices]
         starts = dict(zip(devices, itertools.accumulate((table.shape[0] for table in host), initial=0), strict=False))
         table = host[0] if len(host) == 1 else torch.cat(host)
+        channels = {key: amax.cpu() for key, amax in snapshot.channels.items()}
         pieces: list[torch.Tensor] = []
         where: dict[Hashable, int] = {}
         errors: list[DistributedDesyncError] = []
@@ -356,26 +403,30 @@ class StatsBuffers:
             logs: Iterable[Hashable] = keys
             if group != "local":
                 try:
-                    reduced = self._reduced(group, tuple(keys), rows, snapshot)
+                    reduced = self._reduced(group, tuple(keys), rows, channels, snapshot)
                 except DistributedDesyncError as error:
                     errors.append(error)
                     continue
                 if reduced is not None:
-                    rows, logs = reduced
+                    rows, logs, merged_channels = reduced
+                    channels.update(merged_channels)
             offset = sum(piece.shape[0] for piece in pieces)
             logged = set(logs)
             where.update((key, offset + i) for i, key in enumerate(keys) if key in logged)
             pieces.append(rows)
-        return (torch.cat(pieces) if pieces else table[:0]), where, errors
+        return (torch.cat(pieces) if pieces else table[:0]), where, channels, errors
 
-    def _derive(self, table: torch.Tensor, where: dict[Hashable, int], snapshot: _Snapshot) -> dict:
+    def _derive(
+        self, table: torch.Tensor, where: dict[Hashable, int], channels: dict[Hashable, torch.Tensor], snapshot: _Snapshot
+    ) -> dict:
         """Every logged request's statistics from the host rows, ordered by iteration then feeding order."""
         fed = sorted((key for key in snapshot.fed if key in where), key=snapshot.fed.__getitem__)
         rows = table.tolist()  # Python floats: see derive_floats
         logged: dict[tuple[str, str, str, int], float] = {}
         for key in fed:
             buffer = snapshot.buffers[key]
-            values = derive_floats(rows[where[key]], buffer.derivations)
+            amax = channels[key].tolist() if key in channels else ()
+            values = derive_floats(rows[where[key]], buffer.derivations, amax)
             iteration = snapshot.fed[key]
             for name, derivation in buffer.stats:
                 logged[(buffer.layer_name, buffer.tensor_name, name, iteration)] = values[derivation]
@@ -397,32 +448,41 @@ class StatsBuffers:
 
         return dict(sorted(groups.items(), key=lambda item: order(item[0])))
 
-    def _reduced(self, group: Any, mine: tuple, rows: torch.Tensor, snapshot: _Snapshot) -> tuple[torch.Tensor, frozenset] | None:
-        """The rows of ``mine`` merged over ``group`` (on the tool's own group over its ranks), in ``mine`` order, and
-        the requests this rank logs; None when that group is lost (a rank went away, said once): this rank's rows
-        are then logged as they are."""
+    def _reduced(
+        self, group: Any, mine: tuple, rows: torch.Tensor, channels: dict[Hashable, torch.Tensor], snapshot: _Snapshot
+    ) -> tuple[torch.Tensor, frozenset, dict[Hashable, torch.Tensor]] | None:
+        """The rows of ``mine`` merged over ``group`` (on the tool's own group over its ranks), in ``mine`` order, the
+        requests this rank logs, and the per-column amax vectors of ``mine`` merged likewise; None when that group is
+        lost (a rank went away, said once): this rank's rows are then logged as they are."""
         ranks = group_ranks(group)
         own = self._own.get(tuple(ranks))
         if own is None:
             own = self._own[tuple(ranks)] = OwnGroup(ranks, self._session)
         step = NO_ITERATION if snapshot.step is None else snapshot.step
         newest = max((snapshot.fed[key] for key in mine if key in snapshot.fed), default=NO_ITERATION)
-        return own.run(partial(self._reduction, own, group, mine, step, newest), rows, snapshot.step, snapshot.timeout)
+        reduction = partial(self._reduction, own, group, mine, step, newest)
+        data = (rows, {key: channels[key] for key in mine if key in channels})
+        return own.run(reduction, data, snapshot.step, snapshot.timeout)
 
     def _reduction(
-        self, own: OwnGroup, group: Any, mine: tuple, step: float, newest: float, rows: torch.Tensor | None
-    ) -> Generator[Any, None, tuple[torch.Tensor, frozenset]]:
+        self,
+        own: OwnGroup,
+        group: Any,
+        mine: tuple,
+        step: float,
+        newest: float,
+        data: tuple[torch.Tensor, dict[Hashable, torch.Tensor]] | None,
+    ) -> Generator[Any, None, tuple[torch.Tensor, frozenset, dict[Hashable, torch.Tensor]]]:
         """The collectives of one group's reduction, each yielded for ``OwnGroup.run`` to wait for: two packed
         all-reduces (``_all_reduce``), and, when the first shows that some rank's requests changed since the ranks
         agreed on the order of the rows (or that none was agreed yet), a gather of every rank's requests that agrees
-        on a new one, after which both run again. ``rows`` None: empty ones (a reduction run late, only to keep the
-        ranks' collectives in one order)."""
-        if rows is None:
-            rows = identity_partials(_CPU).expand(len(mine), -1)
+        on a new one, after which both run again. ``data``: the rows and the per-column amax vectors of ``mine``;
+        None: empty ones (a reduction run late, only to keep the ranks' collectives in one order)."""
+        rows, channels = data if data is not None else (identity_partials(_CPU).expand(len(mine), -1), {})
         layout = self._layouts.get(group) or _Layout(None, [], -1.0, torch.empty(0, dtype=torch.long), frozenset())
-        merged = yield from self._all_reduce(own, layout, mine, rows, step, newest)
+        merged = yield from self._all_reduce(own, layout, mine, rows, channels, step, newest)
         if merged is not None:
-            return merged, layout.logs
+            return merged[0], layout.logs, merged[1]
         every_rank = yield from own.gather_objects(mine)
         union = list(dict.fromkeys(key for keys_of_rank in every_rank for key in keys_of_rank))
         _say_differences(every_rank, union, own.ranks)
@@ -430,16 +490,24 @@ class StatsBuffers:
         index = torch.tensor([position.get(key, 0) for key in union], dtype=torch.long)
         logs = _logs_here(every_rank, own.ranks.index(dist.get_rank()), self.buffers)
         layout = self._layouts[group] = _Layout(mine, union, _signature(tuple(union)), index, logs)
-        merged = yield from self._all_reduce(own, layout, mine, rows, step, newest)
+        merged = yield from self._all_reduce(own, layout, mine, rows, channels, step, newest)
         if merged is None:  # every rank took the same union from one gather: only a bug gets here
             raise DistributedDesyncError(f"the ranks {own.ranks} could not agree on the order of their statistics")
-        return merged, layout.logs
+        return merged[0], layout.logs, merged[1]
 
     def _all_reduce(
-        self, own: OwnGroup, layout: _Layout, mine: tuple, rows: torch.Tensor, step: float, newest: float
-    ) -> Generator[Any, None, torch.Tensor | None]:
+        self,
+        own: OwnGroup,
+        layout: _Layout,
+        mine: tuple,
+        rows: torch.Tensor,
+        channels: dict[Hashable, torch.Tensor],
+        step: float,
+        newest: float,
+    ) -> Generator[Any, None, tuple[torch.Tensor, dict[Hashable, torch.Tensor]] | None]:
         """This rank's rows in the agreed order through a MIN all-reduce (extremes, and a stamp: the order's
-        signature, step and newest iteration fed) and a SUM one (sums, mean and M2 around a shared shift). None
+        signature, step and newest iteration fed) and a SUM one (sums, and the moments around a shared shift), then
+        the merged rows in ``mine`` order and the per-column amax vectors merged by ``_max_channels``. None
         when some rank's requests changed since the order was agreed (it sends the identity and signature -1);
         ``DistributedDesyncError`` naming the ranks when they are not in step (their stamps gathered only then)."""
         n = len(layout.union)
@@ -464,7 +532,10 @@ class StatsBuffers:
         yield own.all_reduce(second, dist.ReduceOp.SUM)
         merged = combine(extremes, shift, second, n)
         order = {key: i for i, key in enumerate(layout.union)}
-        return merged[[order[key] for key in mine]] if mine else merged[:0]
+        lengths = extremes[:, len(MIN_FIELDS) + _CHANNELS_EXTREME].tolist()  # the same on every rank
+        vectors = yield from _max_channels(own, lengths, [order[key] for key in channels], list(channels.values()))
+        merged_channels = {key: vectors[order[key]] for key in mine if order[key] in vectors}
+        return (merged[[order[key] for key in mine]] if mine else merged[:0]), merged_channels
 
     def reset(self) -> None:
         with self._flush_lock, self._lock:
@@ -476,6 +547,24 @@ class StatsBuffers:
             self._own.clear()
             self._session += 1
             self._launch = None
+
+
+def _max_channels(
+    own: OwnGroup, lengths: list[float], positions: list[int], vectors: list[torch.Tensor]
+) -> Generator[Any, None, dict[int, torch.Tensor]]:
+    """The element-wise max over the ranks of each row's per-column amax vector, as ``{row: vector}``: one MAX
+    all-reduce of them all laid end to end, each in a slot as long as the longest of the row's over the ranks
+    (``lengths``, its ``channels`` field reduced), -inf where a rank has none; nothing when no row has one.
+    ``positions``: the rows of this rank's ``vectors``."""
+    sizes = [int(length) if length > 0 else 0 for length in lengths]  # -inf or NaN: none
+    if not any(sizes):
+        return {}
+    starts = list(itertools.accumulate(sizes, initial=0))
+    payload = torch.full((starts[-1],), -math.inf, dtype=torch.float64)
+    for row, vector in zip(positions, vectors, strict=True):
+        payload[starts[row] : starts[row] + vector.numel()] = vector
+    yield own.all_reduce(payload, dist.ReduceOp.MAX)
+    return {row: payload[starts[row] : starts[row] + size] for row, size in enumerate(sizes) if size}
 
 
 class _OneLaunch:

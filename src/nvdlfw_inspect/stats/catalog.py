@@ -14,6 +14,7 @@ correctly rounded (``math``'s are).
 from __future__ import annotations
 
 import math
+import statistics
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import torch
 from nvdlfw_inspect.stats.fields import FIELDS, OPTIONAL_FIELDS
 
 _LOW_WORD = (1 << 32) - 1
+_TINY = math.ulp(0.0)
 LOCATION_BIAS = 1 << 20
 """Added to a location key's high word (``lowprec.debug.per_block_stats``), so that every key is a normal float64."""
 
@@ -47,6 +49,17 @@ class _TensorOps:
     def location(key: torch.Tensor) -> torch.Tensor:
         index = (key.double().contiguous().view(torch.int64) & _LOW_WORD).double()
         return torch.where(key.isfinite(), index, math.nan)
+
+    @staticmethod
+    def outlier_channel(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = amax.numel()
+        if k == 0:
+            nan = torch.full((), math.nan, dtype=torch.float64, device=amax.device)
+            return nan, nan
+        ordered = amax.double().sort().values
+        median = (ordered[(k - 1) // 2] + ordered[k // 2]) / 2
+        top = ordered[-1]
+        return top / median, amax.argmax().double()
 
 
 class _FloatOps:
@@ -84,8 +97,16 @@ class _FloatOps:
             return math.nan
         return float(struct.unpack("<q", struct.pack("<d", key))[0] & _LOW_WORD)
 
+    @staticmethod
+    def outlier_channel(amax: Sequence[float]) -> tuple[float, float]:
+        if not amax:
+            return math.nan, math.nan
+        top, median = max(amax), statistics.median(amax)
+        ratio = top / median if median else (math.inf if top > 0 else math.nan)
+        return ratio, float(amax.index(top))
 
-Fields = Mapping[str, Any]  # field name -> a tensor (or column) or a float
+
+Fields = Mapping[str, Any]  # field name -> a tensor (or column) or a float; "channel_amax" -> a vector
 Derivation = Callable[[Fields, Any], Any]
 
 
@@ -117,6 +138,28 @@ def _l2_norm(p: Fields, ops: Any) -> Any:
     return ops.where(ops.isinf(p["abs_sum"]), math.inf, norm)
 
 
+def _rms(p: Fields, ops: Any) -> Any:
+    """``sqrt(mean x^2)``: the L2 norm over ``sqrt(n)``."""
+    return _l2_norm(p, ops) / ops.sqrt(ops.clamp_min(p["count"], 1.0))
+
+
+def _kurtosis(p: Fields, ops: Any) -> Any:
+    """Pearson's ``m4 / m2^2`` with population moments, ``n M4 / M2^2`` (3 for a Gaussian); NaN for a constant
+    tensor. Divided by M2 twice, so that M2^2 cannot overflow or underflow."""
+    m2 = ops.clamp_min(p["m2"], _TINY)  # no division by zero where the result is NaN anyway
+    return ops.where(p["m2"] > 0, (p["m4"] / m2) * (p["count"] / m2), math.nan)
+
+
+def _outlier_ratio(p: Fields, ops: Any) -> Any:
+    """The largest column amax over the median one (the mean of the two middle ones for an even count)."""
+    return ops.outlier_channel(p["channel_amax"])[0]
+
+
+def _max_channel(p: Fields, ops: Any) -> Any:
+    """The column of the largest amax (the first such)."""
+    return ops.outlier_channel(p["channel_amax"])[1]
+
+
 def _percent(field: str) -> Derivation:
     return _nan_if_empty(lambda p, ops: 100.0 * p[field] / ops.clamp_min(p["count"], 1.0))
 
@@ -130,16 +173,19 @@ def _location(p: Fields, ops: Any) -> Any:
     return ops.where(p["count"] > 0, ops.location(p["max"]), math.nan)
 
 
-GROUPS = ("tensor", "quantization", "block", "feature")
+GROUPS = ("tensor", "early", "quantization", "block", "feature")
 
 
 @dataclass(frozen=True)
 class Statistic:
-    """``fields``: every partial field ``derive`` reads. ``group``: ``"tensor"``, a statistic of any tensor's
-    values (``supported_stats``); ``"quantization"``, of a cast of it (the fields of a quantization grid);
-    ``"block"``, of each block of a block-scaled cast (``lowprec.debug.per_block_stats``: ``count`` holds the
-    blocks); ``"feature"``, a value a feature logs under a name of its own. ``torch``: torch's own reduction of the
-    tensor, which the base namespace's ``LogTensorStats`` returns (the statistics of the reference framework)."""
+    """``fields``: every partial field ``derive`` reads (and ``"channel_amax"``, the merged ``column_amax`` vector kept
+    beside the row). ``group``: ``"tensor"``, a statistic of any tensor's values (``supported_stats``); ``"early"``,
+    one that warns early of trouble (both namespaces' ``LogTensorStats``), derived from what ``STATS_BUFFERS.feed``
+    adds for it: M3 and M4 from torch reductions, the per-column amax vector; ``"quantization"``, of a cast of it (the
+    fields of a quantization grid); ``"block"``, of each block of a block-scaled cast
+    (``lowprec.debug.per_block_stats``: ``count`` holds the blocks); ``"feature"``, a value a feature logs under a
+    name of its own. ``torch``: torch's own reduction of the tensor, which the base namespace's ``LogTensorStats``
+    returns (the statistics of the reference framework)."""
 
     name: str
     fields: tuple[str, ...]
@@ -159,6 +205,11 @@ CATALOG: dict[str, Statistic] = {
         Statistic("l2_norm", ("count", "mean", "m2", "abs_sum"), _l2_norm, "tensor", lambda t: torch.norm(t, p=2)),
         Statistic("cur_amax", ("count", "min", "max"), _nan_if_empty(_amax), "tensor"),
         Statistic("dynamic_range", ("count", "min", "max", "abs_min_nonzero"), _nan_if_empty(_dynamic_range), "tensor"),
+        # statistics that warn early: heavy tails, and one channel far above the others
+        Statistic("kurtosis", ("count", "m2", "m4"), _nan_if_empty(_kurtosis), "early"),
+        Statistic("rms", ("count", "mean", "m2", "abs_sum"), _nan_if_empty(_rms), "early"),
+        Statistic("outlier_channel_ratio", ("channel_amax",), _outlier_ratio, "early"),
+        Statistic("max_channel", ("channel_amax",), _max_channel, "early"),
         Statistic("underflows%", ("count", "underflows"), _percent("underflows"), "quantization"),
         Statistic("overflows%", ("count", "overflows"), _percent("overflows"), "quantization"),
         Statistic("scale_inv_min", ("count", "scale_inv_min"), _nan_if_empty(_field("scale_inv_min")), "quantization"),
@@ -193,8 +244,15 @@ def stats_of(group: str) -> tuple[str, ...]:
 
 
 BASE_STATS = stats_of("tensor")
+EARLY_STATS = stats_of("early")
 TORCH_REDUCTIONS = {name: stat.torch for name, stat in CATALOG.items() if stat.torch is not None}
 STAT_PARTIALS = {name: tuple(f for f in stat.fields if f in OPTIONAL_FIELDS) for name, stat in CATALOG.items()}
+
+
+def reads(stats: Iterable[str], field: str) -> bool:
+    """Whether deriving any of ``stats`` reads ``field``: "m4" (M3 and M4, which torch computes, not the operator)
+    or "channel_amax" (the per-column amax vector, kept beside the row)."""
+    return any(field in CATALOG[stat].fields for stat in stats)
 
 
 def reducible(tensor: torch.Tensor) -> torch.Tensor:
@@ -202,6 +260,18 @@ def reducible(tensor: torch.Tensor) -> torch.Tensor:
     integers and bool, which torch cannot reduce (``"min_all" not implemented for 'Float8_e4m3fn'``) or compare as
     they are, as float32 (exact for all of them but integers beyond 2^24)."""
     return tensor if tensor.is_floating_point() and tensor.element_size() > 1 else tensor.float()
+
+
+def column_amax(tensor: torch.Tensor) -> torch.Tensor:
+    """The largest magnitude of each column of ``tensor`` viewed as ``[-1, last_dim]`` (a 1-D tensor as one row), as
+    float64 on its device (no host sync); empty for an empty tensor. NaN is ignored, as in a recipe's amax: one NaN
+    must not hide an outlier channel. It merges exactly by an element-wise max over micro-batches and ranks."""
+    x = tensor.detach()
+    x = x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1)
+    if x.numel() == 0:
+        return torch.empty(0, dtype=torch.float64, device=x.device)
+    magnitude = reducible(x).abs()
+    return torch.where(magnitude.isnan(), 0.0, magnitude).amax(0).double()
 
 
 def supported_stats() -> list[str]:
@@ -214,15 +284,21 @@ def fields_for(stats: Iterable[str]) -> set[str]:
     return {field for stat in stats for field in STAT_PARTIALS[stat]}
 
 
-def derive_tensors(partials: torch.Tensor, stats: Iterable[str]) -> dict[str, torch.Tensor]:
-    """The named statistics of merged partials ``[..., FIELDS]``, as float64 tensors on their device."""
-    columns = {name: partials[..., i] for i, name in enumerate(FIELDS)}
+def derive_tensors(
+    partials: torch.Tensor, stats: Iterable[str], channel_amax: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """The named statistics of merged partials ``[..., FIELDS]``, as float64 tensors on their device;
+    ``channel_amax``: the merged ``column_amax`` vector of one partial, which the channel statistics read."""
+    columns: dict[str, Any] = {name: partials[..., i] for i, name in enumerate(FIELDS)}
+    columns["channel_amax"] = channel_amax if channel_amax is not None else partials.new_empty(0)
     return {stat: CATALOG[stat].derive(columns, _TensorOps) for stat in stats}
 
 
-def derive_floats(partial: Sequence[float], stats: Iterable[str]) -> dict[str, float]:
-    """The named statistics of one merged partial given as Python floats in ``FIELDS`` order."""
-    fields = dict(zip(FIELDS, partial, strict=True))
+def derive_floats(partial: Sequence[float], stats: Iterable[str], channel_amax: Sequence[float] = ()) -> dict[str, float]:
+    """The named statistics of one merged partial given as Python floats in ``FIELDS`` order (and its merged
+    ``column_amax`` vector as a list)."""
+    fields: dict[str, Any] = dict(zip(FIELDS, partial, strict=True))
+    fields["channel_amax"] = list(channel_amax)
     return {stat: float(CATALOG[stat].derive(fields, _FloatOps)) for stat in stats}
 
 

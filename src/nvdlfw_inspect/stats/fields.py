@@ -2,8 +2,9 @@
 
 A partial holds a tensor's statistics in a form that merges exactly across micro-batches and ranks:
 counts and sums add, extremes take the min or max, and mean/M2 (sum of squared deviations) merge with
-Chan's formula, so std stays accurate even when the mean dwarfs the spread. A field nobody fills keeps
-its identity, so one layout serves every statistic.
+Chan's formula, so std stays accurate even when the mean dwarfs the spread; M3 and M4 (sums of cubed and
+fourth-power deviations) merge with Pébay's formulas (Sandia report SAND2008-6212), written for many
+partials at once. A field nobody fills keeps its identity, so one layout serves every statistic.
 
 Every implementation takes the layout from here: ``merge_partials`` below, the torch reductions and the
 Triton kernel (offsets as constexprs), and the C kernel (an enum, the rules and the identities generated
@@ -23,7 +24,8 @@ FILLERS = ("tensor", "grid", "scale", "feature")
 
 @dataclass(frozen=True)
 class Field:
-    """``merge``: one of ``MERGE_RULES`` ("chan": mean and M2, merged with the count by Chan's formula).
+    """``merge``: one of ``MERGE_RULES`` ("chan": the central moments mean, M2, M3 and M4, merged with the count by
+    Chan's and Pébay's formulas).
     ``filled_by``: what the statistics operator fills it from: ``"tensor"`` (the values), ``"grid"``
     (counted per quantization grid), ``"scale"`` (a grid's scale_inv), or ``"feature"`` (features only,
     with ``set_fields``; the operator leaves it at its identity). ``optional``: computed only when asked."""
@@ -50,6 +52,11 @@ LAYOUT: tuple[Field, ...] = (
     Field("scale_inv_max", "max", -math.inf, "scale"),
     Field("blockwise_dr", "max", -math.inf, "feature"),
     Field("zeros", "sum", 0.0, "feature"),  # values of magnitude at most a request's threshold (``stats.zeros``)
+    # sums of the cubed and fourth-power deviations from the mean (kurtosis): torch computes them (``fallback``)
+    Field("m3", "chan", 0.0, "feature"),
+    Field("m4", "chan", 0.0, "feature"),
+    # the length of a request's per-column amax vector, which ``buffers`` keeps beside the row (channel statistics)
+    Field("channels", "max", -math.inf, "feature"),
 )
 FIELDS = tuple(field.name for field in LAYOUT)
 INDEX = {name: i for i, name in enumerate(FIELDS)}
@@ -63,7 +70,7 @@ def filled_by(filler: str) -> tuple[str, ...]:
 
 
 _IDENTITY = [field.identity for field in LAYOUT]
-_RULE_CODE = {"sum": 0, "chan": 0, "min": 1, "max": 2}  # mean and M2 are overwritten by Chan's formula
+_RULE_CODE = {"sum": 0, "chan": 0, "min": 1, "max": 2}  # the central moments are overwritten by merge_partials
 _identity_cache: dict[torch.device, torch.Tensor] = {}
 _rule_cache: dict[torch.device, torch.Tensor] = {}
 
@@ -99,21 +106,32 @@ def empty_partials(device: torch.device | str = "cpu") -> torch.Tensor:
 
 
 def merge_partials(rows: torch.Tensor) -> torch.Tensor:
-    """Merge partials along dim -2: ``[..., rows, FIELDS] -> [..., FIELDS]`` (a 1-D input is returned)."""
+    """Merge partials along dim -2: ``[..., rows, FIELDS] -> [..., FIELDS]`` (a 1-D input is returned).
+
+    With ``d_i`` each row's mean minus the merged one, the central moments add up as (Chan, Pébay):
+    ``M2 = sum M2_i + n_i d_i^2``, ``M3 = sum M3_i + 3 d_i M2_i + n_i d_i^3`` and
+    ``M4 = sum M4_i + 4 d_i M3_i + 6 d_i^2 M2_i + n_i d_i^4``: the pairwise formulas, for any number of rows."""
     if rows.dim() == 1:
         return rows
     count = rows[..., INDEX["count"]]
+    filled = count > 0
     total = count.sum(-1)
     means = rows[..., INDEX["mean"]]
     safe_total = torch.where(total > 0, total, torch.ones_like(total))
-    weighted = torch.where(count > 0, count * means, torch.zeros_like(means))
+    weighted = torch.where(filled, count * means, torch.zeros_like(means))
     mean = weighted.sum(-1) / safe_total
-    spread = torch.where(count > 0, count * (means - mean.unsqueeze(-1)).square(), torch.zeros_like(means))
-    m2 = torch.where(count > 0, rows[..., INDEX["m2"]], torch.zeros_like(means)).sum(-1) + spread.sum(-1)
+    d = torch.where(filled, means - mean.unsqueeze(-1), torch.zeros_like(means))
+    m2, m3, m4 = (torch.where(filled, rows[..., INDEX[name]], torch.zeros_like(means)) for name in ("m2", "m3", "m4"))
+    merged = {
+        "mean": mean,
+        "m2": (m2 + count * d.square()).sum(-1),
+        "m3": (m3 + 3 * d * m2 + count * d**3).sum(-1),
+        "m4": (m4 + 4 * d * m3 + 6 * d.square() * m2 + count * d**4).sum(-1),
+    }
     rule = _rule_codes(rows.device)
     out = torch.where(rule == 0, rows.sum(-2), torch.where(rule == 1, rows.amin(-2), rows.amax(-2)))
-    out[..., INDEX["mean"]] = torch.where(total > 0, mean, torch.zeros_like(mean))
-    out[..., INDEX["m2"]] = torch.where(total > 0, m2, torch.zeros_like(m2))
+    for name, value in merged.items():
+        out[..., INDEX[name]] = torch.where(total > 0, value, torch.zeros_like(value))
     return out
 
 

@@ -11,7 +11,9 @@ whatever the number of ranks. Every field of ``fields.LAYOUT`` merges by a rule 
   knows after the first all-reduce (the smallest finite mean of the row over the ranks):
   ``S1 = sum n_i (mean_i - c)``, ``S2 = sum m2_i + n_i (mean_i - c)^2``, so that ``mean = c + S1 / n`` and
   ``M2 = S2 - S1^2 / n``. Around a shift inside the means' range the subtraction loses no more than Chan's
-  merge: a mean a million times the spread stays exact to float64 rounding.
+  merge: a mean a million times the spread stays exact to float64 rounding. M3 and M4 travel the same way, as
+  the sums of cubed and fourth-power deviations from ``c`` (``S3``, ``S4``: each rank's moments moved to ``c``,
+  the binomial shift of Pébay's formulas), moved back to the merged mean in ``combine``.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ SUM_FIELDS = [i for i, field in enumerate(LAYOUT) if field.merge == "sum"]
 MIN_FIELDS = [i for i, field in enumerate(LAYOUT) if field.merge == "min"]
 MAX_FIELDS = [i for i, field in enumerate(LAYOUT) if field.merge == "max"]
 EXTREMES = MIN_FIELDS + MAX_FIELDS
-COUNT, MEAN, M2 = INDEX["count"], INDEX["mean"], INDEX["m2"]
+COUNT, MEAN, M2, M3, M4 = (INDEX[name] for name in ("count", "mean", "m2", "m3", "m4"))
 HEADER = 6  # signature, changed, step, newest: (value, -value) for signature, step and newest
 MIN_WIDTH = len(EXTREMES) + 1  # per row: the extremes (max fields negated) and the shift candidate
-SUM_WIDTH = len(SUM_FIELDS) + 2 + len(EXTREMES)  # per row: the sums, S1 and S2, a NaN count per extreme
+SUM_WIDTH = len(SUM_FIELDS) + 4 + len(EXTREMES)  # per row: the sums, S1 to S4, a NaN count per extreme
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,14 @@ def pack_sum(rows: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """The second all-reduce's payload (``SUM``) of ``rows`` around ``shift``: ``[n, SUM_WIDTH]`` flat. An empty
     row adds nothing (its identity mean is not a value)."""
     count = rows[:, COUNT]
-    deviation = torch.where(count > 0, rows[:, MEAN] - shift, 0.0)
-    s1 = count * deviation
-    s2 = torch.where(count > 0, rows[:, M2], 0.0) + count * deviation.square()
+    d = torch.where(count > 0, rows[:, MEAN] - shift, 0.0)
+    m2, m3, m4 = (torch.where(count > 0, rows[:, field], 0.0) for field in (M2, M3, M4))
+    s1 = count * d
+    s2 = m2 + count * d.square()
+    s3 = m3 + 3 * d * m2 + count * d**3
+    s4 = m4 + 4 * d * m3 + 6 * d.square() * m2 + count * d**4
     nans = rows[:, EXTREMES].isnan().to(torch.float64)
-    return torch.cat([rows[:, SUM_FIELDS], s1.unsqueeze(1), s2.unsqueeze(1), nans], dim=1).reshape(-1)
+    return torch.cat([rows[:, SUM_FIELDS], torch.stack([s1, s2, s3, s4], dim=1), nans], dim=1).reshape(-1)
 
 
 def combine(extremes: torch.Tensor, shift: torch.Tensor, reduced_sum: torch.Tensor, n: int) -> torch.Tensor:
@@ -94,11 +99,15 @@ def combine(extremes: torch.Tensor, shift: torch.Tensor, reduced_sum: torch.Tens
     sums = reduced_sum.reshape(n, SUM_WIDTH)
     rows = torch.empty(n, len(LAYOUT), dtype=torch.float64, device=sums.device)
     rows[:, SUM_FIELDS] = sums[:, : len(SUM_FIELDS)]
-    s1, s2 = sums[:, len(SUM_FIELDS)], sums[:, len(SUM_FIELDS) + 1]
-    nans = sums[:, len(SUM_FIELDS) + 2 :] > 0
+    s1, s2, s3, s4 = sums[:, len(SUM_FIELDS) : len(SUM_FIELDS) + 4].unbind(1)
+    nans = sums[:, len(SUM_FIELDS) + 4 :] > 0
     rows[:, EXTREMES] = torch.where(nans, math.nan, extremes.to(sums.device))
     total = rows[:, COUNT]
     safe = torch.where(total > 0, total, 1.0)
-    rows[:, MEAN] = torch.where(total > 0, shift.to(sums.device) + s1 / safe, 0.0)
+    delta = s1 / safe  # the merged mean minus the shift
+    rows[:, MEAN] = torch.where(total > 0, shift.to(sums.device) + delta, 0.0)
     rows[:, M2] = torch.where(total > 0, (s2 - s1.square() / safe).clamp_min(0.0), 0.0)
+    rows[:, M3] = torch.where(total > 0, s3 - 3 * delta * s2 + 2 * total * delta**3, 0.0)
+    m4 = s4 - 4 * delta * s3 + 6 * delta.square() * s2 - 3 * total * delta**4
+    rows[:, M4] = torch.where(total > 0, m4.clamp_min(0.0), 0.0)
     return rows

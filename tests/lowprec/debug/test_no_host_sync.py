@@ -144,3 +144,26 @@ def test_stats_features_feed_buffers_without_host_reads(log_dir, monkeypatch, re
     assert "mlp.fc2_gradient_mxfp8_underflows%_columnwise" in collect.names
     assert "model.input_input_std" in collect.names
     assert len(collect.names) == 2 + 2 * (6 * 9 + 3 * 7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_statistics_that_warn_early_feed_without_host_reads(log_dir, monkeypatch, device):
+    early = ["kurtosis", "rms", "outlier_channel_ratio", "max_channel"]
+    config = section({"LogTensorStats": {"enabled": True, "tensors": ["activation", "weight", "gradient"], "stats": early}})
+    config["base"] = {
+        "enabled": True,
+        "layers": {"layer_name_regex_pattern": ".*"},
+        "LogTensorStats": {"enabled": True, "tensors": ["input"], "stats": early},
+    }
+    collect = Collect()
+    start(config, log_dir, statistics_logger=collect)
+    layer = lowprec.LayerNormMLP(32, 64, name="mlp", device=device)
+    x = torch.randn(2, 8, 32, device=device)
+    for _ in range(2):  # micro-batches: the moments and the per-column amax merge on the device
+        with host_reads_forbidden(monkeypatch):
+            returned = debug_api.log_tensor_stats("model.input", tensor=x, tensor_name="input")
+            with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+                layer(x).sum().backward()
+    assert set(returned) == set(early) and collect.names == set()
+    debug_api.step()
+    assert len(collect.names) == len(early) * (1 + 2 * 3)

@@ -535,13 +535,17 @@ def test_statistics_logger_must_be_a_base_logger(log_dir):
         (
             {"stats": ["mean", "median"]},
             r"key 'block\.LogTensorStats\.stats\.1': unsupported statistic; got 'median'; "
-            r"allowed: 'l1_norm', 'l2_norm', 'max', 'mean', 'min', 'std'",
+            r"allowed: 'kurtosis', 'l1_norm', 'l2_norm', 'max', 'max_channel', 'mean', 'min', "
+            r"'outlier_channel_ratio', 'rms', 'std'",
         ),
-        ({"stats": ["cur_amax"]}, r"LogTensorStats\.stats\.0'.*unsupported statistic.*'cur_amax'.*allowed: 'l1_norm'"),
+        (
+            {"stats": ["cur_amax"]},
+            r"LogTensorStats\.stats\.0'.*unsupported statistic.*'cur_amax'.*allowed: 'kurtosis', 'l1_norm'",
+        ),
         ({"stats": [3]}, r"LogTensorStats\.stats\.0'.*unsupported statistic.*got 3"),
         ({"stats": "mean"}, r"LogTensorStats\.stats'.*non-empty list"),
         ({"stats": []}, r"LogTensorStats\.stats'.*non-empty list.*got \[\]"),
-        ({"stats": None}, r"key 'block\.LogTensorStats'.*has no 'stats' list.*allowed: 'l1_norm'"),
+        ({"stats": None}, r"key 'block\.LogTensorStats'.*has no 'stats' list.*allowed: 'kurtosis', 'l1_norm'"),
         ({"freq": 0}, r"key 'block\.LogTensorStats\.freq'.*positive integer.*got 0"),
         ({"freq": -3}, r"LogTensorStats\.freq'.*got -3"),
         ({"freq": "2"}, r"freq'.*got '2'"),

@@ -65,7 +65,7 @@ def math_reference(x: torch.Tensor) -> dict[str, float]:
 def test_supported_stats_and_their_fields():
     assert supported_stats() == EVERY
     assert supported_stats() is not supported_stats()  # a fresh list each time: callers may mutate it
-    assert set(STAT_PARTIALS) == set(EVERY) | set(FP8)
+    assert set(STAT_PARTIALS) == set(EVERY) | set(FP8) | set(stats_of("early"))
     assert STAT_PARTIALS["dynamic_range"] == ("abs_min_nonzero",)
     assert all(STAT_PARTIALS[s] == () for s in EVERY + FP8 if s != "dynamic_range")
     assert fields_for([]) == set()
@@ -242,7 +242,7 @@ class Reads(dict):
 def test_each_statistic_reads_the_fields_it_declares_and_no_other():
     for row in special_partials().tolist():
         for stat in CATALOG.values():
-            fields = Reads(dict(zip(FIELDS, row, strict=True)))
+            fields = Reads({**dict(zip(FIELDS, row, strict=True)), "channel_amax": [1.0, 4.0]})
             stat.derive(fields, catalog._FloatOps)
             assert fields.read == set(stat.fields), stat.name
 

@@ -10,13 +10,15 @@ import torch
 
 from nvdlfw_inspect.stats.fields import FIELDS, INDEX, identity_partials, merge_partials
 from nvdlfw_inspect.stats.kernels import tensor_stats
+from nvdlfw_inspect.stats.kernels.fallback import tensor_partials
 from nvdlfw_inspect.stats.reduce import MIN_WIDTH, SUM_WIDTH, combine, pack_min, pack_sum, unpack_min
 
 
 def partials(tensor: torch.Tensor) -> torch.Tensor:
-    """One row of every field the statistics operator fills (abs_min_nonzero included)."""
+    """One row of every field the statistics operator fills (abs_min_nonzero included), and M3 and M4."""
     table = identity_partials("cpu").expand(2, -1).clone()
     tensor_stats(tensor, table, [1], [-1], [], [], True, None, None)
+    table[1, INDEX["m3"] : INDEX["m4"] + 1] = tensor_partials(tensor, False, want_moments=True)[INDEX["m3"] : INDEX["m4"] + 1]
     return table[1]
 
 

@@ -24,12 +24,12 @@ from nvdlfw_inspect.registry import Registry, api_method
 from nvdlfw_inspect.stats import zeros
 from nvdlfw_inspect.stats.blockwise import max_blockwise_dynamic_range
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
-from nvdlfw_inspect.stats.catalog import BASE_STATS
+from nvdlfw_inspect.stats.catalog import BASE_STATS, EARLY_STATS
 from nvdlfw_inspect.stats.fields import empty_partials, set_fields
 from nvdlfw_inspect.stats.zeros import ZerosStat
 
 T = TypeVar("T")
-STATS = BASE_STATS
+STATS = (*BASE_STATS, *EARLY_STATS)
 BLOCKWISE = "max_blockwise_dynamic_range"
 BLOCKWISE_KEYS = {"block_size": "a positive integer (default 32)", "dims": "1 or 2 (default 1)"}
 
@@ -154,7 +154,8 @@ class LogTensorStats(ScheduledStats):
     """Logs statistics of high-precision tensors of the selected layers.
 
     Keys: ``tensors``/``tensors_struct`` (activation, gradient, weight, output, wgrad, dgrad), ``stats``
-    (min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range, the ``num_zeros`` family (``num_zeros``,
+    (min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range, kurtosis, rms, outlier_channel_ratio,
+    max_channel, the ``num_zeros`` family (``num_zeros``,
     ``num_zeros%``, ``num_zeros[1e-10]``, ``num_zeros[1e-10]%``: values of magnitude at most the threshold, 0 when
     none is given), and
     ``{max_blockwise_dynamic_range: {block_size: 32, dims: 1}}``), ``freq`` (default 1),

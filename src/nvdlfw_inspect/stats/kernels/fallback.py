@@ -28,6 +28,7 @@ def _span(names: Sequence[str]) -> slice:
 _MOMENTS = _span(("mean", "m2", "min", "max", "abs_sum"))
 _GRID = _span(("underflows", "overflows", "sq_err"))  # as _grid_counts returns them
 _SCALE = _span(("scale_inv_min", "scale_inv_max"))
+_HIGHER = _span(("m3", "m4"))
 
 
 def round_to_grid(v: torch.Tensor, grid: Grid) -> torch.Tensor:
@@ -54,19 +55,32 @@ def _grid_counts(x: torch.Tensor, scale: torch.Tensor, grid: Grid) -> torch.Tens
     return torch.stack([underflows.double(), overflows.double(), sq_err])
 
 
-def _tensor_fields(piece: torch.Tensor, want_abs_min: bool) -> torch.Tensor:
+def _tensor_fields(piece: torch.Tensor, want_abs_min: bool, want_moments: bool = False) -> torch.Tensor:
     """The tensor fields of a non-empty ``piece`` as a partial, computed in float64, where no square
-    or sum of the values of any narrower dtype overflows or underflows."""
+    or sum of the values of any narrower dtype overflows or underflows; ``want_moments``: M3 and M4 too."""
     v = piece.to(torch.float64)
     own = identity_partials(v.device).clone()
     mean = v.mean()
     low, high = torch.aminmax(v)
     magnitude = v.abs()
-    own[INDEX["count"]] = v.numel()
-    own[_MOMENTS] = torch.stack([mean, (v - mean).square().sum(), low, high, magnitude.sum()])
+    deviation = v - mean
+    squares = deviation.square()
+    own[INDEX["count"] : INDEX["count"] + 1].fill_(v.numel())  # a fill: no host data copied to the device
+    own[_MOMENTS] = torch.stack([mean, squares.sum(), low, high, magnitude.sum()])
     if want_abs_min:
         own[INDEX["abs_min_nonzero"]] = magnitude.masked_fill(magnitude == 0, math.inf).min()  # NaN stays NaN
+    if want_moments:
+        own[_HIGHER] = torch.stack([(squares * deviation).sum(), squares.square().sum()])
     return own
+
+
+def tensor_partials(x: torch.Tensor, want_abs_min: bool, want_moments: bool = False) -> torch.Tensor:
+    """The tensor fields of ``x`` as one partial on its device, in float64 pieces of at most ``PIECE`` elements."""
+    flat = x.detach().reshape(-1)
+    parts = [_tensor_fields(piece, want_abs_min, want_moments) for piece in flat.split(PIECE)] if flat.numel() else []
+    if not parts:
+        return identity_partials(x.device).clone()
+    return parts[0] if len(parts) == 1 else merge_partials(torch.stack(parts))
 
 
 def torch_tensor_stats(
@@ -85,11 +99,7 @@ def torch_tensor_stats(
     """``kernels.tensor_stats`` (the operator's arguments, as the C kernel takes them) in torch reductions."""
     flat = x.detach().reshape(-1)
     pieces = flat.split(PIECE) if flat.numel() > 0 else ()
-    parts = [_tensor_fields(piece, want_abs_min) for piece in pieces]
-    if parts:
-        own = parts[0] if len(parts) == 1 else merge_partials(torch.stack(parts))
-    else:
-        own = identity_partials(table.device).clone()
+    own = tensor_partials(x, want_abs_min)
     if call_out is not None:
         call_out.copy_(own)
     if amax_out is not None:  # NaN ignored, as an FP8 recipe's amax (0 when no element is a number)

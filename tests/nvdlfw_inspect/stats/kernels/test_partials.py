@@ -224,6 +224,7 @@ def test_empty_tensor(x):
 def test_empty_partials_is_the_merge_identity():
     e = empty_partials("cpu")
     identity = [0.0, 0.0, 0.0, math.inf, -math.inf, 0.0, math.inf, 0.0, 0.0, 0.0, math.inf, -math.inf, -math.inf, 0.0]
+    identity += [0.0, 0.0, -math.inf]  # m3, m4, channels
     assert e.dtype == torch.float64 and e.tolist() == identity
     assert torch.equal(merge_partials(torch.stack([e, e, e])), e)
     p = compute_partials(sample(torch.float32), ALL_FIELDS)
