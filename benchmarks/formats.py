@@ -1,8 +1,10 @@
 """What trying a number format costs: each recipe's emulated training step next to high precision, and
 the bandwidth of quantizing one tensor in each format, measured side by side in one run.
 
-1. A training step (forward, backward) of an MLP of ``lowprec.Linear`` under each recipe (FP8 delayed
-   and current scaling, MXFP8, FP8 block scaling, NVFP4) as a ratio to the same step in high precision.
+1. A training step (zero the gradients, forward, backward, an SGD step) of an MLP of ``lowprec.Linear`` under
+   each recipe (FP8 delayed and current scaling, MXFP8, FP8 block scaling, NVFP4) as a ratio to the same step in
+   high precision. The optimizer step changes the weights, so every step casts them anew, as in training
+   (without it the layers' weight caches would serve one cast for the whole run).
    On the CPU every recipe is emulated; on a CUDA GPU per-tensor FP8 runs ``torch._scaled_mm`` and the
    block recipes are emulated (quantize, dequantize, GEMM in high precision).
 2. Quantizing a bf16 tensor (128 MiB on CUDA, 8 MiB on the CPU) with each format's activation quantizer,
@@ -51,14 +53,17 @@ def mlp(width: int, depth: int, device: str, dtype: torch.dtype) -> torch.nn.Seq
 
 def training_table(args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict[str, float]:
     model = mlp(args.width, args.depth, device, dtype)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     batch = torch.randn(args.tokens, args.width, device=device, dtype=dtype)
 
     def run(label: str) -> float:
         recipe = RECIPES[label]
 
         def one_step():
+            optimizer.zero_grad(set_to_none=True)
             with lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
                 model(batch).float().square().mean().backward()
+            optimizer.step()
 
         return mean_seconds(one_step, args.steps, device)
 

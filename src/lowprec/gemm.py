@@ -77,11 +77,10 @@ def emulated_block_gemm(a: BlockScaledTensor, b: BlockScaledTensor, out_dtype: t
     as transformed, padding included, as the hardware does: the transform cancels in the product."""
     left, right = a.gemm_rows(), b.t().gemm_rows()
     seed = left.layout.hadamard_seed
-    if seed is not None and seed == right.layout.hadamard_seed and left.data.shape[1] == right.data.shape[1]:
-        rows, cols = left.layout.shape[0], right.layout.shape[0]
-        product = (left.values() @ right.values().t())[:rows, :cols]
-    else:
-        product = left.dequantize() @ right.dequantize().t()
+    transformed = seed is not None and seed == right.layout.hadamard_seed and left.data.shape[1] == right.data.shape[1]
+    product = left.gemm_operand(transformed) @ right.gemm_operand(transformed).t()
+    if transformed:
+        product = product[: left.layout.shape[0], : right.layout.shape[0]]
     return product.to(out_dtype)
 
 

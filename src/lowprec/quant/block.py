@@ -24,7 +24,7 @@ statistic of the values. Block amaxes ignore NaN, as in training.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -101,7 +101,10 @@ class BlockQuantizer:
         dtype = tensor.dtype
         source = x.contiguous().float()
         rowwise = self._orientation(source, False, None, offset, dtype)
-        columnwise = self._orientation(source, True, self.hadamard_seed, offset, dtype) if transpose else None
+        columnwise = None
+        if transpose:
+            square = self.block[0] == self.block[1] and self.hadamard_seed is None and offset is None
+            columnwise = transposed(rowwise) if square else self._orientation(source, True, self.hadamard_seed, offset, dtype)
         return BlockScaledTensor(rowwise, columnwise, self.format, tensor.dtype, offset)
 
     def replaying(self, offset: CastState) -> BlockQuantizer:
@@ -204,6 +207,15 @@ class BlockQuantizer:
         stored = scales.stored.t().contiguous() if columnwise else scales.stored
         layout = BlockLayout(self.element, self.block, (cols, rows) if columnwise else (rows, cols), hadamard_seed)
         return BlockScaledData(data, stored, scales.tensor_scale_inv, layout)
+
+
+def transposed(rowwise: BlockScaledData) -> BlockScaledData:
+    """The columnwise quantization of a tensor in square blocks, cast without noise or transform: its rowwise one
+    transposed (the same blocks hold the same values, so they get the same scales and, cast element by element, the
+    same codes), for the price of two copies instead of a cast."""
+    rows, cols = rowwise.layout.shape
+    layout = replace(rowwise.layout, shape=(cols, rows))
+    return BlockScaledData(rowwise.data.t().contiguous(), rowwise.scales.t().contiguous(), rowwise.tensor_scale_inv, layout)
 
 
 def block_amaxes(

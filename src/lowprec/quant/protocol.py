@@ -19,6 +19,7 @@ every block's amax as it is, so padding changes no value; ``dequantize`` crops i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -174,6 +175,19 @@ class BlockScaledData:
     scales: torch.Tensor
     tensor_scale_inv: torch.Tensor | None
     layout: BlockLayout
+    kept: dict[bool, torch.Tensor] | None = dataclasses.field(default=None, compare=False, repr=False)
+    """Where :meth:`gemm_operand` keeps what it computed (None: it keeps nothing); a cached weight's cast has one,
+    so a GEMM decodes the unchanged weight once, not at every micro-batch."""
+
+    def gemm_operand(self, transformed: bool) -> torch.Tensor:
+        """What an emulated GEMM multiplies (read-only): :meth:`values` (``transformed``: both operands went through
+        the same Hadamard transform, which cancels in the product), else :meth:`dequantize`."""
+        if self.kept is not None and transformed in self.kept:
+            return self.kept[transformed]
+        operand = self.values() if transformed else self.dequantize()
+        if self.kept is not None:
+            self.kept[transformed] = operand
+        return operand
 
     def values(self) -> torch.Tensor:
         """The represented values, padded and still Hadamard-transformed if they were (fp32)."""
@@ -253,14 +267,21 @@ class BlockScaledTensor(QuantizedTensor):
 
     def metadata(self) -> dict[str, Any]:
         layouts = {name: part.layout if part is not None else None for name, part in self._parts()}
-        return {"layouts": layouts, "fmt": self.format, "dtype": self.dtype, "rounding_offset": self.rounding_offset}
+        kept = {name: part.kept if part is not None else None for name, part in self._parts()}
+        return {
+            "layouts": layouts,
+            "kept": kept,
+            "fmt": self.format,
+            "dtype": self.dtype,
+            "rounding_offset": self.rounding_offset,
+        }
 
     @classmethod
     def from_inner(cls, inner: dict[str, torch.Tensor | None], metadata: dict[str, Any]) -> BlockScaledTensor:
         parts = {}
         for name, layout in metadata["layouts"].items():
             fields = (inner[f"{name}_data"], inner[f"{name}_scales"], inner[f"{name}_tensor_scale_inv"])
-            parts[name] = BlockScaledData(*fields, layout) if layout is not None else None
+            parts[name] = BlockScaledData(*fields, layout, metadata["kept"][name]) if layout is not None else None
         return cls(parts["rowwise"], parts["columnwise"], metadata["fmt"], metadata["dtype"], metadata["rounding_offset"])
 
     def cast_state(self) -> CastState:

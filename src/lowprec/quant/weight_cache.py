@@ -77,6 +77,9 @@ class WeightCache:
     cannot see is one through ``.data`` between the backward of one micro-batch and the forward of the
     next; call ``clear()`` after such a write. With delayed scaling a reused cast records no new amax, as
     in Transformer Engine.
+
+    A block-scaled cast also keeps the fp32 operands its emulated GEMMs decode (``BlockScaledData.kept``), reused
+    and dropped with it: one more fp32 copy of the weight per orientation a GEMM read.
     """
 
     def __init__(self) -> None:
@@ -96,6 +99,10 @@ class WeightCache:
         if self._serves(owner, key) and not (transpose and lacks_transpose(self._cast, weight)):
             return self._cast
         cast = quantizer.quantize(weight, transpose)
+        if isinstance(cast, BlockScaledTensor):  # keep what the emulated GEMMs decode, for as long as the cast serves
+            for part in (cast.rowwise, cast.columnwise):
+                if part is not None:
+                    part.kept = {}
         self._owner, self._key, self._cast, self._accumulated = weakref.ref(owner), key, cast, None
         self._listen(owner)
         return cast

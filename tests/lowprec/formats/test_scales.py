@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lowprec.formats.elements import E4M3, E5M2
-from lowprec.formats.scales import FP32_MAX, Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ceil_log2, scale_from_amax
+from lowprec.formats.scales import FP32_MAX, Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, scale_from_amax
 
 INF = float("inf")
 
@@ -30,6 +30,13 @@ def test_mxfp8_zero_infinite_and_tiny_blocks():
     assert stored == [0, 254, 0]  # zero: the smallest scale 2**-127; inf: the largest finite, 2**127; tiny: clamped
     assert multiplier == [2.0**127, 2.0**-127, 2.0**127]
     assert torch.tensor([0, 254], dtype=torch.uint8).view(torch.float8_e8m0fnu).float().tolist() == [2.0**-127, 2.0**127]
+
+
+def ceil_log2(x: torch.Tensor) -> torch.Tensor:
+    """``ceil(log2(x))`` exactly, for positive finite x, by ``frexp`` (x = m * 2**e with m in [0.5, 1)): a reference
+    independent of the rule's bit arithmetic."""
+    mantissa, exponent = torch.frexp(x)
+    return torch.where(mantissa == 0.5, exponent - 1, exponent)
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)

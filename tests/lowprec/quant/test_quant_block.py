@@ -87,6 +87,27 @@ def test_2d_blocks_give_both_orientations_the_same_values(quantizer):
     assert torch.equal(q.dequantize(), q.t().dequantize().t())
 
 
+@pytest.mark.parametrize(
+    "quantizer",
+    [mxfp8(block=(32, 32)), BlockQuantizer(Float8BlockScaleRule(E4M3), E4M3, (128, 128), E4M3), nvfp4(block=(16, 16))],
+    ids=["mxfp8-32x32", "float8-128x128", "nvfp4-16x16"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_square_blocks_columnwise_copy_is_the_cast_of_the_transpose(quantizer, dtype):
+    """Square blocks take their columnwise copy from the rowwise one: bit for bit a cast of the transpose, padding,
+    NaN and infinities included."""
+    w = torch.randn(150, 40, generator=torch.Generator().manual_seed(2)) * 100
+    w[3, 5], w[7, 0], w[100, 39] = math.nan, math.inf, -math.inf
+    w = w.to(dtype)
+    columnwise, cast = quantizer.quantize(w, transpose=True).columnwise, quantizer.quantize(w.t()).rowwise
+    assert torch.equal(columnwise.data.view(torch.uint8), cast.data.view(torch.uint8))
+    assert torch.equal(columnwise.scales.view(torch.uint8), cast.scales.view(torch.uint8))
+    assert columnwise.layout == cast.layout and columnwise.data.stride() == cast.data.stride()
+    assert (columnwise.tensor_scale_inv is None) == (cast.tensor_scale_inv is None)
+    if cast.tensor_scale_inv is not None:
+        assert torch.equal(columnwise.tensor_scale_inv, cast.tensor_scale_inv)
+
+
 def test_float8_block_scaling_by_hand():
     x = torch.zeros(2, 130)  # 1 x 128 tiles: the second tile of a row holds 2 values and 126 zeros of padding
     x[0, 0], x[1, 129] = 3.0, 1e-40

@@ -119,3 +119,34 @@ def test_micro_batches_share_the_weight_cast_and_optimizer_steps_renew_it(monkey
         optimizer.zero_grad()
     weight_casts = casts.count((8, 16))
     assert weight_casts == 2 and casts.count((4, 16)) == 6 and casts.count((4, 8)) == 6
+
+
+def test_a_cached_block_cast_decodes_the_weight_once_per_orientation(monkeypatch):
+    """The emulated GEMMs of micro-batches 2 and on multiply the weight operands decoded for the first: the same
+    bits, one decode per orientation and optimizer step."""
+    import lowprec
+    from lowprec.quant.protocol import BlockScaledData
+
+    layer = lowprec.Linear(64, 32, name="fc")
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    decoded = []
+    original = BlockScaledData.dequantize
+
+    def counting(self):
+        decoded.append(self.layout.shape)
+        return original(self)
+
+    monkeypatch.setattr(BlockScaledData, "dequantize", counting)
+    x = torch.randn(4, 64, requires_grad=True)
+    for _ in range(2):
+        outputs = []
+        for _ in range(3):  # micro-batches
+            with lowprec.fp8_autocast(fp8_recipe=lowprec.MXFP8BlockScaling()):
+                out = layer(x)
+            out.sum().backward()
+            outputs.append(out.detach())
+        assert all(torch.equal(out, outputs[0]) for out in outputs)
+        optimizer.step()
+        optimizer.zero_grad()
+    assert decoded.count((32, 64)) == 2 and decoded.count((64, 32)) == 2  # fprop's rowwise, dgrad's columnwise
+    assert decoded.count((4, 64)) == 6  # activations are decoded at every micro-batch
