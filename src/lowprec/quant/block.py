@@ -198,13 +198,13 @@ class BlockQuantizer:
         scales = self.rule.scales(amax, dtype, has_nan)
         scaled = torch.mul(tiles, scales.multiplier[:, None, :, None], out=work).view(padded.shape)
         if columnwise:  # the element cast and its noise in ``x.t()``'s layout
-            scaled = scaled.t().contiguous()
+            scaled = dense_transpose(scaled)
         if offset is None:
             data = self.element.cast(scaled, overwrite=True)
         else:
             part = "columnwise" if columnwise else "rowwise"
             data = self.element.cast(scaled, self.rounding.noise(offset, part, scaled.shape, scaled.device), overwrite=True)
-        stored = scales.stored.t().contiguous() if columnwise else scales.stored
+        stored = dense_transpose(scales.stored) if columnwise else scales.stored
         layout = BlockLayout(self.element, self.block, (cols, rows) if columnwise else (rows, cols), hadamard_seed)
         return BlockScaledData(data, stored, scales.tensor_scale_inv, layout)
 
@@ -215,7 +215,13 @@ def transposed(rowwise: BlockScaledData) -> BlockScaledData:
     same codes), for the price of two copies instead of a cast."""
     rows, cols = rowwise.layout.shape
     layout = replace(rowwise.layout, shape=(cols, rows))
-    return BlockScaledData(rowwise.data.t().contiguous(), rowwise.scales.t().contiguous(), rowwise.tensor_scale_inv, layout)
+    return BlockScaledData(dense_transpose(rowwise.data), dense_transpose(rowwise.scales), rowwise.tensor_scale_inv, layout)
+
+
+def dense_transpose(matrix: torch.Tensor) -> torch.Tensor:
+    """``matrix.t()`` in row-major strides, even where a side is 1 (``.contiguous()`` keeps the transposed strides
+    there, and kernels and byte views need stride 1 on the last dimension)."""
+    return matrix.new_empty(matrix.shape[::-1]).copy_(matrix.t())
 
 
 def block_amaxes(
