@@ -52,7 +52,7 @@ def run(log_dir, mode=None, steps=3, poison_at=(1, 1), guard=True):
             optimizer.step()
         except NonFiniteError as error:
             outcome = error
-        unchanged = all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        unchanged = all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
         optimizer.zero_grad()
         try:
             debug_api.step()
