@@ -44,7 +44,7 @@ class DebugCallback(TrainerCallback):
         """Also refuses the checkpoint the Trainer is about to save after a poisoned step (``check_checkpoint``):
         its ``on_save`` comes after the save."""
         self.session.step()
-        if control.should_save:
+        if getattr(control, "should_save", False):
             self.session.check_checkpoint()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

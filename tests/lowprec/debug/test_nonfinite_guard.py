@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from debugrun import section, start
 from test_no_host_sync import host_reads_forbidden
 
@@ -134,3 +136,33 @@ def test_a_bad_mode_is_a_config_error(log_dir, value):
     config = section({"NonfiniteGuard": {"enabled": True, "on_nonfinite": value}})
     with pytest.raises(ConfigError, match=r"key 'sec.transformer_engine.NonfiniteGuard.on_nonfinite'.*allowed: 'warn', 'raise'"):
         start(config, log_dir)
+
+
+def test_the_guard_names_the_expert_whose_gradient_went_nan(log_dir):
+    start(section({"NonfiniteGuard": {"enabled": True, "on_nonfinite": "raise"}}), log_dir)
+    torch.manual_seed(0)
+    experts = lowprec.GroupedLinear(4, 32, 32, name="moe")
+    splits = [32, 32, 32, 32]
+    poisoned_rows = torch.zeros(128, 1)
+    poisoned_rows[64:96] = float("nan")  # the rows routed to expert 2
+    optimizer = debug_api.guard_optimizer(torch.optim.SGD(experts.parameters(), lr=0.1))
+    with lowprec.autocast(recipe=MXFP8):
+        y = experts(torch.randn(128, 32), splits)
+    y.register_hook(lambda grad: grad + poisoned_rows)
+    y.float().pow(2).mean().backward()
+    before = experts.weight.detach().clone()
+    with pytest.warns(RuntimeWarning), pytest.raises(NonFiniteError, match="layer moe.gemm_2, tensor gradient") as raised:
+        optimizer.step()
+    assert torch.equal(before, experts.weight) and (raised.value.layer, raised.value.micro_batch) == ("moe.gemm_2", 0)
+
+
+def test_the_config_of_the_docs_runs(log_dir):
+    docs = (Path(__file__).parents[3] / "docs" / "features.md").read_text()
+    example = docs.split("### Stopping a poisoned step")[1].split("```yaml\n")[1].split("```")[0]
+    start(yaml.safe_load(example), log_dir)
+    model = Net()
+    debug_api.infer_and_assign_layer_names(model)
+    with lowprec.autocast(recipe=MXFP8):
+        model(torch.randn(4, 32), poison=True).float().sum().backward()
+    with pytest.warns(RuntimeWarning), pytest.raises(NonFiniteError, match="layer model.fc1"):
+        debug_api.step()

@@ -108,15 +108,19 @@ class NonfiniteGuard(TEConfigAPIMapper):
 
     def verdict(self, step: int, group: Any) -> tuple[NonFiniteError, str] | None:
         """The step's first non-finite tensor and its ``on_nonfinite``, from one read of the device; with a
-        reduction ``group`` (gloo), also when only another rank of it saw one (the flag all-reduced with MAX)."""
-        first = _NONE if self._first is None else self._first
-        local = torch.as_tensor(first).reshape(1).cpu()  # the one host read
-        flag = (local < _NONE).to(torch.int64)
-        if group is not None and dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        if not flag.item():
+        reduction ``group``, also when only another rank of it saw one (the flag all-reduced with MAX)."""
+        first = torch.full((), _NONE, dtype=torch.int64) if self._first is None else self._first
+        values = torch.stack([first, (first < _NONE).to(torch.int64)])  # position, and a flag to reduce with MAX
+        reduce = group is not None and dist.is_available() and dist.is_initialized()
+        on_device = reduce and dist.get_backend(group) == "nccl"
+        if on_device:
+            dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
+        values = values.cpu()  # the one host read
+        if reduce and not on_device:
+            dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
+        position, flag = values.tolist()
+        if not flag:
             return None
-        position = int(local.item())
         if position == _NONE:
             error = NonFiniteError(
                 f"non-finite values (NaN or inf) at step {step} on another rank of the reduction group; this rank's "
