@@ -166,3 +166,24 @@ def test_the_config_of_the_docs_runs(log_dir):
         model(torch.randn(4, 32), poison=True).float().sum().backward()
     with pytest.warns(RuntimeWarning), pytest.raises(NonFiniteError, match="layer model.fc1"):
         debug_api.step()
+
+
+def test_a_failure_of_the_guard_itself_does_not_stop_training(log_dir, monkeypatch):
+    from lowprec.debug.features.nonfinite_guard import NonfiniteGuard
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("bookkeeping broke")
+
+    start(section({"NonfiniteGuard": {"enabled": True, "on_nonfinite": "raise"}}), log_dir)
+    model = Net()
+    debug_api.infer_and_assign_layer_names(model)
+    with lowprec.autocast(recipe=MXFP8):
+        model(torch.randn(4, 32)).float().sum().backward()
+    monkeypatch.setattr(NonfiniteGuard, "verdict", broken)
+    optimizer = debug_api.guard_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.warns(UserWarning, match="could not read this step's flags: RuntimeError: bookkeeping broke"):
+        optimizer.step()  # steps: the failure counts as finite
+    debug_api.step()
+    monkeypatch.setattr(NonfiniteGuard, "_record", broken)
+    with pytest.warns(UserWarning, match="could not check model.fc1"), lowprec.autocast(recipe=MXFP8):
+        model(torch.randn(4, 32)).float().sum().backward()

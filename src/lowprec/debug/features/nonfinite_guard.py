@@ -148,4 +148,4 @@ def _dump_note(step: int, call: _Call) -> str:
     path = dump_path(root, get_distributed_rank(), step, call.layer, call.tensor)
     if os.path.exists(path):
         return f"; DumpTensors saved it (its last micro-batch) to {path}"
-    return "; not dumped (configure DumpTensors for this layer and tensor to keep it)"
+    return "; no DumpTensors dump of it at this step (configure DumpTensors for this layer and tensor to keep one)"
