@@ -11,6 +11,7 @@ completes against it (``end_debug`` waits for it) or behaves as before ``initial
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import sys
@@ -166,6 +167,36 @@ def end_debug() -> None:
             _reset_process_state()
         finally:
             manager.calls.end()
+
+
+def run_poisoned() -> str | None:
+    """The first non-finite tensor this run computed (``NonfiniteGuard``), as its message; None if none was, or
+    before ``initialize``. A checkpoint saved after it keeps the poisoned state."""
+    manager = DEBUG_MANAGER
+    if manager is None or manager.poisoned is None:
+        return None
+    return str(manager.poisoned)
+
+
+def guard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Wrap ``optimizer.step`` so that it first reads ``NonfiniteGuard``'s flags of the step (the step's one host
+    read; ``debug_api.step()`` then reuses it): when a GEMM tensor was NaN or inf, the update is skipped, the weights
+    stay as they were, and ``NonFiniteError`` is raised (``on_nonfinite: raise``) or a warning given (``warn``).
+    Returns the optimizer itself."""
+    original = optimizer.step
+
+    @functools.wraps(original)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        manager = DEBUG_MANAGER
+        verdict = manager.nonfinite() if manager is not None else None
+        if verdict is None:
+            return original(*args, **kwargs)
+        get_logger().log_message(f"guard_optimizer: skipped the optimizer step of step {verdict[0].step}", logging.WARNING)
+        manager.raise_nonfinite(verdict, manager._trainer_iteration_count)
+        return None
+
+    optimizer.step = step
+    return optimizer
 
 
 @contextmanager

@@ -6,11 +6,12 @@ import logging
 import math
 import os
 import threading
+import warnings
 from functools import partial
 from typing import Any
 
 from nvdlfw_inspect.config_manager import BASE_NAMESPACE, ConfigManager
-from nvdlfw_inspect.errors import UnknownAPIError, closest, is_int, is_number
+from nvdlfw_inspect.errors import NonFiniteError, UnknownAPIError, closest, is_int, is_number
 from nvdlfw_inspect.feature_loading import load_feature_dirs, normalize_feature_dirs
 from nvdlfw_inspect.logging import (
     ENV_OVERWRITE,
@@ -146,6 +147,11 @@ class DebugManager:
         self._initialize_loggers(statistics_logger, tb_writer, default_logging_enabled)
         self._load_namespace_apis_and_features(normalize_feature_dirs(feature_dirs))
         self._step_watch: StepWatch | None = None  # from ``start``: a failed initialize leaves no hook behind
+        # NonfiniteGuard, once it inspected a tensor: verdict(step, group) -> (NonFiniteError, mode) or None; reset()
+        self.guard: Any = None
+        self._verdict: tuple[int, tuple[NonFiniteError, str] | None] | None = None  # (step, verdict) read this step
+        self._raised_at: int | None = None  # the step whose NonFiniteError was raised already
+        self.poisoned: NonFiniteError | None = None  # the run's first non-finite step
 
     def _initialize_loggers(self, statistics_logger: Any, tb_writer: Any, default_logging_enabled: bool) -> None:
         logger = get_logger()
@@ -236,6 +242,8 @@ class DebugManager:
             if self._closed:  # a step racing end_debug() on another thread: as before initialize, nothing
                 return
             finished = self._trainer_iteration_count
+            verdict = self.nonfinite()
+            self._end_guard_step()
             self._trainer_iteration_count += 1
             if self._step_watch is not None:
                 self._step_watch.debug_step()
@@ -246,6 +254,42 @@ class DebugManager:
                 self._stepping = None
                 if not self._closed:  # else end_debug ran inside this step (a signal handler): nothing to step
                     self._step_namespaces()
+            self.raise_nonfinite(verdict, finished)
+
+    def nonfinite(self) -> tuple[NonFiniteError, str] | None:
+        """The step under way's first non-finite tensor and its ``on_nonfinite`` mode, read from the device once per
+        step (later calls answer from that read); the first of the run is kept as ``poisoned``, and each is logged and
+        warned once. A failure of the guard's bookkeeping is said once and counts as finite: it must not stop training."""
+        step = self._trainer_iteration_count
+        if self.guard is None:
+            return None
+        if self._verdict is not None and self._verdict[0] == step:
+            return self._verdict[1]
+        try:
+            verdict = self.guard.verdict(step, self._tensor_reduction_group)
+        except Exception as error:
+            say_once(f"NonfiniteGuard could not read this step's flags: {type(error).__name__}: {error}")
+            verdict = None
+        self._verdict = (step, verdict)
+        if verdict is not None:
+            if self.poisoned is None:
+                self.poisoned = verdict[0]
+            get_logger().log_message(f"NonfiniteGuard: {verdict[0]}", logging.ERROR)
+            warnings.warn(f"NonfiniteGuard: {verdict[0]}", RuntimeWarning, stacklevel=3)
+        return verdict
+
+    def raise_nonfinite(self, verdict: tuple[NonFiniteError, str] | None, step: int) -> None:
+        """Raise the step's ``NonFiniteError`` when its mode says so, once per step."""
+        if verdict is not None and verdict[1] == "raise" and self._raised_at != step:
+            self._raised_at = step
+            raise verdict[0]
+
+    def _end_guard_step(self) -> None:
+        if self.guard is not None:
+            try:
+                self.guard.reset()
+            except Exception as error:
+                say_once(f"NonfiniteGuard could not start a new step: {type(error).__name__}: {error}")
 
     def _step_namespaces(self) -> None:
         for api in self._namespace_apis.values():

@@ -210,3 +210,25 @@ class UnsafeLogPathError(NvdlfwInspectError, OSError):
 class LogDirInUseError(NvdlfwInspectError, RuntimeError):
     """Another live process holds the same ``log_dir`` at the same rank: a second run there would truncate its
     logs, and both would write as one rank. Names the holder's pid and host."""
+
+
+class NonFiniteError(NvdlfwInspectError, FloatingPointError):
+    """A step computed NaN or inf (``NonfiniteGuard`` with ``on_nonfinite: raise``). Names the first layer, GEMM,
+    tensor and micro-batch in execution order, and the step; those are None when only another rank saw it."""
+
+    def __init__(
+        self,
+        message: str,
+        layer: str | None = None,
+        gemm: str | None = None,
+        tensor: str | None = None,
+        micro_batch: int | None = None,
+        step: int | None = None,
+    ):
+        super().__init__(message)
+        self.layer, self.gemm, self.tensor, self.micro_batch, self.step = layer, gemm, tensor, micro_batch, step
+
+
+class PoisonedCheckpointError(NvdlfwInspectError, RuntimeError):
+    """A checkpoint was to be saved after a step computed NaN or inf (``debug_api.run_poisoned()``): it would keep
+    the poisoned state. Names the first non-finite tensor."""

@@ -41,7 +41,11 @@ class DebugCallback(TrainerCallback):
         self.session.start(model, init_training_step=state.global_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Also refuses the checkpoint the Trainer is about to save after a poisoned step (``check_checkpoint``):
+        its ``on_save`` comes after the save."""
         self.session.step()
+        if getattr(control, "should_save", False):
+            self.session.check_checkpoint()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.session.end()

@@ -84,6 +84,11 @@ class DebugCallback(Callback):
             self._global_step = trainer.global_step
             self.session.step()
 
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Refuses a checkpoint of a poisoned run (``DebugSession.check_checkpoint``): Lightning calls this before
+        it writes one."""
+        self.session.check_checkpoint()
+
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.session.end()
 

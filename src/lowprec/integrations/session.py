@@ -24,6 +24,7 @@ from lowprec.errors import LowprecTypeError, LowprecValueError
 from lowprec.modules.convert import convert_with_report
 from lowprec.plan import PrecisionPlan, load_plan
 from lowprec.recipe import Recipe
+from nvdlfw_inspect.errors import PoisonedCheckpointError
 from nvdlfw_inspect.logging import say_once
 
 # Wrappers that keep the user's model in ``.module``; matched by class name where importing the library would
@@ -58,7 +59,9 @@ class DebugSession:
     others run ``recipe`` (with ``fp8=False``, high precision). It is read here, so that a bad plan fails before any
     training, with the ``ConfigError`` naming its key and value. ``convert=True`` converts the model's ``nn.Linear``
     layers with ``lowprec.convert`` at start (they share their Parameters, so the optimizer keeps training them); by
-    default the model is used as given.
+    default the model is used as given. ``allow_poisoned_checkpoint=True`` lets the integrations save checkpoints after
+    a step computed NaN or inf (``NonfiniteGuard``, ``debug_api.run_poisoned()``); by default they refuse
+    (``check_checkpoint``).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class DebugSession:
         fp8: bool = True,
         plan: str | os.PathLike | Mapping | PrecisionPlan | None = None,
         convert: bool = False,
+        allow_poisoned_checkpoint: bool = False,
         **initialize_kwargs: Any,
     ):
         if not isinstance(config_file, (str, os.PathLike, dict)):
@@ -82,13 +86,15 @@ class DebugSession:
                 "init_training_step is set by the integration: the Trainer callbacks count iterations from the training's "
                 "own global step (a resumed training logs at its own steps); accelerate's DebugRun takes it as an argument"
             )
-        for name, value in (("fp8", fp8), ("convert", convert)):
+        for name, value in (("fp8", fp8), ("convert", convert), ("allow_poisoned_checkpoint", allow_poisoned_checkpoint)):
             if not isinstance(value, bool):
                 raise LowprecTypeError(f"{name} must be a bool, got {value!r}")
         self.recipe = checked_recipe(recipe, "recipe")
         self.fp8 = fp8
         self.plan = None if plan is None else load_plan(plan)
         self.convert = convert
+        self.allow_poisoned_checkpoint = allow_poisoned_checkpoint
+        self.poisoned: str | None = None  # the run's first non-finite tensor, kept after end() for a final save
         self._initialize_args = {"config_file": config_file, "feature_dirs": feature_dirs, "log_dir": log_dir}
         self._initialize_kwargs = initialize_kwargs
         self._restore: list[Callable[[], None]] = []
@@ -164,7 +170,20 @@ class DebugSession:
     def step(self) -> None:
         """One optimizer step done: log its statistics (``debug_api.step()``)."""
         if self.active:
-            debug_api.step()
+            try:
+                debug_api.step()
+            finally:
+                self.poisoned = self.poisoned or debug_api.run_poisoned()
+
+    def check_checkpoint(self) -> None:
+        """Before a checkpoint is saved: refuse (``PoisonedCheckpointError``) when a step of this run computed NaN or
+        inf, unless ``allow_poisoned_checkpoint``; the saved state would carry the poison."""
+        poisoned = self.poisoned or debug_api.run_poisoned()
+        if poisoned is not None and not self.allow_poisoned_checkpoint:
+            raise PoisonedCheckpointError(
+                f"refusing to save a checkpoint of a poisoned run: {poisoned}. Pass allow_poisoned_checkpoint=True to "
+                "the integration to save it anyway"
+            )
 
     def end(self) -> None:
         """Undo the wrapping and close the run (``debug_api.end_debug()``); nothing when no run is open."""

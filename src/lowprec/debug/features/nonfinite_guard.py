@@ -1,0 +1,151 @@
+"""``NonfiniteGuard``: find the first NaN or inf among a step's GEMM tensors without waiting for the device.
+
+Each inspected tensor adds one device operation: if it holds a non-finite value and none did before in this step,
+its position in the step's order of calls is written into one device scalar. The host keeps, per position, the
+layer, tensor and micro-batch. ``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which
+comes first) reads that scalar once: the one host read of the guard in a step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import nvdlfw_inspect.api as debug_api
+from lowprec.debug.features.api import TEConfigAPIMapper
+from lowprec.debug.features.dump_tensors import dump_path
+from lowprec.debug.names import TENSOR_GEMMS, TENSORS
+from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, NonFiniteError
+from nvdlfw_inspect.logging import get_logger, say_once
+from nvdlfw_inspect.registry import Registry, api_method
+from nvdlfw_inspect.utils import get_distributed_rank
+
+MODES = ("warn", "raise")
+_NONE = 2**62  # no non-finite tensor yet: larger than any position
+
+
+@dataclass(frozen=True)
+class _Call:
+    layer: str
+    tensor: str
+    micro_batch: int
+    mode: str
+
+
+def _with_default_tensors(config: dict) -> dict:
+    """No ``tensors``/``tensors_struct``: every GEMM tensor of the selected layers."""
+    if "tensors" in config or "tensors_struct" in config:
+        return config
+    return {**config, "tensors": list(TENSORS)}
+
+
+@Registry.register_feature(namespace="transformer_engine")
+class NonfiniteGuard(TEConfigAPIMapper):
+    """Finds the first GEMM operand or output (execution order: layer, tensor, micro-batch) holding NaN or inf, and
+    reports it at ``debug_api.step()``, as a log message and a warning. Keys: ``tensors``/``tensors_struct``
+    (default: all six) and ``on_nonfinite``: ``warn`` (default) or ``raise`` (``NonFiniteError``). Wrap the optimizer
+    with ``debug_api.guard_optimizer`` so that a poisoned step is skipped before it changes the weights."""
+
+    uses_gemms = False
+    option_keys = frozenset({"on_nonfinite"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._first: torch.Tensor | None = None  # device scalar: position of the first non-finite call, or _NONE
+        self._calls: list[_Call] = []
+        self._seen: Counter[tuple[str, str]] = Counter()
+
+    # --- config ------------------------------------------------------------------------------------
+    def parse_config_and_api(self, config: dict, **kwargs: Any) -> tuple[bool, dict | None]:
+        return super().parse_config_and_api(_with_default_tensors(config), **kwargs)
+
+    def resolved_views(
+        self, config: dict, location: ConfigLocation, collector: ErrorCollector
+    ) -> list[tuple[dict, ConfigLocation]]:
+        return super().resolved_views(_with_default_tensors(config), location, collector)
+
+    def validate_options(self, view: dict, location: ConfigLocation) -> None:
+        mode = view.get("on_nonfinite", "warn")
+        if mode not in MODES:
+            raise location.child("on_nonfinite").error("unknown action on a non-finite tensor", mode, MODES)
+
+    # --- the step ----------------------------------------------------------------------------------
+    @api_method
+    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int) -> tuple[bool, int]:
+        return True, iteration + 1
+
+    @api_method
+    def inspect_tensor(
+        self, config: dict, layer_name: str, tensor_name: str, tensor: torch.Tensor | None, iteration: int, **kwargs: Any
+    ) -> None:
+        if tensor is None:
+            return
+        try:
+            self._record(layer_name, tensor_name, tensor, config.get("on_nonfinite", "warn"))
+        except Exception as error:  # the guard's own failure must not stop training
+            say_once(f"NonfiniteGuard could not check {layer_name} {tensor_name}: {type(error).__name__}: {error}")
+
+    def _record(self, layer: str, tensor_name: str, tensor: torch.Tensor, mode: str) -> None:
+        manager = debug_api.DEBUG_MANAGER
+        if manager is not None:
+            manager.guard = self
+        key = (layer, tensor_name)
+        self._calls.append(_Call(layer, tensor_name, self._seen[key], mode))
+        self._seen[key] += 1
+        if self._first is None:
+            self._first = torch.full((), _NONE, dtype=torch.int64, device=tensor.device)
+        bad = ~torch.isfinite(tensor.detach()).all()
+        position = torch.full((), len(self._calls) - 1, dtype=torch.int64, device=self._first.device)
+        self._first = torch.where(bad.to(self._first.device) & (self._first == _NONE), position, self._first)
+
+    def verdict(self, step: int, group: Any) -> tuple[NonFiniteError, str] | None:
+        """The step's first non-finite tensor and its ``on_nonfinite``, from one read of the device; with a
+        reduction ``group``, also when only another rank of it saw one (the flag all-reduced with MAX)."""
+        first = torch.full((), _NONE, dtype=torch.int64) if self._first is None else self._first
+        values = torch.stack([first, (first < _NONE).to(torch.int64)])  # position, and a flag to reduce with MAX
+        reduce = group is not None and dist.is_available() and dist.is_initialized()
+        on_device = reduce and dist.get_backend(group) == "nccl"
+        if on_device:
+            dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
+        values = values.cpu()  # the one host read
+        if reduce and not on_device:
+            dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
+        position, flag = values.tolist()
+        if not flag:
+            return None
+        if position == _NONE:
+            error = NonFiniteError(
+                f"non-finite values (NaN or inf) at step {step} on another rank of the reduction group; this rank's "
+                "tensors are finite",
+                step=step,
+            )
+            return error, self._calls[0].mode if self._calls else "warn"
+        call = self._calls[position]
+        gemm, other = TENSOR_GEMMS[call.tensor]
+        read_by = f"the {gemm} GEMM" + (f" (and {other})" if other else "")
+        message = (
+            f"non-finite values (NaN or inf) at step {step}: first in layer {call.layer}, tensor {call.tensor} "
+            f"of {read_by}, micro-batch {call.micro_batch}{_dump_note(step, call)}"
+        )
+        return NonFiniteError(message, call.layer, gemm, call.tensor, call.micro_batch, step), call.mode
+
+    def reset(self) -> None:
+        """A new step: nothing seen yet."""
+        self._reset()
+
+
+def _dump_note(step: int, call: _Call) -> str:
+    """Where ``DumpTensors`` put that tensor this step, if it did (it keeps the last micro-batch's)."""
+    root = get_logger().root_log_dir
+    path = dump_path(root, get_distributed_rank(), step, call.layer, call.tensor)
+    if os.path.exists(path):
+        return f"; DumpTensors saved it (its last micro-batch) to {path}"
+    return "; no DumpTensors dump of it at this step (configure DumpTensors for this layer and tensor to keep one)"

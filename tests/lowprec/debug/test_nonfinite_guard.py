@@ -1,0 +1,189 @@
+"""NonfiniteGuard: the first NaN of a step named (layer, GEMM, tensor, micro-batch), the update skipped, the run marked."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from debugrun import section, start
+from test_no_host_sync import host_reads_forbidden
+
+import lowprec
+import nvdlfw_inspect.api as debug_api
+from nvdlfw_inspect.errors import ConfigError, NonFiniteError
+
+MXFP8 = lowprec.MXFP8BlockScaling()
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = lowprec.Linear(32, 64)
+        self.fc2 = lowprec.Linear(64, 32)
+
+    def forward(self, x, poison=False):
+        y = self.fc1(x)
+        if poison:  # the gradient reaching fc1's backward turns NaN
+            y.register_hook(lambda grad: grad * float("nan"))
+        return self.fc2(torch.relu(y))
+
+
+def run(log_dir, mode=None, steps=3, poison_at=(1, 1), guard=True):
+    """``steps`` steps of 2 micro-batches, the NaN planted at (step, micro-batch) ``poison_at``; what each step did."""
+    options = {} if mode is None else {"on_nonfinite": mode}
+    start(section({"NonfiniteGuard": {"enabled": True, **options}}), log_dir)
+    model = Net()
+    debug_api.infer_and_assign_layer_names(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if guard:
+        debug_api.guard_optimizer(optimizer)
+    x = torch.randn(16, 32)
+    outcomes = []
+    for step in range(steps):
+        for micro_batch in range(2):
+            with lowprec.autocast(recipe=MXFP8):
+                out = model(x, poison=(step, micro_batch) == poison_at)
+            out.float().pow(2).mean().backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        outcome = "stepped"
+        try:
+            optimizer.step()
+        except NonFiniteError as error:
+            outcome = error
+        unchanged = all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+        optimizer.zero_grad()
+        try:
+            debug_api.step()
+        except NonFiniteError as error:
+            outcome = ("step raised", error)
+        outcomes.append((outcome, unchanged))
+    return outcomes
+
+
+def test_raise_mode_skips_the_update_and_names_the_first_tensor(log_dir):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcomes = run(log_dir, "raise")
+    assert outcomes[0] == ("stepped", False)
+    error, unchanged = outcomes[1]
+    assert isinstance(error, NonFiniteError) and unchanged  # weights bitwise unchanged
+    assert (error.layer, error.gemm, error.tensor, error.micro_batch, error.step) == ("model.fc1", "dgrad", "gradient", 1, 1)
+    assert "layer model.fc1, tensor gradient of the dgrad GEMM (and wgrad), micro-batch 1" in str(error)
+    # the poisoned gradients were accumulated into .grad and zeroed: the next step is clean again
+    assert outcomes[2] == ("stepped", False)
+    assert [str(w.message) for w in caught if "NonfiniteGuard" in str(w.message)] == [f"NonfiniteGuard: {error}"]
+    assert debug_api.run_poisoned() == str(error)
+    log = (log_dir / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    assert f"NonfiniteGuard: {error}" in log
+
+
+def test_warn_mode_warns_and_skips(log_dir):
+    with pytest.warns(RuntimeWarning, match="first in layer model.fc1, tensor gradient"):
+        outcomes = run(log_dir)
+    assert outcomes == [("stepped", False), ("stepped", True), ("stepped", False)]
+    assert "step 1" in debug_api.run_poisoned()
+
+
+def test_raise_mode_without_the_optimizer_guard_raises_at_step(log_dir):
+    with pytest.warns(RuntimeWarning):
+        outcomes = run(log_dir, "raise", steps=2, guard=False)
+    (what, error), unchanged = outcomes[1]
+    assert what == "step raised" and error.step == 1 and not unchanged
+
+
+def test_clean_tensors_say_nothing(log_dir):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        outcomes = run(log_dir, "raise", poison_at=None)
+    assert outcomes == [("stepped", False)] * 3
+    assert debug_api.run_poisoned() is None
+
+
+def test_the_guard_reads_nothing_back_inside_the_step(log_dir, monkeypatch):
+    start(section({"NonfiniteGuard": {"enabled": True}}), log_dir)
+    model = Net()
+    debug_api.infer_and_assign_layer_names(model)
+    x = torch.randn(16, 32)
+    for micro_batch in range(2):
+        with host_reads_forbidden(monkeypatch), lowprec.autocast(recipe=MXFP8):
+            model(x, poison=micro_batch == 1).float().sum().backward()
+    with pytest.warns(RuntimeWarning, match="micro-batch 1"):
+        debug_api.step()
+
+
+def test_dump_tensors_dump_is_named(log_dir):
+    config = section(
+        {
+            "NonfiniteGuard": {"enabled": True},
+            "DumpTensors": {"enabled": True, "tensors": ["gradient"], "high_precision_tensor": True},
+        }
+    )
+    start(config, log_dir)
+    model = Net()
+    debug_api.infer_and_assign_layer_names(model)
+    with lowprec.autocast(recipe=MXFP8):
+        model(torch.randn(4, 32), poison=True).float().sum().backward()
+    with pytest.warns(RuntimeWarning, match=r"DumpTensors saved it \(its last micro-batch\) to .*model_fc1_gradient.pt"):
+        debug_api.step()
+
+
+@pytest.mark.parametrize("value", ["stop", 1])
+def test_a_bad_mode_is_a_config_error(log_dir, value):
+    config = section({"NonfiniteGuard": {"enabled": True, "on_nonfinite": value}})
+    with pytest.raises(ConfigError, match=r"key 'sec.transformer_engine.NonfiniteGuard.on_nonfinite'.*allowed: 'warn', 'raise'"):
+        start(config, log_dir)
+
+
+def test_the_guard_names_the_expert_whose_gradient_went_nan(log_dir):
+    start(section({"NonfiniteGuard": {"enabled": True, "on_nonfinite": "raise"}}), log_dir)
+    torch.manual_seed(0)
+    experts = lowprec.GroupedLinear(4, 32, 32, name="moe")
+    splits = [32, 32, 32, 32]
+    poisoned_rows = torch.zeros(128, 1)
+    poisoned_rows[64:96] = float("nan")  # the rows routed to expert 2
+    optimizer = debug_api.guard_optimizer(torch.optim.SGD(experts.parameters(), lr=0.1))
+    with lowprec.autocast(recipe=MXFP8):
+        y = experts(torch.randn(128, 32), splits)
+    y.register_hook(lambda grad: grad + poisoned_rows)
+    y.float().pow(2).mean().backward()
+    before = experts.weight.detach().clone()
+    with pytest.warns(RuntimeWarning), pytest.raises(NonFiniteError, match="layer moe.gemm_2, tensor gradient") as raised:
+        optimizer.step()
+    assert torch.equal(before, experts.weight) and (raised.value.layer, raised.value.micro_batch) == ("moe.gemm_2", 0)
+
+
+def test_the_config_of_the_docs_runs(log_dir):
+    docs = (Path(__file__).parents[3] / "docs" / "features.md").read_text()
+    example = docs.split("### Stopping a poisoned step")[1].split("```yaml\n")[1].split("```")[0]
+    start(yaml.safe_load(example), log_dir)
+    model = Net()
+    debug_api.infer_and_assign_layer_names(model)
+    with lowprec.autocast(recipe=MXFP8):
+        model(torch.randn(4, 32), poison=True).float().sum().backward()
+    with pytest.warns(RuntimeWarning), pytest.raises(NonFiniteError, match="layer model.fc1"):
+        debug_api.step()
+
+
+def test_a_failure_of_the_guard_itself_does_not_stop_training(log_dir, monkeypatch):
+    from lowprec.debug.features.nonfinite_guard import NonfiniteGuard
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("bookkeeping broke")
+
+    start(section({"NonfiniteGuard": {"enabled": True, "on_nonfinite": "raise"}}), log_dir)
+    model = Net()
+    debug_api.infer_and_assign_layer_names(model)
+    with lowprec.autocast(recipe=MXFP8):
+        model(torch.randn(4, 32)).float().sum().backward()
+    monkeypatch.setattr(NonfiniteGuard, "verdict", broken)
+    optimizer = debug_api.guard_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.warns(UserWarning, match="could not read this step's flags: RuntimeError: bookkeeping broke"):
+        optimizer.step()  # steps: the failure counts as finite
+    debug_api.step()
+    monkeypatch.setattr(NonfiniteGuard, "_record", broken)
+    with pytest.warns(UserWarning, match="could not check model.fc1"), lowprec.autocast(recipe=MXFP8):
+        model(torch.randn(4, 32)).float().sum().backward()
