@@ -1,6 +1,7 @@
 """Read a run and say, per layer and tensor, what is wrong and what to change: the first NaN or inf,
 sustained underflow or overflow, a dynamic range beyond the format's, a scale that keeps jumping, blocks of a block
-format that flush or saturate;
+format that flush or saturate; kurtosis, an outlier channel or a scale that grows over the run (``trends``), before
+the loss diverges;
 and write the config that applies the remedies. Each layer is judged in its own format (``formats``).
 
 ``diagnose(log_dir)`` returns a ``Diagnosis`` (``as_dict()`` for JSON); ``nvdlfw-inspect diagnose

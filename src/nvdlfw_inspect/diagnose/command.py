@@ -40,6 +40,11 @@ FLAGS = {
     "scale_change": (float, "factor a scale (or amax) may change by between logged iterations"),
     "range_margin_bits": (float, "bits a dynamic_range may exceed its FP8 format's range"),
     "peer_ratio": (float, "factor a tensor's magnitude may differ from its peers' (same tensor, layers alike but for indices)"),
+    "trend_baseline": (int, "logged iterations after warm-up whose median is a growth's baseline"),
+    "trend_steps": (int, "consecutive logged iterations over a growth factor that start a growth"),
+    "kurtosis_growth": (float, "factor over its baseline that kurtosis may grow by"),
+    "outlier_growth": (float, "factor over its baseline that outlier_channel_ratio may grow by"),
+    "scale_drift": (float, "factor over its baseline that a scale (scale_inv_max, else cur_amax) may grow by"),
     "block_underflow_pct": (
         float,
         "%% of a block format's blocks that flush most of their values (underflow_blocks%%) that is a problem, for every "
@@ -186,6 +191,8 @@ def _thresholds(diagnosis: Diagnosis) -> str:
         f"persistence {t.persistence:g}",
         f"tail {t.tail:g}",
         f"warm-up {t.warmup}",
+        f"growth over the median of the first {t.trend_baseline} iterations for {t.trend_steps}: kurtosis > "
+        f"x{t.kurtosis_growth:g}, outlier channel > x{t.outlier_growth:g}, scale > x{t.scale_drift:g}",
         f"scale change > x{t.scale_change:g}",
         f"peer ratio > x{t.peer_ratio:g}",
         f"range margin {t.range_margin_bits:g} bits" if not math.isclose(t.range_margin_bits, 0) else "",

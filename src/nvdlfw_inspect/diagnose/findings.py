@@ -26,6 +26,9 @@ format is not the run's and is only named in the note), each against its format'
   the largest), a span past E4M3's 14.8 binades of normal range means subnormal scales; the per-tensor FP32 scale,
   set by the largest block, helps neither;
 - ``scale_inv_std``: the spread of the logged scales (for MX formats the E8M0 exponent, so binades), context only.
+
+The growth checks (``growths``, the rule in ``trends``) judge kurtosis, ``outlier_channel_ratio`` and a per-tensor
+scale against their own start of the run: early warnings, listed after the damage the other checks measure.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from typing import Any
 
 from nvdlfw_inspect.diagnose.formats import INPUTS, MECHANISMS, SATURATING_RULES, Formats, TensorFormat, format_name
 from nvdlfw_inspect.diagnose.model import Finding
+from nvdlfw_inspect.diagnose.remedies import GROWTH_ADVICE
 from nvdlfw_inspect.diagnose.series import Points, Run, Summary, summarize
 from nvdlfw_inspect.diagnose.thresholds import FORMAT_UNDERFLOW_BLOCKS_PCT, Thresholds
+from nvdlfw_inspect.diagnose.trends import Growth, growth
 
 #: the order findings are listed in: a divergence first, then what damages values most
 KINDS = (
@@ -53,7 +58,12 @@ KINDS = (
     "scale_change",
     "dynamic_range",
     "peer_outlier",
+    "kurtosis_growth",
+    "outlier_channel_growth",
+    "scale_drift",
 )
+#: the growth findings (``trends``): early warnings, listed after the damage the others measure
+GROWTH_KINDS = KINDS[-3:]
 #: where a scale can be read, best first: the layer's own scale, else the tensor's amax
 SCALE_SOURCES = ("scale_inv_max", "cur_amax")
 #: how large a tensor is, best first: its amax, else its spread or norms (which peers of one shape share)
@@ -130,6 +140,8 @@ class Detector:
 
     def findings(self) -> list[Finding]:
         found = [*self.nonfinite(), *self.quantization(), *self.blocks(), *self.scale_changes(), *self.peer_outliers()]
+        jumps = {(f.layer, f.tensor) for f in found if f.kind == "scale_change"}
+        found += [f for f in self.growths() if f.kind != "scale_drift" or (f.layer, f.tensor) not in jumps]
         return sorted(found, key=_severity)
 
     def nonfinite(self) -> list[Finding]:
@@ -325,6 +337,62 @@ class Detector:
                     )
                     found.append(self._finding("peer_outlier", layer, tensor, stat, summary, message))
         return found
+
+    def growths(self) -> list[Finding]:
+        """Kurtosis, the outlier-channel ratio and a per-tensor scale (``scale_inv_max``, else the amax) that grow over
+        the run (``trends``): they precede a divergence (outlier features, attention logits that grow), so each finding
+        says from which iteration, while the loss may still look fine. As for the scale jumps, a drift is not asked where
+        overflows% was logged (it measures what a growing scale does), and ``findings`` leaves out the drift of a scale
+        found to jump."""
+        t = self.thresholds
+        found = []
+        for layer, tensor in sorted({(layer, tensor) for layer, tensor, _ in self.series}):
+            checks = [
+                ("kurtosis_growth", "kurtosis", t.kurtosis_growth),
+                ("outlier_channel_growth", "outlier_channel_ratio", t.outlier_growth),
+            ]
+            scale = next((s for s in SCALE_SOURCES if (layer, tensor, s) in self.series), None)
+            if scale is not None and (layer, tensor, "overflows%") not in self.series and self._per_tensor(layer, tensor):
+                checks.append(("scale_drift", scale, t.scale_drift))
+            for kind, stat, factor in checks:
+                points = self.series.get((layer, tensor, stat))
+                grown = growth(points, self.warmup_end, factor, t) if points else None
+                if grown is not None:
+                    found.append(self._growth_finding(kind, layer, tensor, stat, points, grown))
+        return found
+
+    def _growth_finding(self, kind: str, layer: str, tensor: str, stat: str, points: Points, grown: Growth) -> Finding:
+        """The finding of one growth: its onset, baseline and end in the message; for an outlier channel, which one."""
+        summary = self.summary(grown.ratios(points), grown.factor)
+        assert summary is not None  # a growth has finite values
+        end = "NaN" if math.isnan(summary.persistent) else f"x{summary.persistent:.3g}"
+        message = (
+            f"its {stat} grows: over x{grown.factor:g} its baseline {grown.baseline:.3g} (the median of iterations "
+            f"{grown.baseline_from} to {grown.baseline_to}) from iteration {grown.onset} on, over it in {grown.over} of "
+            f"the {grown.since} logged iterations since; x{summary.worst:.3g} at worst ({summary.worst_iteration}), {end} at "
+            "the end (median of the last iterations)"
+        )
+        context = {**self._context(layer, tensor), "baseline": grown.baseline, "onset": grown.onset}
+        if kind == "outlier_channel_growth":
+            message += self._channel_clause(layer, tensor, grown.onset, context)
+        message += f"; what the literature gives: {GROWTH_ADVICE[kind]}"
+        fmt = self.formats.of(layer, tensor)
+        return Finding(kind, layer, tensor, stat, grown.onset, message, summary, context, format=fmt)
+
+    def _channel_clause(self, layer: str, tensor: str, onset: int, context: dict[str, Any]) -> str:
+        """Which channel is the outlier (``max_channel`` at its last logged iteration) and whether it stayed the same
+        from the onset on, in ``context`` and as a clause of the message."""
+        logged = self.series.get((layer, tensor, "max_channel"), {})
+        since = [int(v) for i, v in sorted(logged.items()) if i >= onset and math.isfinite(v)]
+        if not since:
+            return "; log max_channel to see which channel grows"
+        context["max_channel"], context["max_channel_stable"] = since[-1], len(set(since)) == 1
+        if len(set(since)) == 1:
+            return f"; channel {since[-1]} (max_channel) is the largest at every logged iteration since"
+        return (
+            f"; the largest channel moved among {len(set(since))} channels since (max_channel), channel {since[-1]} at the "
+            "end: no one outlier channel"
+        )
 
     def _finding(self, kind: str, layer: str, tensor: str, stat: str, summary: Summary, message: str) -> Finding:
         assert summary.first_above is not None  # a problem is over its threshold somewhere after warm-up

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from nvdlfw_inspect.diagnose.findings import GROWTH_KINDS
 from nvdlfw_inspect.diagnose.formats import INPUTS, TENSOR_GEMMS
 from nvdlfw_inspect.diagnose.in_format import PLAN_FEATURE, rule_tensors
 from nvdlfw_inspect.diagnose.model import Finding, InPlace, Remedy
@@ -80,7 +81,7 @@ def judge(
     one (high precision) instead of the same again. Statistics count from the remedy's first iteration after warm-up."""
     remaining, verdicts = [], []
     warmup_end = run.first_iteration + thresholds.warmup
-    open_findings = {(f.layer, f.tensor): f for f in findings}
+    open_findings = {(f.layer, f.tensor): f for f in findings if f.kind not in GROWTH_KINDS}  # growth: the model's
     for finding in findings:
         place = in_place.get((finding.layer, finding.tensor))
         if place is None:

@@ -13,6 +13,10 @@
 - dynamic range beyond the format's with no underflows% logged: the same choice by range.
 - blocks that flush or saturate, or a worst block beyond its format's calibrated error (the per-block statistics):
   the same, the GEMMs that read it run in high precision.
+- growth over the run (kurtosis, the outlier-channel ratio, a scale): what the literature gives is a change to the
+  model or the learning rate (``GROWTH_ADVICE``, in the finding's message); the config keeps the growth from
+  costing precision meanwhile: the first GEMM that reads the tensor in high precision (an outlier channel sets
+  the scale of the others), ``PerTensorScaling`` for a drifting scale (delayed scaling's lags it).
 - NaN or inf: statistics of every GEMM tensor at every iteration around the first one, to find the
   operation that made it; where it came out of a GEMM of finite operands, that GEMM in high precision.
 """
@@ -20,7 +24,7 @@
 from __future__ import annotations
 
 from nvdlfw_inspect.diagnose import in_format
-from nvdlfw_inspect.diagnose.formats import TENSOR_GEMMS
+from nvdlfw_inspect.diagnose.formats import INPUTS, TENSOR_GEMMS
 from nvdlfw_inspect.diagnose.model import Finding, Remedy
 from nvdlfw_inspect.diagnose.thresholds import FORMAT_RANGE_BITS
 
@@ -28,6 +32,21 @@ OUTPUTS = ("output", "dgrad", "wgrad")
 WIDE_FORMAT = "FP8E5M2"
 WATCH_TENSORS = ["activation", "weight", "gradient", "output", "dgrad", "wgrad"]
 WATCH_STATS = ["min", "max"]
+#: per growth finding, the change the literature gives, which no config feature makes
+OUTLIER_ADVICE = (
+    "smooth the channel before the GEMM that reads it (per-channel scaling of the activation feeding it, as "
+    "Smooth-SwiGLU scales the SwiGLU output: Fishman et al., arXiv 2409.12517), change the block so that kurtosis does "
+    "not grow in FP8 training (FOG: Hernández-Cano et al., arXiv 2505.20524), or lower the learning rate"
+)
+GROWTH_ADVICE = {
+    "kurtosis_growth": OUTLIER_ADVICE,
+    "outlier_channel_growth": OUTLIER_ADVICE,
+    "scale_drift": (
+        "lower the learning rate (or warm it up longer); where the tensor is attention's query or key, normalize them "
+        "(QK-layernorm keeps attention logits from growing under a high learning rate: Wortsman et al., arXiv "
+        "2309.14322)"
+    ),
+}
 
 
 def _gemms(tensor: str) -> tuple[str, ...]:
@@ -96,6 +115,31 @@ def for_underflow(finding: Finding) -> Remedy:
     return by_range(finding, lost)
 
 
+def for_growth(finding: Finding) -> list[Remedy]:
+    """What keeps a growth (``GROWTH_ADVICE``, the real remedy) from costing precision until the model is changed:
+    for kurtosis or an outlier channel, the first GEMM that reads the tensor in high precision, where a recipe casts
+    it; for a drifting scale, ``PerTensorScaling`` where delayed scaling may lag it (unknown or delayed)."""
+    fmt, tensor = finding.format, finding.tensor
+    if tensor not in INPUTS or (fmt is not None and fmt.label is None):
+        return []  # no GEMM of this layer reads it, or none casts it
+    if finding.kind == "scale_drift":
+        if fmt is not None and fmt.label != "fp8_delayed_scaling":
+            return []  # a scale from the tensor's own amax follows it
+        why = (
+            "A scale made from earlier amaxes lags a tensor that keeps growing, and its values saturate; "
+            "PerTensorScaling takes it from each tensor's own amax (under current scaling already, the drift does not "
+            "hurt the cast)."
+        )
+        return [per_tensor_scaling(finding, why)]
+    gemm = _gemms(tensor)[0]
+    why = (
+        f"Its {finding.stat} grows, so a few values set the scale of the rest of its {tensor} and the others lose "
+        f"precision in the {gemm} GEMM; {gemm} runs in high precision until the model change the finding names keeps it "
+        "from growing."
+    )
+    return [Remedy("DisableFP8GEMM", finding.layer, (gemm,), None, why)]
+
+
 def for_nonfinite(finding: Finding, first_iteration: int) -> list[Remedy]:
     """A statistics window around the first NaN or inf; and its GEMM in high precision when it came out
     of one whose operands were finite (they are inspected before it in the same iteration)."""
@@ -151,6 +195,8 @@ def choose(finding: Finding, first_iteration: int) -> list[Remedy]:
         return [per_block(finding, "Its worst block loses much of its values")]
     if finding.kind == "dynamic_range":
         return [by_range(finding, "Its smallest values flush to zero")]
+    if finding.kind in GROWTH_ADVICE:
+        return for_growth(finding)
     if finding.kind == "peer_outlier":
         return []  # no precision setting repairs a tensor unlike its peers: the finding's message says where to look
     raise ValueError(f"no remedy for a finding of kind {finding.kind!r}")

@@ -159,6 +159,12 @@ class Thresholds:
     ``block_saturation_pct``, % of the blocks with a saturated value (``saturated_blocks%``), checked only under the
     scale rules that round down (``FORMAT_SATURATED_BLOCKS_PCT``); ``worst_block_err``, the relative error of the
     worst block (``worst_block_rel_err``), a fraction.
+    Growth over the run (``trends``), judged against a baseline: the median of the first ``trend_baseline`` logged
+    values after warm-up (default 3). A statistic grows from the first later iteration that starts ``trend_steps``
+    (default 3) consecutive logged values over ``factor`` x its baseline, if from there on it is over in at least
+    ``persistence`` of the logged iterations. The factors: ``kurtosis_growth`` (``kurtosis``, default 2),
+    ``outlier_growth`` (``outlier_channel_ratio``, default 2), ``scale_drift`` (the scale, ``scale_inv_max``, else the
+    amax ``cur_amax``, default 8: three binades).
     """
 
     underflow_pct: float = 1.0
@@ -174,6 +180,11 @@ class Thresholds:
     block_underflow_pct: float | None = None
     block_saturation_pct: float | None = None
     worst_block_err: float | None = None
+    trend_baseline: int = 3
+    trend_steps: int = 3
+    kurtosis_growth: float = 2.0
+    outlier_growth: float = 2.0
+    scale_drift: float = 8.0
 
     def __post_init__(self) -> None:
         def number(name: str) -> float:
@@ -193,8 +204,14 @@ class Thresholds:
             raise ValueError(f"threshold warmup is a number of iterations (an integer >= 0), got {self.warmup!r}")
         if number("scale_change") <= 1:
             raise ValueError(f"threshold scale_change is a factor greater than 1, got {self.scale_change}")
-        if number("peer_ratio") <= 1:
-            raise ValueError(f"threshold peer_ratio is a factor greater than 1, got {self.peer_ratio}")
+        for name in ("peer_ratio", "kurtosis_growth", "outlier_growth", "scale_drift"):
+            if number(name) <= 1:
+                raise ValueError(f"threshold {name} is a factor greater than 1, got {getattr(self, name)}")
+        for name in ("trend_baseline", "trend_steps"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(
+                    f"threshold {name} is a number of logged iterations (an integer >= 1), got {getattr(self, name)!r}"
+                )
         if number("range_margin_bits") < 0:
             raise ValueError(f"threshold range_margin_bits must be >= 0, got {self.range_margin_bits}")
         if not isinstance(self.format_underflow_pct, Mapping):

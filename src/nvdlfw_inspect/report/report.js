@@ -19,6 +19,7 @@
     nonfinite: "NaN or inf", overflow: "overflow", underflow: "underflow",
     scale_change: "scale jumps", dynamic_range: "dynamic range beyond the format", peer_outlier: "unlike its peers",
     block_underflow: "blocks flush to zero", block_saturation: "blocks saturate", block_error: "a block loses its values",
+    kurtosis_growth: "kurtosis grows", outlier_channel_growth: "an outlier channel grows", scale_drift: "the scale drifts up",
   };
 
   const number = (v) => (v === null ? NaN : v === "inf" ? Infinity : v === "-inf" ? -Infinity : v);

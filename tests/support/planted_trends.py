@@ -1,0 +1,92 @@
+"""Tiny FP8 (current scaling) runs that diverge, for ``diagnose``'s growth findings: each returns its losses, so a
+test can tell where the loss diverged and how long before it the growth was flagged.
+
+``growing_channel_run``: a two-layer MLP regression whose input channel ``CHANNEL`` is multiplied by ``growth`` more
+each step (an outlier feature that grows); SGD diverges once that channel's curvature passes 2 / lr (x100 its starting
+loss at step 17, NaN from step 20). ``growth=1``: the same run, healthy.
+``attention_run``: one attention head (q, k, v projections) fit to a fixed teacher with SGD; a too-high ``lr`` (13.5)
+makes the query and key weights, and so the attention logits, grow until the loss blows up (x100 at step 15) and is
+no longer finite (inf at step 29); ``lr=2``: healthy.
+Both log kurtosis, rms, outlier_channel_ratio, max_channel and cur_amax of every GEMM tensor (``LogTensorStats``)
+and scale_inv_max of the cast ones (``LogFp8TensorStats``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+import lowprec
+import nvdlfw_inspect.api as debug_api
+
+EARLY = ["kurtosis", "rms", "outlier_channel_ratio", "max_channel", "cur_amax"]
+STATS = {
+    "LogTensorStats": {"enabled": True, "tensors": ["activation", "weight", "output"], "stats": EARLY},
+    "LogFp8TensorStats": {"enabled": True, "tensors": ["activation", "weight"], "stats": ["scale_inv_max"]},
+}
+WIDTH, TOKENS, CHANNEL = 32, 64, 3
+
+
+def _start(log_dir: Path) -> None:
+    config = {"early": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": STATS}}
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
+
+
+def diverged_at(losses: list[float], factor: float = 100.0) -> int | None:
+    """The first step whose loss is not finite or ``factor`` times the median of the first three; None if none."""
+    start = sorted(losses[:3])[1]
+    return next((step for step, loss in enumerate(losses) if not math.isfinite(loss) or loss > factor * start), None)
+
+
+def growing_channel_run(log_dir: Path, steps: int = 30, growth: float = 1.25, lr: float = 0.02) -> list[float]:
+    _start(log_dir)
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    fc1, fc2 = lowprec.Linear(WIDTH, WIDTH, name="model.fc1"), lowprec.Linear(WIDTH, 1, name="model.fc2")
+    teacher = torch.randn(WIDTH, 1, generator=gen) / math.sqrt(WIDTH)
+    optimizer = torch.optim.SGD([*fc1.parameters(), *fc2.parameters()], lr=lr)
+    losses = []
+    try:
+        for step in range(steps):
+            x = torch.randn(TOKENS, WIDTH, generator=gen)
+            scaled = x.clone()
+            scaled[:, CHANNEL] *= growth**step
+            with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+                y = fc2(torch.nn.functional.gelu(fc1(scaled)))
+            loss = torch.nn.functional.mse_loss(y.float(), x @ teacher)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            debug_api.step()
+    finally:
+        debug_api.end_debug()
+    return losses
+
+
+def attention_run(log_dir: Path, steps: int = 32, lr: float = 13.5) -> list[float]:
+    _start(log_dir)
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    names = ("q", "k", "v")
+    proj = {name: lowprec.Linear(WIDTH, WIDTH, name=f"model.attn.{name}_proj") for name in names}
+    x = torch.randn(TOKENS, WIDTH, generator=gen)
+    target = torch.softmax(x @ x.T / math.sqrt(WIDTH), dim=-1) @ x  # a teacher head
+    optimizer = torch.optim.SGD([p for layer in proj.values() for p in layer.parameters()], lr=lr)
+    losses = []
+    try:
+        for _ in range(steps):
+            with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+                q, k, v = (proj[name](x).float() for name in names)
+            out = torch.softmax(q @ k.T / math.sqrt(WIDTH), dim=-1) @ v
+            loss = torch.nn.functional.mse_loss(out, target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            debug_api.step()
+    finally:
+        debug_api.end_debug()
+    return losses
