@@ -151,6 +151,11 @@ def check_precision_plan(directory: Path, stdout: str) -> None:
     assert "wgrad: high_precision;" in lines[2]
 
 
+def check_guard(tmp_path: Path, stdout: str) -> None:
+    assert "skipped: model.0 activation, micro-batch 1, step 2" in stdout
+    assert stdout.rstrip().splitlines()[-1].startswith("non-finite values (NaN or inf) at step 2: first in layer model.0")
+
+
 CHECKS = {
     "Quick start": check_quick_start,
     "Weights & Biases": check_wandb,
@@ -167,6 +172,7 @@ CHECKS = {
     "Scales as numbers, each orientation's values, the Hadamard domain, reproducible noise": check_quantize_details,
     "Block-scaled recipes: MXFP8, FP8 block scaling, NVFP4, the OCP MX family (MXFP6, MXFP4)": check_mx_family,
     "Debugging FP8 training (config namespace `transformer_engine`)": check_fp8_debugging,
+    "Stopping a poisoned step: NonfiniteGuard": check_guard,
 }
 APPENDED = {
     "FP8 layers: `lowprec`": "assert y.shape == (16, 32) and x.grad.shape == (16, 64) and layer.weight.grad is not None\n"
