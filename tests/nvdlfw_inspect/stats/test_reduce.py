@@ -33,19 +33,33 @@ def all_reduced(per_rank: list[torch.Tensor], stamps: list[tuple[float, float, f
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Every field to 1e-12 relative; M3 and M4 also within their conditioning: moving the k-th moment to another
+    centre adds k x M_{k-1} x the centre's shift, whose rounding is |mean| x eps, whichever way it is merged (with a
+    mean a million times the spread, that is 1e-8 of M3), allowed at 30 eps."""
     for field, i in INDEX.items():
         g, w = got[..., i], want[..., i]
         assert torch.equal(g.isnan(), w.isnan()), field
         ok = ~w.isnan()
-        torch.testing.assert_close(g[ok], w[ok], rtol=1e-12, atol=1e-300, msg=field)
+        allowed = 1e-12 * w[ok].abs() + 1e-300
+        if field in ("m3", "m4"):
+            lower = want[..., INDEX["m2" if field == "m3" else "m3"]][ok].abs()
+            allowed = allowed + 1e-14 * lower * want[..., INDEX["mean"]][ok].abs()
+        assert ((g[ok] == w[ok]) | ((g[ok] - w[ok]).abs() <= allowed)).all(), (field, g[ok], w[ok])
+
+
+_G = torch.Generator().manual_seed(0)  # the cases' values, the same whatever ran before
+
+
+def _randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=_G, dtype=dtype)
 
 
 CASES = {
-    "plain": [torch.randn(100) * 3 + 1, torch.randn(37) - 2, torch.randn(5) * 0.1],
-    "mean a million times the spread": [torch.randn(4096, dtype=torch.float64) + 1e6 for _ in range(3)],
-    "an empty rank": [torch.randn(50), torch.empty(0), torch.randn(20)],
-    "NaN on one rank": [torch.tensor([1.0, math.nan, 2.0]), torch.randn(10), torch.randn(10)],
-    "inf on one rank": [torch.tensor([1.0, math.inf, -2.0]), torch.randn(10), torch.randn(10)],
+    "plain": [_randn(100) * 3 + 1, _randn(37) - 2, _randn(5) * 0.1],
+    "mean a million times the spread": [_randn(4096, dtype=torch.float64) + 1e6 for _ in range(3)],
+    "an empty rank": [_randn(50), torch.empty(0), _randn(20)],
+    "NaN on one rank": [torch.tensor([1.0, math.nan, 2.0]), _randn(10), _randn(10)],
+    "inf on one rank": [torch.tensor([1.0, math.inf, -2.0]), _randn(10), _randn(10)],
     "all zero": [torch.zeros(8), torch.zeros(3), torch.zeros(1)],
     "one value": [torch.tensor([3.5]), torch.empty(0), torch.empty(0)],
 }
@@ -53,7 +67,6 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_all_reduces_merge_as_merge_partials(case):
-    torch.manual_seed(0)
     tensors = CASES[case]
     per_rank = [torch.stack([partials(t), partials(t * -2 + 1)]) for t in tensors]  # two rows per rank
     stamp, got = all_reduced(per_rank)
