@@ -14,6 +14,7 @@ and scale_inv_max of the cast ones (``LogFp8TensorStats``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,6 +35,23 @@ def _start(log_dir: Path) -> None:
     debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
 
 
+def _train(optimizer: torch.optim.Optimizer, steps: int, loss_at: Callable[[int], torch.Tensor]) -> list[float]:
+    """``steps`` SGD steps on ``loss_at(step)``, each closed by ``debug_api.step()``; the debug run ends however they
+    end. The losses."""
+    losses = []
+    try:
+        for step in range(steps):
+            loss = loss_at(step)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            debug_api.step()
+    finally:
+        debug_api.end_debug()
+    return losses
+
+
 def diverged_at(losses: list[float], factor: float = 100.0) -> int | None:
     """The first step whose loss is not finite or ``factor`` times the median of the first three; None if none."""
     start = sorted(losses[:3])[1]
@@ -47,23 +65,16 @@ def growing_channel_run(log_dir: Path, steps: int = 30, growth: float = 1.25, lr
     fc1, fc2 = lowprec.Linear(WIDTH, WIDTH, name="model.fc1"), lowprec.Linear(WIDTH, 1, name="model.fc2")
     teacher = torch.randn(WIDTH, 1, generator=gen) / math.sqrt(WIDTH)
     optimizer = torch.optim.SGD([*fc1.parameters(), *fc2.parameters()], lr=lr)
-    losses = []
-    try:
-        for step in range(steps):
-            x = torch.randn(TOKENS, WIDTH, generator=gen)
-            scaled = x.clone()
-            scaled[:, CHANNEL] *= growth**step
-            with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
-                y = fc2(torch.nn.functional.gelu(fc1(scaled)))
-            loss = torch.nn.functional.mse_loss(y.float(), x @ teacher)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-            debug_api.step()
-    finally:
-        debug_api.end_debug()
-    return losses
+
+    def loss_at(step: int) -> torch.Tensor:
+        x = torch.randn(TOKENS, WIDTH, generator=gen)
+        scaled = x.clone()
+        scaled[:, CHANNEL] *= growth**step
+        with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+            y = fc2(torch.nn.functional.gelu(fc1(scaled)))
+        return torch.nn.functional.mse_loss(y.float(), x @ teacher)
+
+    return _train(optimizer, steps, loss_at)
 
 
 def attention_run(log_dir: Path, steps: int = 32, lr: float = 13.5) -> list[float]:
@@ -75,18 +86,11 @@ def attention_run(log_dir: Path, steps: int = 32, lr: float = 13.5) -> list[floa
     x = torch.randn(TOKENS, WIDTH, generator=gen)
     target = torch.softmax(x @ x.T / math.sqrt(WIDTH), dim=-1) @ x  # a teacher head
     optimizer = torch.optim.SGD([p for layer in proj.values() for p in layer.parameters()], lr=lr)
-    losses = []
-    try:
-        for _ in range(steps):
-            with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
-                q, k, v = (proj[name](x).float() for name in names)
-            out = torch.softmax(q @ k.T / math.sqrt(WIDTH), dim=-1) @ v
-            loss = torch.nn.functional.mse_loss(out, target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-            debug_api.step()
-    finally:
-        debug_api.end_debug()
-    return losses
+
+    def loss_at(step: int) -> torch.Tensor:
+        with lowprec.fp8_autocast(fp8_recipe=lowprec.Float8CurrentScaling()):
+            q, k, v = (proj[name](x).float() for name in names)
+        out = torch.softmax(q @ k.T / math.sqrt(WIDTH), dim=-1) @ v
+        return torch.nn.functional.mse_loss(out, target)
+
+    return _train(optimizer, steps, loss_at)

@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from collecting import Collect
 from debugrun import section, start, train_step
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.errors import ConfigError
-from nvdlfw_inspect.logging import BaseLogger
 
 EARLY = ["kurtosis", "rms", "outlier_channel_ratio", "max_channel"]
 TENSORS = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
-
-
-class Collect(BaseLogger):
-    def __init__(self):
-        self.values: dict[tuple[str, int], float] = {}
-
-    def log_scalar(self, name, value, iteration):
-        self.values[(name, iteration)] = value
 
 
 def reference(tensors: list[torch.Tensor]) -> dict[str, float]:

@@ -10,24 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 from blockref import block_ref, fp8_round, mxfp8_ref
+from collecting import Collect
 from debugrun import CURRENT, make_linear, section, start, train_step
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
 from lowprec.formats.elements import E4M3, E5M2, FP8Format
 from nvdlfw_inspect.errors import ConfigError
-from nvdlfw_inspect.logging import BaseLogger
 
 DELAYED = lowprec.DelayedScaling()
 EXAMPLES_FP8 = Path(__file__).parents[3] / "examples" / "configs" / "seed002_fp8_stats.yaml"
-
-
-class Collect(BaseLogger):
-    def __init__(self):
-        self.values: dict[tuple[str, int], float] = {}
-
-    def log_scalar(self, name, value, iteration):
-        self.values[(name, iteration)] = value
 
 
 def wide(shape, seed: int) -> torch.Tensor:

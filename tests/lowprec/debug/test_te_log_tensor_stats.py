@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from collecting import Collect
 from debugrun import make_linear, section, start, train_step
 from logreader import read_messages, read_stats
 from statref import reference_stats
@@ -14,18 +15,9 @@ import lowprec
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.schedule import next_enabled_iter
 from nvdlfw_inspect.errors import ConfigError
-from nvdlfw_inspect.logging import BaseLogger
 
 ALL_STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
 ALL_TENSORS = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
-
-
-class Collect(BaseLogger):
-    def __init__(self):
-        self.values: dict[tuple[str, int], float] = {}
-
-    def log_scalar(self, name, value, iteration):
-        self.values[(name, iteration)] = value
 
 
 def stats_config(**keys) -> dict:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from collecting import Collect
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.errors import ConfigError
-from nvdlfw_inspect.logging import BaseLogger
 from nvdlfw_inspect.stats.catalog import EARLY_STATS, column_amax, derive_floats, derive_tensors
 from nvdlfw_inspect.stats.fields import INDEX, merge_partials
 from nvdlfw_inspect.stats.kernels.fallback import tensor_partials
@@ -171,14 +171,6 @@ def test_two_gloo_ranks_log_the_statistics_of_every_micro_batch_of_both(tmp_path
         stats = json.loads((log_dir / f"values-{rank}.json").read_text())
         assert_matches({stat: stats[f"early_activation_{stat}"] for stat in EARLY}, want)
         assert stats["early_activation_std"] == pytest.approx(every.std().item(), rel=1e-12)
-
-
-class Collect(BaseLogger):
-    def __init__(self):
-        self.values: dict[tuple[str, int], float] = {}
-
-    def log_scalar(self, name, value, iteration):
-        self.values[(name, iteration)] = value
 
 
 @pytest.fixture
