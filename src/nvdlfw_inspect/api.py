@@ -192,7 +192,7 @@ def guard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if verdict is None:
             return original(*args, **kwargs)
         get_logger().log_message(f"guard_optimizer: skipped the optimizer step of step {verdict[0].step}", logging.WARNING)
-        manager.raise_nonfinite(verdict, manager._trainer_iteration_count)
+        manager.raise_nonfinite(verdict, verdict[0].step)
         return None
 
     optimizer.step = step
