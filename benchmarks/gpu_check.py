@@ -8,7 +8,7 @@ that fails or runs out of time is reported and the next one still runs. Without 
 ``--tiny``) the same plan runs on the CPU at tiny sizes, so that the plan is tested where no GPU is.
 
 Optional wheels in ``.whl/`` are installed (``pip install --no-index --no-deps --target``) into a
-temporary directory each: ``torchao-*.whl`` is put on the benchmarks' ``PYTHONPATH``;
+temporary directory each: ``torchao-*.whl`` is put on the tests' and the benchmarks' ``PYTHONPATH``;
 ``nvdlfw_inspect-*.whl`` (the reference, which shares our import name) is seen only by the reference's
 worker processes (``$NVDLFW_INSPECT_REFERENCE_PATH``, see ``harness.reference_python``).
 
@@ -505,9 +505,9 @@ def main() -> None:
         torchao_dir, torchao = install_wheel("torchao-*.whl", work / "torchao")
         reference_dir, reference = install_wheel("nvdlfw_inspect-*.whl", work / "reference")
         base_env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if torchao_dir is not None:  # the tests' MX references and the benchmarks' comparison both import it
+            base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(torchao_dir), os.environ.get("PYTHONPATH")]))
         bench_env = dict(base_env, NVDLFW_INSPECT_REFERENCE_PATH=str(reference_dir or ""))
-        if torchao_dir is not None:
-            bench_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(torchao_dir), os.environ.get("PYTHONPATH")]))
         info = environment(bench_env)
         tiny = args.tiny or not info["cuda_available"]
         if not args.tiny and tiny:

@@ -23,7 +23,7 @@ import triton.language as tl
 from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E4M3, E5M2, ElementFormat, FP8Format
 from lowprec.formats.scales import NVIDIA, Float8BlockScaleRule, MXScaleRule, ScaleRule, overflow_scale
-from lowprec.kernels.fp8_cast import OPTIONS, fp8_bytes, load_tile
+from lowprec.kernels.fp8_cast import OPTIONS, fp8_bytes, fp32, load_tile
 
 E8M0, FP32_POWER_OF_2, FP32 = 0, 1, 2  # the kernel's SCALE_KIND: how block amaxes become scales
 BLOCK_WIDTHS = (32, 64, 128)  # tiles the kernel handles (BLOCK x BLOCK, a power of two)
@@ -167,7 +167,7 @@ def quantize_block_fp8(
             cols,
             tensor.stride(0),
             tensor.stride(1),
-            INV_FP8_MAX=torch.tensor(1.0 / fmt.max, dtype=torch.float32).item(),  # exactly fp32(1 / fp8_max)
+            INV_FP8_MAX=fp32(1.0 / fmt.max),
             FP8_MAX=fmt.max,
             MIN_NORMAL_EXP=fmt.min_normal_exp,
             MANTISSA_BITS=fmt.mantissa_bits,

@@ -22,6 +22,8 @@ compile to the same GPU code.
 
 from __future__ import annotations
 
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -29,6 +31,13 @@ import triton.language as tl
 from lowprec.formats.elements import E4M3, FP8Format
 from lowprec.formats.scales import FP32_MAX
 from nvdlfw_inspect.stats.kernels.triton import round_to_grid
+
+
+def fp32(value: float) -> float:
+    """``value`` rounded to the nearest fp32, on the host: a constant for a kernel that must equal the fp32
+    arithmetic of the emulation (a tensor made for this would be a host-to-device copy inside the step)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
 
 TILE = 64
 AMAX_BLOCK = 4096
@@ -38,7 +47,10 @@ FP32_MAX_CONSTEXPR = tl.constexpr(FP32_MAX)  # what the kernels clamp infinite s
 NAN_BYTE = tl.constexpr(0x7F)  # the canonical positive NaN of E4M3 and E5M2
 
 
-@triton.jit
+# The sizes and the row stride are never specialized as multiples of 16: on an H200 (Triton 3.6) a tile whose
+# sizes were (256 x 384, say) compiled to misaligned 16-byte reads once the amax and the transpose shared the
+# tile; the element-wise code compiled for other sizes (1000 x 777) ran correctly, so every size takes that code.
+@triton.jit(do_not_specialize=["rows", "cols", "stride_row"])
 def _cast_tile(
     x_ptr,
     scale_ptr,

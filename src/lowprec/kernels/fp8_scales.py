@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from lowprec.formats.elements import FP8Format
-from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, amax_partials, nan_ignoring_max
+from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, amax_partials, fp32, nan_ignoring_max
 
 PARTIALS_BLOCK = 1024
 
@@ -75,7 +75,7 @@ def _delayed_update(
 
 def scaled_max(fmt: FP8Format, margin: int) -> float:
     """``fp8_max * 2**-margin`` as an fp32 value (what the scale kernels divide by the amax)."""
-    return torch.tensor(fmt.max * 2.0**-margin, dtype=torch.float32).item()
+    return fp32(fmt.max * 2.0**-margin)
 
 
 def current_scaling(tensor: torch.Tensor, fmt: FP8Format, margin: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ a recipe of its own, by default its training fprop's.
 from __future__ import annotations
 
 import difflib
+import enum
 import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,22 +28,24 @@ class UnusedPlanRuleWarning(UserWarning):
 GEMMS = ("fprop", "dgrad", "wgrad")
 
 
-class _Choice:
-    """A named sentinel among the recipe choices."""
+class _Choice(enum.Enum):
+    """The named sentinels among the recipe choices, their values what they mean. An enum, so that
+    ``torch.compile`` can trace a forward that builds ``GemmRecipes`` from them (torch 2.11's Dynamo cannot wrap
+    an instance of a plain class made outside the trace)."""
 
-    def __init__(self, name: str, meaning: str):
-        self.name = name
-        self.meaning = meaning
+    FROM_AUTOCAST = "the recipe of the lowprec.autocast in force"
+    AS_TRAINING = "the layer's training fprop recipe"
 
     def __repr__(self) -> str:
         return self.name
 
-    def __reduce__(self) -> str:
-        return self.name  # a pickled plan keeps the one sentinel
+    @property
+    def meaning(self) -> str:
+        return self.value
 
 
-FROM_AUTOCAST = _Choice("FROM_AUTOCAST", "the recipe of the lowprec.autocast in force")
-AS_TRAINING = _Choice("AS_TRAINING", "the layer's training fprop recipe")
+FROM_AUTOCAST = _Choice.FROM_AUTOCAST
+AS_TRAINING = _Choice.AS_TRAINING
 
 Choice = Recipe | None | _Choice
 

@@ -138,6 +138,7 @@ class DelayedScalingQuantizer:
         self.scale = torch.ones((), dtype=torch.float32)
         self.scale_inv = torch.ones((), dtype=torch.float32)
         self.amax_history = torch.zeros(recipe.amax_history_len, dtype=torch.float32)
+        self._initial_state = (self.scale, self.scale_inv, self.amax_history)  # every update replaces the tensors
 
     @property
     def dtype(self) -> torch.dtype:
@@ -145,9 +146,18 @@ class DelayedScalingQuantizer:
 
     def scale_for(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.scale.device != tensor.device:
-            self.scale, self.scale_inv = self.scale.to(tensor.device), self.scale_inv.to(tensor.device)
-            self.amax_history = self.amax_history.to(tensor.device)
+            self._move_state(tensor.device)
         return self.scale
+
+    def _move_state(self, device: torch.device) -> None:
+        """The state on ``device``: the initial one made there (a copy from the host inside the first step
+        would wait for the GPU), one that recorded amaxes copied."""
+        state = (self.scale, self.scale_inv, self.amax_history)
+        if all(now is initial for now, initial in zip(state, self._initial_state, strict=True)):
+            self.scale, self.scale_inv = (torch.ones((), dtype=torch.float32, device=device) for _ in range(2))
+            self.amax_history = torch.zeros(self.recipe.amax_history_len, dtype=torch.float32, device=device)
+        else:
+            self.scale, self.scale_inv, self.amax_history = (t.to(device) for t in state)
 
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
         """On the fused path: one pass casts (and transposes if asked) and records the amax; a tiny

@@ -63,6 +63,21 @@ def test_cast_kernel_compiles_for_hopper_with_exact_hardware_conversions(fmt, dt
     assert "0f4B400000" in ptx and "fma" not in ptx  # the grid rounding, each step rounded as written
 
 
+@pytest.mark.parametrize(("rows", "cols"), [(256, 384), (1000, 777)])
+def test_cast_kernel_reads_element_wise_whatever_the_sizes(rows, cols):
+    """On an H200 (Triton 3.6) the transposing, amax-recording cast specialized for 256 x 384 made misaligned
+    16-byte reads; for 1000 x 777 (no size a multiple of 16) it ran correctly. Every size now gets that code."""
+    from triton_aot import hopper_ptx
+
+    from lowprec.kernels import fp8_cast
+
+    constexprs = {"FP8_MAX": E4M3.max, "MIN_NORMAL_EXP": E4M3.min_normal_exp, "MANTISSA_BITS": E4M3.mantissa_bits}
+    constexprs |= {"IS_E4M3": True, "TRANSPOSE": True, "RECORD_AMAX": True, "TILE": fp8_cast.TILE}
+    launch = {"rows": rows, "cols": cols, "stride_row": cols, "stride_col": 1}
+    ptx = hopper_ptx(fp8_cast._cast_tile, CAST_SIGNATURE, constexprs, fp8_cast.OPTIONS, launch)
+    assert "ld.global.b16" in ptx and "ld.global.v" not in ptx
+
+
 def test_amax_kernel_compiles_for_hopper():
     from triton_aot import hopper_ptx
 

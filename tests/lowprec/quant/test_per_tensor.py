@@ -102,6 +102,29 @@ def test_delayed_scaling_keeps_the_scale_for_zero_or_nan_amax():
     assert quantizer.scale.item() == 112.0
 
 
+class CountCopies(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.copies += func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
+        return func(*args, **(kwargs or {}))
+
+
+def test_delayed_scaling_makes_a_fresh_state_on_the_device_and_copies_a_recorded_one():
+    """A copy from the host inside the first training step would wait for the GPU ("meta" stands in for it)."""
+    fresh = DelayedScalingQuantizer(E4M3, DelayedScaling(amax_history_len=4))
+    with CountCopies() as counted:
+        assert fresh.scale_for(torch.empty(2, device="meta")).device.type == "meta"
+    assert counted.copies == 0 and fresh.amax_history.shape == (4,) and fresh.scale_inv.device.type == "meta"
+    used = DelayedScalingQuantizer(E4M3, DelayedScaling(amax_history_len=4))
+    used.quantize(torch.full((2,), 4.0))
+    with CountCopies() as counted:
+        used.scale_for(torch.empty(2, device="meta"))
+    assert counted.copies == 3 and used.amax_history.device.type == "meta"
+
+
 def test_delayed_scaling_overflow_saturates():
     quantizer = DelayedScalingQuantizer(E4M3, DelayedScaling())
     quantizer.quantize(torch.full((2,), 1.0))  # next scale 448

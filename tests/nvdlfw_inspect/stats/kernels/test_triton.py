@@ -53,6 +53,19 @@ def test_kernel_compiles_for_hopper(dtype):
     assert "ld.global.cg" in ptx  # the scratch rows bypass the L1 cache, which other programs' writes do not update
 
 
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3], [1], [16, 32]])
+def test_kernel_compiles_for_the_rows_a_launch_specializes(rows):
+    """A launch turns an int argument equal to 1 into a constant and marks multiples of 16; rows 0 and 1 are every
+    first two rows of a table (an H200 refused the kernel for row 1 before the rows were exempted)."""
+    from triton_aot import hopper_ptx
+
+    from nvdlfw_inspect.stats.kernels.triton import OPTIONS, _tensor_stats
+
+    signature, constexprs = kernel_signature("*bf16")
+    launch_ints = {"n": 4096, **{f"row{i}": row for i, row in enumerate(rows + [0] * (4 - len(rows)))}}
+    assert "ld.global" in hopper_ptx(_tensor_stats, signature, constexprs, OPTIONS, launch_ints)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_kernel_on_the_gpu():
     result = subprocess.run([sys.executable, str(CHECKS), "--device", "cuda"], capture_output=True, text=True, timeout=600)
