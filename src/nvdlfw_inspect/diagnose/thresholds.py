@@ -162,7 +162,8 @@ class Thresholds:
     Growth over the run (``trends``), judged against a baseline: the median of the first ``trend_baseline`` logged
     values after warm-up (default 3). A statistic grows from the first later iteration that starts ``trend_steps``
     (default 3) consecutive logged values over ``factor`` x its baseline, if from there on it is over in at least
-    ``persistence`` of the logged iterations. The factors: ``kurtosis_growth`` (``kurtosis``, default 2),
+    ``persistence`` of the logged iterations. The factors: ``kurtosis_growth`` (``kurtosis``, default 3:
+    at 2 an attention head that learns well under Adam was flagged, its key output's kurtosis doubling as it sharpens),
     ``outlier_growth`` (``outlier_channel_ratio``, default 2), ``scale_drift`` (the scale, ``scale_inv_max``, else the
     amax ``cur_amax``, default 8: three binades).
     """
@@ -182,7 +183,7 @@ class Thresholds:
     worst_block_err: float | None = None
     trend_baseline: int = 3
     trend_steps: int = 3
-    kurtosis_growth: float = 2.0
+    kurtosis_growth: float = 3.0
     outlier_growth: float = 2.0
     scale_drift: float = 8.0
 
