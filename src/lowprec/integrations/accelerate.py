@@ -11,6 +11,7 @@
                 optimizer.step()
                 optimizer.zero_grad()
             run.step()  # after every batch: steps the debug run only when accelerator.sync_gradients
+        accelerator.save_state("checkpoint")  # refused (PoisonedCheckpointError) after a poisoned step
 
 Entering starts the run, with the layers named from the model without its wrappers (``accelerator.prepare``'s
 DDP, FSDP, DeepSpeed, ``torch.compile``; PEFT); leaving ends it, also when the loop raises. The prepared model's
@@ -18,10 +19,17 @@ forward runs under ``lowprec.autocast(recipe=..., plan=...)`` in train mode, and
 the loop) under the same autocast with inspection paused, so that evaluation adds nothing to the statistics. With
 ``plan`` (a precision plan: a YAML path, a mapping or a ``lowprec.plan.PrecisionPlan``), the layers its rules select
 run its recipes, per GEMM and for evaluation forwards, the others ``recipe``.
+
+While the run is open, ``accelerator.save_state`` and ``accelerator.save_model`` first call
+``DebugSession.check_checkpoint``: after a step in which ``NonfiniteGuard`` saw NaN or inf they raise
+``PoisonedCheckpointError`` before anything is written (FSDP and DeepSpeed write parts of a state before
+accelerate's own save hooks run, so the check wraps the two methods instead), unless
+``allow_poisoned_checkpoint=True``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -52,10 +60,25 @@ class DebugRun:
         self.model = model
         self.init_training_step = init_training_step
         self.session = DebugSession(config_file, **options)
+        self._restore_saving: list[str] = []
 
     def __enter__(self) -> DebugRun:
         self.session.start(self.model, init_training_step=self.init_training_step)
+        for name in ("save_state", "save_model"):
+            self._guard_saving(name)
         return self
+
+    def _guard_saving(self, name: str) -> None:
+        """``accelerator.<name>`` checks the run first (this instance's attribute, removed when the run ends)."""
+        save = getattr(self.accelerator, name)
+
+        @functools.wraps(save)
+        def checked_save(*args: Any, **kwargs: Any) -> Any:
+            self.session.check_checkpoint()
+            return save(*args, **kwargs)
+
+        setattr(self.accelerator, name, checked_save)
+        self._restore_saving.append(name)
 
     def step(self) -> None:
         """Call after every batch: at the batch that ends a gradient accumulation (``accelerator.sync_gradients``,
@@ -64,4 +87,8 @@ class DebugRun:
             self.session.step()
 
     def __exit__(self, *exc_info: object) -> None:
-        self.session.end()
+        try:
+            while self._restore_saving:
+                delattr(self.accelerator, self._restore_saving.pop())
+        finally:
+            self.session.end()

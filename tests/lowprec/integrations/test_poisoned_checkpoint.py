@@ -108,3 +108,33 @@ def test_hf_trainer_refuses_to_save_after_a_poisoned_step(tmp_path):
     with pytest.warns(RuntimeWarning):
         train(poison_at=1, allow_poisoned_checkpoint=True)
     assert (tmp_path / "out" / "checkpoint-2").exists()
+
+
+def test_accelerate_refuses_to_save_after_a_poisoned_step(tmp_path):
+    accelerate = pytest.importorskip("accelerate")
+    from lowprec.integrations.accelerate import DebugRun
+
+    def train(poison_at, save_to, **options):
+        accelerator = accelerate.Accelerator(cpu=True)
+        model = Net(poison_at)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(samples(), batch_size=4)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        with DebugRun(accelerator, model, CONFIG, log_dir=tmp_path / "logs", recipe=RECIPE, **options) as run:
+            for batch in loader:
+                accelerator.backward(model(batch["x"])["loss"])
+                optimizer.step()
+                optimizer.zero_grad()
+                run.step()
+            accelerator.save_state(save_to / "state")
+            accelerator.save_model(model, save_to / "model")
+        assert "save_state" not in vars(accelerator)  # the run's check is gone with the run
+
+    with pytest.warns(RuntimeWarning), pytest.raises(PoisonedCheckpointError, match="layer model.fc1, tensor gradient"):
+        train(poison_at=1, save_to=tmp_path / "poisoned")
+    assert not (tmp_path / "poisoned").exists()
+    with pytest.warns(RuntimeWarning):
+        train(poison_at=1, save_to=tmp_path / "allowed", allow_poisoned_checkpoint=True)
+    train(poison_at=None, save_to=tmp_path / "clean")
+    for run in ("allowed", "clean"):
+        assert any((tmp_path / run / "state").iterdir()) and any((tmp_path / run / "model").iterdir())
