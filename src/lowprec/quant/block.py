@@ -156,8 +156,8 @@ class BlockQuantizer:
         rowwise = BlockScaledData(data, scales, inv, BlockLayout(self.element, self.block, tuple(x.shape)))
         if not transpose:
             return rowwise, None
-        if not both:
-            transformed = self._padded(x.t().float(), self.hadamard_seed, x.dtype)
+        if not both:  # transformed down x's columns in its own layout (contiguous rows), then read transposed
+            transformed = self._padded(x.float(), self.hadamard_seed, x.dtype, columnwise=True).t()
             column_keys = None if keys is None else (keys[1], 0)
             data_t, scales_t, inv_t, *_ = nvfp4.quantize_nvfp4(transformed, self.block[0], False, column_keys)
         layout = BlockLayout(self.element, self.block, tuple(x.t().shape), self.hadamard_seed)
