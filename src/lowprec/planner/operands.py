@@ -31,6 +31,7 @@ from lowprec.debug.quantized_stats import from_block
 from lowprec.modules.base import gemm_leaves
 from lowprec.modules.gemm_unit import GemmUnit, autocast_dtype
 from lowprec.modules.grouped_gemm import GroupedGemm
+from lowprec.modules.recompute import in_backward
 from lowprec.plan import named_recipe
 from lowprec.quant.protocol import Float8Tensor
 from lowprec.study import QuantizedView
@@ -69,10 +70,11 @@ def captured_operands(model: torch.nn.Module) -> Iterator[Operands]:
         def record(layer_name: str, x: torch.Tensor, weight: torch.Tensor, bias: Any, training: bool = True) -> Any:
             out = linear(layer_name, x, weight, bias, training)
             tensors = captured.setdefault(layer_name, {"activation": [], "weight": [], "gradient": []})
-            x2d = x.detach().reshape(-1, x.shape[-1])
-            tensors["activation"].append(x2d.to(autocast_dtype(x) or x.dtype))
-            tensors["weight"].append(weight.detach())
-            if out.requires_grad:
+            if not in_backward():  # a forward inside a backward repeats one recorded already (checkpointing)
+                x2d = x.detach().reshape(-1, x.shape[-1])
+                tensors["activation"].append(x2d.to(autocast_dtype(x) or x.dtype))
+                tensors["weight"].append(weight.detach())
+            if out.requires_grad:  # the graph backpropagated: the first forward's, or a reentrant recomputation's
                 out.register_hook(lambda grad: tensors["gradient"].append(grad.detach().reshape(-1, grad.shape[-1])))
             return out
 

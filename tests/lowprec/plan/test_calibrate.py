@@ -188,3 +188,17 @@ def test_the_page_says_why_with_the_operands_errors_and_a_calibration_without_th
     old = Calibration.load(tmp_path / "old.json")
     assert old.errors == {} and old.update == calibration.update
     assert "; kept mxfp8</td>" in reasons(old, formats, kappa=1.0)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpointed_forward_is_captured_once(reentrant):
+    """Activation checkpointing runs each forward again inside the backward: its operands are the same, captured once
+    (the gradient from whichever forward the backward goes through: the recomputed one when reentrant)."""
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(lowprec.Linear(16, 16, name="model.a"), torch.nn.GELU(), lowprec.Linear(16, 16, name="model.b"))
+    x = torch.randn(8, 16, requires_grad=True)
+    with captured_operands(layers) as operands:
+        torch.utils.checkpoint.checkpoint(layers, x, use_reentrant=reentrant).square().sum().backward()
+    for name in ("model.a", "model.b"):
+        assert {tensor: len(seen) for tensor, seen in operands[name].items()} == {"activation": 1, "weight": 1, "gradient": 1}
+    assert torch.equal(operands["model.a"]["activation"][0], x.detach())
