@@ -275,6 +275,9 @@ class DebugManager:
             if self.poisoned is None:
                 self.poisoned = verdict[0]
             get_logger().log_message(f"NonfiniteGuard: {verdict[0]}", logging.ERROR)
+            error = verdict[0]
+            fields = ("layer", "gemm", "tensor", "micro_batch")
+            get_logger().log_nonfinite({key: getattr(error, key) for key in fields} | {"iteration": step})
             warnings.warn(f"NonfiniteGuard: {verdict[0]}", RuntimeWarning, stacklevel=3)
         return verdict
 

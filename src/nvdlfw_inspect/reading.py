@@ -7,7 +7,8 @@ A file whose last line is torn (its writer was killed, or ran out of space, whil
 without that line, with a ``TornLineWarning``. Any other line that is no statistics record (it does not
 parse, or a field has the wrong type) is skipped: one ``SkippedRecordsWarning`` per file says how many and
 names the first by its line. A directory named like a statistics file is skipped with that warning too.
-The routing records (``read_routing``: which GEMM read which tensor in which precision) are read the same way.
+The routing records (``read_routing``: which GEMM read which tensor in which precision) are read the same way, and
+``NonfiniteGuard``'s findings (``read_nonfinite``) from their lines of the debug log.
 
 Records a run could not write (its records directory full, its text log not) are said once with a
 ``LostRecordsWarning``, and the statistics they lack are read from the text log (to its 4 decimals).
@@ -28,6 +29,7 @@ from typing import Any, NamedTuple
 from nvdlfw_inspect.errors import short_repr
 from nvdlfw_inspect.logging import (
     MAIN_LOG_DIR,
+    NONFINITE_RECORD,
     ROUTING_DECISIONS,
     ROUTING_GEMMS,
     ROUTING_RECORDS_DIR,
@@ -68,6 +70,19 @@ class RoutingRecord(NamedTuple):
     format: str | None = None  # the format the GEMM's recipe reads the tensor in (``mxfp8``, ``nvfp4``, ...), when said
     recipe_spec: dict[str, Any] | None = None  # that recipe with its options, as a precision plan writes it, when said
     plan_rule: str | None = None  # the precision plan rule that chose the GEMM's recipe, when one did
+
+
+class NonfiniteRecord(NamedTuple):
+    """``NonfiniteGuard``'s finding at ``iteration`` (a step) on ``rank``: the first tensor in execution order that held
+    NaN or inf (``layer``, the ``gemm`` that reads it, ``tensor``, ``micro_batch``); all four None where only another
+    rank of the reduction group saw one."""
+
+    rank: int
+    iteration: int
+    layer: str | None
+    gemm: str | None
+    tensor: str | None
+    micro_batch: int | None
 
 
 class SkippedRecordsWarning(UserWarning):
@@ -256,6 +271,35 @@ def read_routing(log_dir: str | Path) -> list[RoutingRecord]:
         skipped = _Skipped(path, "routing record")
         with path.open("rb") as file:
             records += _line_by_line(path, file.readlines(), 1, _rank_of(path), skipped, _routing)
+        skipped.say()
+    return records
+
+
+def _nonfinite(record: dict[str, Any], default_rank: int) -> NonfiniteRecord:
+    fields = {key: record[key] for key in ("iteration", "layer", "gemm", "tensor", "micro_batch")}
+    fields["rank"] = record.get("rank", default_rank)
+    for key, kind in [("iteration", int), ("rank", int), ("layer", str), ("gemm", str), ("tensor", str), ("micro_batch", int)]:
+        if type(fields[key]) is not kind and (fields[key] is not None or key in ("iteration", "rank")):
+            raise TypeError(f"{key} is {short_repr(fields[key])}, not {'an integer' if kind is int else 'a string'}")
+    return NonfiniteRecord(**fields)
+
+
+def read_nonfinite(log_dir: str | Path) -> list[NonfiniteRecord]:
+    """``NonfiniteGuard``'s findings in the run in ``log_dir`` (or one of its directories), every rank's, in the
+    order written: the lines of each rank's debug log that ``FileLogger.log_nonfinite`` wrote. None without the guard
+    (or before it found anything); a line whose record does not parse is skipped with a ``SkippedRecordsWarning``."""
+    marker = f" - {NONFINITE_RECORD}".encode()
+    records: list[NonfiniteRecord] = []
+    for path in sorted(_files(run_directory(log_dir) / MAIN_LOG_DIR, "*.log"), key=_rank_of):
+        skipped = _Skipped(path, "NonfiniteGuard record")
+        with path.open("rb") as file:
+            for number, line in enumerate(file, 1):
+                if marker not in line:
+                    continue
+                try:
+                    records.append(_nonfinite(json.loads(line.split(marker, 1)[1]), _rank_of(path)))
+                except (ValueError, KeyError, TypeError, AttributeError) as error:
+                    skipped.add(number, f"no field {error}" if isinstance(error, KeyError) else str(error), line)
         skipped.say()
     return records
 

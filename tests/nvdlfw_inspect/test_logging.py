@@ -376,3 +376,58 @@ def test_say_once_writes_the_debug_log_and_one_warning_and_without_a_session_the
     messages = read_messages(log_dir)
     assert messages.count(("WARNING", "LAYER=fc1: the GEMM of fc1 runs in high precision")) == 1
     assert ("INFO", "a note only for the log") in messages
+
+
+EARLY = ["kurtosis", "rms", "outlier_channel_ratio", "max_channel"]
+
+
+def early_warning_steps(steps: int = 3) -> list[torch.Tensor]:
+    """``steps`` steps of two micro-batches of one (8, 6) activation logging the early-warning statistics, channel
+    ``step + 1`` grown x10 more each step; each step's two micro-batches together (what its statistics describe)."""
+    generator = torch.Generator().manual_seed(5)
+    seen = []
+    for step in range(steps):
+        halves = [torch.randn(8, 6, generator=generator, dtype=torch.float64) for _ in range(2)]
+        for half in halves:
+            half[:, step + 1] *= 10.0 ** (step + 1)
+            debug_api.log_tensor_stats("net.fc", tensor=half.float(), tensor_name="activation")
+        seen.append(torch.cat(halves).float().double())
+        debug_api.step()
+    return seen
+
+
+def early_warning_reference(x: torch.Tensor) -> dict[str, float]:
+    """The early-warning statistics of ``x`` in float64, from their definitions (``docs/statistics.md``)."""
+    deviation = x - x.mean()
+    amax = x.abs().amax(dim=0)
+    middle = amax.sort().values[[2, 3]]  # six columns: the median is the mean of the two middle ones
+    return {
+        "kurtosis": (x.numel() * deviation.pow(4).sum() / deviation.pow(2).sum() ** 2).item(),
+        "rms": x.pow(2).mean().sqrt().item(),
+        "outlier_channel_ratio": (amax.max() / middle.mean()).item(),
+        "max_channel": float(amax.argmax().item()),
+    }
+
+
+def test_early_warning_statistics_reach_tensorboard(log_dir, tmp_path):
+    """kurtosis, rms, outlier_channel_ratio and max_channel (issue 38) reach a real SummaryWriter as the other
+    statistics do: one tag each, one event per step, the values of float64 torch on the step's tensors (in float32)."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    config = {"s": CONFIG["s"] | {"LogTensorStats": {"enabled": True, "stats": EARLY, "tensors": ["activation"]}}}
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    debug_api.initialize(config, log_dir=log_dir, tb_writer=writer)
+    seen = early_warning_steps()
+    debug_api.end_debug()
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {f"net.fc_activation_{stat}" for stat in EARLY}
+    expected = [early_warning_reference(x) for x in seen]
+    assert [e["max_channel"] for e in expected] == [1.0, 2.0, 3.0]  # the grown channel, as planted
+    for stat in EARLY:
+        scalars = events.Scalars(f"net.fc_activation_{stat}")
+        assert [e.step for e in scalars] == [0, 1, 2]
+        assert [e.value for e in scalars] == [pytest.approx(ref[stat], rel=1e-6) for ref in expected], stat

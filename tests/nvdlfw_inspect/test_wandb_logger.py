@@ -144,3 +144,23 @@ def test_wrap_wandb_logger_rejects_what_is_no_run():
 
     with pytest.raises(TypeError, match="needs a W&B run .* or a Lightning WandbLogger .*, got SummaryWriter"):
         wrap_wandb_logger(type("SummaryWriter", (), {"add_scalar": lambda *a: None})())
+
+
+def test_early_warning_statistics_reach_the_run(wandb_dir, log_dir):
+    """kurtosis, rms, outlier_channel_ratio and max_channel (issue 38) reach W&B as the other statistics do, one row
+    per step, with the values of float64 torch on the step's tensors."""
+    from test_logging import EARLY, early_warning_reference, early_warning_steps
+
+    config = {"s": CONFIG["s"] | {"LogTensorStats": {"enabled": True, "stats": EARLY, "tensors": ["activation"]}}}
+    run = offline_run(wandb_dir)
+    debug_api.initialize(config, log_dir=log_dir, statistics_logger=WandbLogger(run))
+    seen = early_warning_steps()
+    debug_api.end_debug()
+    run.finish()
+    rows = [row for row in history(run_dir(wandb_dir)) if "debug_iteration" in row]
+    expected = [early_warning_reference(x) for x in seen]
+    assert rows == [
+        {f"net.fc/activation_{stat}": pytest.approx(ref[stat], rel=1e-12) for stat in EARLY} | {"debug_iteration": step}
+        for step, ref in enumerate(expected)
+    ]
+    assert [row["net.fc/activation_max_channel"] for row in rows] == [1, 2, 3]

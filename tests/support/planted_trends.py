@@ -9,7 +9,8 @@ makes the query and key weights, and so the attention logits, grow until the los
 no longer finite (inf at step 29); ``lr=2``: healthy, and so is Adam at ``lr=0.1`` (80 steps), whose key output's
 kurtosis doubles as the attention sharpens while the loss falls.
 Both log kurtosis, rms, outlier_channel_ratio, max_channel and cur_amax of every GEMM tensor (``LogTensorStats``)
-and scale_inv_max of the cast ones (``LogFp8TensorStats``).
+and scale_inv_max of the cast ones (``LogFp8TensorStats``); with ``guard=True`` also ``NonfiniteGuard`` (warn), which
+names the first tensor of a step that holds NaN or inf in the debug log.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ STATS = {
 WIDTH, TOKENS, CHANNEL = 32, 64, 3
 
 
-def _start(log_dir: Path) -> None:
-    config = {"early": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": STATS}}
+def _start(log_dir: Path, guard: bool = False) -> None:
+    features = STATS | ({"NonfiniteGuard": {"enabled": True}} if guard else {})
+    config = {"early": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
     debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=str(log_dir))
 
 
@@ -59,8 +61,10 @@ def diverged_at(losses: list[float], factor: float = 100.0) -> int | None:
     return next((step for step, loss in enumerate(losses) if not math.isfinite(loss) or loss > factor * start), None)
 
 
-def growing_channel_run(log_dir: Path, steps: int = 30, growth: float = 1.25, lr: float = 0.02) -> list[float]:
-    _start(log_dir)
+def growing_channel_run(
+    log_dir: Path, steps: int = 30, growth: float = 1.25, lr: float = 0.02, guard: bool = False
+) -> list[float]:
+    _start(log_dir, guard)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
     fc1, fc2 = lowprec.Linear(WIDTH, WIDTH, name="model.fc1"), lowprec.Linear(WIDTH, 1, name="model.fc2")

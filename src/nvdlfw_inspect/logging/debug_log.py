@@ -17,6 +17,7 @@ from nvdlfw_inspect.logging.lock import LogDirLock
 from nvdlfw_inspect.logging.records import Statistic, StatisticsFile, _as_float, _text_middle
 from nvdlfw_inspect.logging.settings import (
     MAIN_LOG_DIR,
+    NONFINITE_RECORD,
     ROUTING_RECORDS_DIR,
     STATISTICS_LOG_DIR,
     STATISTICS_RECORDS_DIR,
@@ -96,6 +97,13 @@ class FileLogger(BaseLogger):
 
     def log_message(self, message: str, level: int = logging.INFO) -> None:
         self.logger.log(level, encodable(message))  # the user's handlers too get text they can write
+
+    def log_nonfinite(self, record: dict[str, Any]) -> None:
+        """``NonfiniteGuard``'s finding of a step (its layer, GEMM, tensor, micro-batch and ``iteration``) as one line of
+        the debug log, ``NONFINITE_RECORD`` and the record as JSON, which ``reading.read_nonfinite`` (and the report)
+        read back. Written whatever the log level, and to the file alone: the guard's message says it on stderr."""
+        line = NONFINITE_RECORD + json.dumps(record | {"rank": _global_rank()}, allow_nan=False)
+        self._main_log.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO, "levelname": "INFO"}))
 
     def log_routing(self, record: dict[str, Any]) -> None:
         """One routing record (``routing_record``'s fields and the rank) as a JSON line, written at once; a write

@@ -15,6 +15,8 @@ MAIN_LOG_DIR = "nvdlfw_inspect_logs"
 STATISTICS_LOG_DIR = "nvdlfw_inspect_statistics_logs"
 STATISTICS_RECORDS_DIR = "nvdlfw_inspect_statistics_jsonl"
 ROUTING_RECORDS_DIR = "nvdlfw_inspect_routing_jsonl"
+#: how a line of the debug log that holds ``NonfiniteGuard``'s finding as JSON begins (its message part)
+NONFINITE_RECORD = "NonfiniteGuard record: "
 
 ENV_LOG_LEVEL = "NVDLFW_INSPECT_LOG_LEVEL"
 ENV_OVERWRITE = "NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE"

@@ -1,8 +1,10 @@
 """One self-contained HTML file that shows a run's statistics: which layer and which GEMM tensor goes
 wrong, and when.
 
-The page embeds the data as JSON and draws it with its own script (no network, no libraries): the
-diagnosis at the top (what is wrong, what to change, and the config that does it), a table of the
+The page embeds the data as JSON and draws it with its own script (no network, no libraries): first the run's first
+non-finite value (``NonfiniteGuard``'s finding where the run had the guard, else the first statistic logged as NaN or
+inf) and every early warning (the diagnosis's growth findings, each from where it began), then the
+diagnosis (what is wrong, what to change, and the config that does it), a table of the
 tensors most at risk ranked on what persists, the precision map (which GEMM read which tensor in FP8, in
 high precision or as a feature modified it, from the routing records), heatmaps of layer x iteration for underflows%,
 overflows% and dynamic range across the page, coloured against the thresholds of the diagnosis (a
@@ -22,11 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from nvdlfw_inspect.diagnose import diagnose_run
+from nvdlfw_inspect.diagnose.findings import GROWTH_KINDS
 from nvdlfw_inspect.diagnose.formats import Formats
+from nvdlfw_inspect.diagnose.model import Finding
 from nvdlfw_inspect.diagnose.series import collect
 from nvdlfw_inspect.diagnose.thresholds import Thresholds
 from nvdlfw_inspect.files import write_text_atomic
-from nvdlfw_inspect.reading import RoutingRecord, Statistic, iter_statistics, read_routing, run_directory
+from nvdlfw_inspect.reading import (
+    NonfiniteRecord,
+    RoutingRecord,
+    Statistic,
+    iter_statistics,
+    read_nonfinite,
+    read_routing,
+    run_directory,
+)
 from nvdlfw_inspect.report.precision_map import precision_map
 from nvdlfw_inspect.report.ranking import json_value, risk_rows, threshold_of
 
@@ -54,8 +66,10 @@ def report_data(
     title: str,
     thresholds: Thresholds | None = None,
     routing: Iterable[RoutingRecord] = (),
+    nonfinite: Iterable[NonfiniteRecord] = (),
 ) -> dict[str, Any]:
-    """What the page draws: layers, one series per (layer, tensor, stat, rank), the diagnosis (findings
+    """What the page draws: layers, one series per (layer, tensor, stat, rank), the run's first non-finite value (from
+    ``NonfiniteGuard``'s ``nonfinite`` records, else the statistics) and its early warnings, the diagnosis (findings
     and the config of remedies as ``nvdlfw-inspect diagnose`` gives them, the remedies in place), the risk table and the precision
     map of the ``routing`` records, which also give each layer's format (the risk table's, and the thresholds of its
     statistics). Series that share their iterations (most do) point to one list in ``iterations`` by index."""
@@ -87,6 +101,8 @@ def report_data(
     diagnosis = diagnose_run(run, thresholds, title, routing)
     return {
         "title": title,
+        "first_nonfinite": first_nonfinite(nonfinite, diagnosis.findings),
+        "early_warnings": early_warnings(diagnosis.findings),
         "layers": layers,
         "ranks": sorted({rank for _, _, _, rank in run.points}),
         "iterations": [list(iterations) for iterations in iteration_lists],
@@ -102,6 +118,30 @@ def report_data(
         "warmup_end": run.first_iteration + thresholds.warmup,  # the heatmaps' colour scales start here
         "precision_map": precision_map(routing),
     }
+
+
+def first_nonfinite(records: Iterable[NonfiniteRecord], findings: list[Finding]) -> dict[str, Any] | None:
+    """Where the run first held NaN or inf: ``NonfiniteGuard``'s earliest finding (``source`` "guard": its step as
+    ``iteration``, layer, GEMM, tensor, micro-batch and rank; a rank that saw it itself before one told of another's),
+    else the statistics' (``source`` "statistics": the first tensor whose statistic was NaN or inf, as the diagnosis
+    found it); None where neither holds one."""
+    first = min(records, key=lambda r: (r.iteration, r.layer is None, r.rank), default=None)
+    if first is not None:
+        return {"source": "guard"} | first._asdict()
+    found = next((f for f in findings if f.kind == "nonfinite"), None)
+    if found is None:
+        return None
+    where = {"layer": found.layer, "tensor": found.tensor, "stat": found.stat, "iteration": found.first_iteration}
+    return {"source": "statistics"} | where | {"rank": found.context.get("rank")}
+
+
+def early_warnings(findings: list[Finding]) -> list[dict[str, Any]]:
+    """The growth findings (``trends``), the earliest onset first: each one's layer, tensor, kind, statistic and the
+    iteration where it began."""
+    growths = sorted((f for f in findings if f.kind in GROWTH_KINDS), key=lambda f: (f.first_iteration, f.layer, f.tensor))
+    return [
+        {"layer": f.layer, "tensor": f.tensor, "kind": f.kind, "stat": f.stat, "iteration": f.first_iteration} for f in growths
+    ]
 
 
 def _asset(name: str) -> str:
@@ -136,7 +176,8 @@ def write_report(log_dir: str | Path, output: str | Path | None = None) -> Path:
     be written (full disk, unwritable directory) is a ``WriteError``; a previous page there stays whole."""
     log_dir = run_directory(log_dir)
     output = Path(output) if output is not None else Path(log_dir) / "report.html"
-    data = report_data(iter_statistics(log_dir), f"Statistics of {Path(log_dir).resolve()}", routing=read_routing(log_dir))
+    title = f"Statistics of {Path(log_dir).resolve()}"
+    data = report_data(iter_statistics(log_dir), title, routing=read_routing(log_dir), nonfinite=read_nonfinite(log_dir))
     if not data["series"]:
         raise ValueError(f"no statistics were logged in '{log_dir}'")
     return write_text_atomic(output, render(data), "the report")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from nvdlfw_inspect.diagnose.findings import GROWTH_KINDS
 from nvdlfw_inspect.diagnose.formats import Formats
 from nvdlfw_inspect.diagnose.model import Finding
 from nvdlfw_inspect.diagnose.series import Run, Summary, summarize
@@ -59,13 +60,21 @@ def _cell(summary: Summary) -> dict[str, Any]:
     }
 
 
+def _finding_label(finding: Finding) -> str:
+    """A finding's mark in the table: a problem, or for a growth (``trends``) an early warning, its kind and onset."""
+    if finding.kind in GROWTH_KINDS:
+        return f"{finding.stat}: early warning, {finding.kind} from iteration {finding.first_iteration}"
+    return f"{finding.stat}: problem"
+
+
 def _labels(cells: dict[str, Summary], found: list[Finding], persistence: float) -> tuple[bool, list[str]]:
-    """Per statistic what it is, from the diagnosis's own findings: a problem where ``diagnose`` found one, a
+    """Per statistic what it is, from the diagnosis's own findings: a problem where ``diagnose`` found one (an early
+    warning, with its kind and onset, where that was a growth), a
     caution for a dynamic range beyond its format's while underflows% (logged, under its threshold) measures the
     loss, else a transient (over after warm-up, not persistently) or a warm-up transient (over in warm-up alone).
     Whether any was a caution."""
     problems = {finding.stat for finding in found}
-    caution, labels = False, [f"{stat}: problem" for stat in dict.fromkeys(finding.stat for finding in found)]
+    caution, labels = False, list(dict.fromkeys(map(_finding_label, found)))
     for stat, summary in cells.items():
         if stat in problems:
             continue

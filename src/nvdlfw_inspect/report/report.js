@@ -125,6 +125,42 @@
     config.querySelector("pre").textContent = data.config_yaml || "";
   }
 
+  // The page's top: where the run first held NaN or inf (NonfiniteGuard's finding, else the statistics') and every
+  // early warning (a growth finding) from where it began, whatever the filter: what to read first.
+  function firstSigns() {
+    const first = data.first_nonfinite, line = document.getElementById("first-nonfinite");
+    line.replaceChildren();
+    if (!first) {
+      line.textContent = "No non-finite value logged.";
+    } else if (first.source === "guard" && first.layer === null) {
+      line.className = "bad";
+      line.textContent = `First non-finite value (NonfiniteGuard): step ${first.iteration}, on another rank of the ` +
+        `reduction group (rank ${first.rank}'s tensors were finite).`;
+    } else {
+      line.className = "bad";
+      line.appendChild(document.createTextNode(
+        `First non-finite value (${first.source === "guard" ? "NonfiniteGuard" : "the first statistic logged as NaN or inf"}): `));
+      line.appendChild(layerLink(first.layer));
+      const what = first.source === "guard"
+        ? ` ${first.tensor} of the ${first.gemm} GEMM, micro-batch ${first.micro_batch}, at step ${first.iteration}`
+        : ` ${first.tensor} ${first.stat}, at iteration ${first.iteration}`;
+      line.appendChild(document.createTextNode(`${what} (rank ${first.rank}).`));
+    }
+    const warnings = data.early_warnings, note = document.getElementById("early-warnings-note");
+    note.textContent = warnings.length
+      ? `${warnings.length} early warning${warnings.length > 1 ? "s" : ""} (a statistic that grows over its start, ` +
+        `before the loss shows it), the earliest first:`
+      : "No early warning.";
+    document.getElementById("early-warnings").replaceChildren(...warnings.map((w) => {
+      const item = element("li", { class: `early-warning ${w.kind}` });
+      item.appendChild(layerLink(w.layer));
+      item.appendChild(document.createTextNode(` ${w.tensor}: `));
+      item.appendChild(element("b", {}, KIND_NAMES[w.kind] || w.kind));
+      item.appendChild(document.createTextNode(` (${w.kind}, ${w.stat}) from iteration ${w.iteration}`));
+      return item;
+    }));
+  }
+
   function statCell(cell) {
     if (!cell) return element("td", { class: "unlogged", title: "not logged" }, "-");
     const end = number(cell.persistent);  // NaN or inf when the run ends broken
@@ -552,6 +588,7 @@
   }
 
   summarize();
+  firstSigns();
   diagnosis();
   riskTable();
   precisionMap();
