@@ -19,7 +19,7 @@ import torch.distributed as dist
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import TEConfigAPIMapper
 from lowprec.debug.features.dump_tensors import dump_path
-from lowprec.debug.names import TENSOR_GEMMS, TENSORS
+from lowprec.debug.names import BACKWARD_TENSORS, TENSOR_GEMMS, TENSORS
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, NonFiniteError
 from nvdlfw_inspect.logging import get_logger, say_once
 from nvdlfw_inspect.registry import Registry, api_method
@@ -62,6 +62,9 @@ class NonfiniteGuard(TEConfigAPIMapper):
         self._first: torch.Tensor | None = None  # device scalar: position of the first non-finite call, or _NONE
         self._calls: list[_Call] = []
         self._seen: Counter[tuple[str, str]] = Counter()
+        self._anchor: tuple[str, str] | None = None  # the step's first forward call: each repeat is a micro-batch
+        self._micro_batch = 0
+        self._layer_forwards: dict[str, tuple[str, list[int]]] = {}  # layer -> (its first forward tensor, micro-batches)
 
     # --- config ------------------------------------------------------------------------------------
     def parse_config_and_api(self, config: dict, **kwargs: Any) -> tuple[bool, dict | None]:
@@ -97,14 +100,32 @@ class NonfiniteGuard(TEConfigAPIMapper):
         manager = debug_api.DEBUG_MANAGER
         if manager is not None:
             manager.guard = self
-        key = (layer, tensor_name)
-        self._calls.append(_Call(layer, tensor_name, self._seen[key], mode))
-        self._seen[key] += 1
+        self._calls.append(_Call(layer, tensor_name, self._micro_batch_of(layer, tensor_name), mode))
         if self._first is None:
             self._first = torch.full((), _NONE, dtype=torch.int64, device=tensor.device)
         bad = ~torch.isfinite(tensor.detach()).all()
         position = torch.full((), len(self._calls) - 1, dtype=torch.int64, device=self._first.device)
         self._first = torch.where(bad.to(self._first.device) & (self._first == _NONE), position, self._first)
+
+    def _micro_batch_of(self, layer: str, tensor_name: str) -> int:
+        """A forward tensor's micro-batch: how often the step's first guarded forward call came before it (with the
+        default, every layer, the model's first layer: once per micro-batch). A backward tensor's: that of its layer's
+        forward it belongs to, the k-th backward the k-th forward (so an expert no token reached in some micro-batch
+        keeps the micro-batch's number); without a guarded forward of its layer, its call count."""
+        key = (layer, tensor_name)
+        count = self._seen[key]
+        self._seen[key] += 1
+        if tensor_name in BACKWARD_TENSORS:
+            forwards = self._layer_forwards.get(layer, ("", []))[1]
+            return forwards[count] if count < len(forwards) else count
+        if self._anchor is None:
+            self._anchor = key
+        elif key == self._anchor:
+            self._micro_batch += 1
+        first, forwards = self._layer_forwards.setdefault(layer, (tensor_name, []))
+        if first == tensor_name:
+            forwards.append(self._micro_batch)
+        return self._micro_batch
 
     def verdict(self, step: int, group: Any) -> tuple[NonFiniteError, str] | None:
         """The step's first non-finite tensor and its ``on_nonfinite``, from one read of the device; with a
