@@ -46,7 +46,15 @@ RESERVE_SECONDS = 10  # kept back from the steps for the summary
 TINY_VERDICT = "CPU plan (tiny sizes): not a target measurement"
 PYTEST_TOTALS = re.compile(r"\b(passed|failed|skipped|deselected|errors?)\b.* in [\d.]+s")  # "3 passed, 1 skipped in 2.1s"
 # Each step's share of the budget left when it starts (time a step leaves unused goes to the next ones).
-SHARES = {"pytest": 0.27, "real_model": 0.22, "stats_overhead": 0.11, "engine": 0.22, "formats": 0.11, "host_cost": 0.07}
+SHARES = {
+    "pytest": 0.26,
+    "real_model": 0.21,
+    "stats_overhead": 0.11,
+    "engine": 0.21,
+    "formats": 0.10,
+    "host_cost": 0.07,
+    "guard_cost": 0.04,
+}
 # What each benchmark runs: its arguments on a GPU, and in the tiny CPU plan.
 BENCHMARK_ARGS = {
     "real_model": (["--size", "full", "--repeats", "3"], ["--size", "tiny", "--device", "cpu", "--steps", "2", "--repeats", "1"]),
@@ -58,6 +66,11 @@ BENCHMARK_ARGS = {
     "engine": (["--repeats", "3"], ["--tiny"]),
     "formats": ([], ["--tiny"]),
     "host_cost": ([], ["--tiny"]),
+    "guard_cost": (
+        ["--repeats", "5"],
+        ["--device", "cpu", "--width", "64", "--depth", "2", "--tokens", "16", "--steps", "2", "--repeats", "1"]
+        + ["--threads", "1"],
+    ),
 }
 # Versions and device, read in a subprocess so that this process never holds a CUDA context.
 PROBE = """
@@ -356,6 +369,15 @@ def read_host_cost(key: str, limit: float, reference_key: str | None = None) -> 
     return read
 
 
+def read_guard(m: dict, why: dict) -> Reading:
+    value, ms = m["step_ratio"]["guard only"], m["ms_per_step"]
+    cell = (
+        f"{value:.3f}x ({ms['guard only']:.2f} vs {ms['no debug']:.2f} ms/step; "
+        f"{m['extra_ops_per_guarded_tensor']:.1f} ops per guarded tensor, {m['host_reads_in_step']:g} host read in step())"
+    )
+    return Reading(value, cell, value <= 1.02)
+
+
 def read_tests(m: dict, why: dict) -> Reading:
     counts, completed = m["counts"], m["status"] in ("ok", "failed (exit 1)")
     cell = f"{counts['passed']} passed, {counts['failed']} failed, {counts['errors']} errors, {counts['skipped']} skipped"
@@ -387,6 +409,8 @@ TARGETS = [
            read_host_cost("lowprec_inspected_tensor_us", 15)),
     Target("host cost of a step() with nothing to log", "<= 20 us", "host_cost",
            read_host_cost("empty_step_us", 20, "reference_empty_step_us")),
+    Target("guard only (NonfiniteGuard on every layer, 8 x lowprec.Linear(4096) MLP): step ratio to no debug", "<= 1.02x",
+           "guard_cost", read_guard),
     Target("CUDA tests", "all pass", "pytest", read_tests),
 ]  # fmt: skip
 

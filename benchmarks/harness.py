@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import venv
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +115,26 @@ def count_ops(fn: Callable[[], object]) -> Counter[str]:
     with _OpCounter() as counter:
         fn()
     return counter.counts
+
+
+# Ops that make the host wait for a GPU (``.item()``, host data into a tensor): the CPU's stand-in for syncs.
+SYNC_PROXY_OPS = ("aten::_local_scalar_dense", "aten::lift_fresh", "aten::lift_fresh_copy")
+
+
+def count_syncs(fn: Callable[[], object], device: str | torch.device) -> int:
+    """Host synchronizations while ``fn()`` runs: on CUDA, the warnings of the sync debug mode; on the
+    CPU, where nothing waits, the ops that would synchronize on a GPU (``SYNC_PROXY_OPS``)."""
+    if torch.device(device).type != "cuda":
+        counts = count_ops(fn)
+        return sum(counts[name] for name in SYNC_PROXY_OPS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(warning.message) for warning in caught)
 
 
 def mean_seconds(fn: Callable[[], object], steps: int, device: str | torch.device) -> float:

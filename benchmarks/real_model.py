@@ -41,13 +41,12 @@ import argparse
 import contextlib
 import re
 import tempfile
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from harness import InProcess, count_ops, device_name, interleave, mean_seconds, synchronize, write_json
+from harness import InProcess, count_ops, count_syncs, device_name, interleave, mean_seconds, synchronize, write_json
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -96,8 +95,6 @@ VARIANTS = {"no debug": None, "debug idle": (NO_LAYER, 1), "stats freq 1": (PROJ
 OPS_TARGET = 8  # ops per inspected tensor, freq 1
 WARMUP_STEPS = 3  # iterations 0-2: the first step of a session asks the routing questions, iteration 0 logs
 COUNTED_STEPS = 10  # iterations 3-12 (ops), then 13-22 (kernels), then syncs: each window holds one freq-10 step
-# Ops that make the host wait for a GPU (``.item()``, host data into a tensor): the CPU's stand-in for syncs.
-SYNC_PROXY_OPS = ("aten::_local_scalar_dense", "aten::lift_fresh", "aten::lift_fresh_copy")
 
 
 def import_transformers():
@@ -228,22 +225,6 @@ def kernels_per_step(step: Callable[[], None], steps: int, device: torch.device)
         if event.device_type == DeviceType.CUDA and not event.name.startswith(("Memcpy", "Memset"))
     ]
     return len(kernels) / steps
-
-
-def count_syncs(fn: Callable[[], object], device: torch.device) -> int:
-    """Host synchronizations while ``fn()`` runs: on CUDA, the warnings of the sync debug mode; on the
-    CPU, where nothing waits, the ops that would synchronize on a GPU (``SYNC_PROXY_OPS``)."""
-    if device.type != "cuda":
-        counts = count_ops(fn)
-        return sum(counts[name] for name in SYNC_PROXY_OPS)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchronizing" in str(warning.message) for warning in caught)
 
 
 def syncs_per_step(bench: Bench, debug: bool, steps: int) -> tuple[float, float]:

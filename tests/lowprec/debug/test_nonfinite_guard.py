@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
@@ -187,3 +188,28 @@ def test_a_failure_of_the_guard_itself_does_not_stop_training(log_dir, monkeypat
     monkeypatch.setattr(NonfiniteGuard, "_record", broken)
     with pytest.warns(UserWarning, match="could not check model.fc1"), lowprec.autocast(recipe=MXFP8):
         model(torch.randn(4, 32)).float().sum().backward()
+
+
+def test_each_tensor_costs_one_op_and_the_first_nan_or_infinity_is_found_across_dtypes(log_dir):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    from harness import count_ops
+
+    from lowprec.debug.features.nonfinite_guard import NonfiniteGuard
+
+    start(section({"NonfiniteGuard": {"enabled": True}}), log_dir)
+    guard = NonfiniteGuard()
+    finite = torch.full((4, 4), 3e38)  # its sum would overflow: the extrema do not
+    tensors = [
+        ("a", finite),
+        ("b", torch.empty(0)),  # nothing to check
+        ("c", torch.tensor([1.0, -float("inf")], dtype=torch.bfloat16)),
+        ("d", torch.tensor([float("nan"), 1.0])),
+    ]
+    for layer, tensor in tensors:
+        ops = count_ops(lambda layer=layer, tensor=tensor: guard._record(layer, "activation", tensor, "warn"))
+        assert sum(ops.values()) <= 1, ops  # torch.aminmax, none for the empty tensor
+    error, mode = guard.verdict(step=5, group=None)
+    assert (error.layer, error.tensor, error.step, mode) == ("c", "activation", 5, "warn")
+    guard.reset()
+    guard._record("a", "activation", finite, "warn")
+    assert guard.verdict(step=6, group=None) is None

@@ -1,9 +1,11 @@
 """``NonfiniteGuard``: find the first NaN or inf among a step's GEMM tensors without waiting for the device.
 
-Each inspected tensor adds one device operation: if it holds a non-finite value and none did before in this step,
-its position in the step's order of calls is written into one device scalar. The host keeps, per position, the
-layer, tensor and micro-batch. ``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which
-comes first) reads that scalar once: the one host read of the guard in a step.
+Each inspected tensor adds one device operation, a reduction to its minimum and maximum (``torch.aminmax``: one read
+of the tensor, nothing written but two scalars), which are NaN or infinite exactly when the tensor holds a NaN or an
+infinity. The host keeps, per position in the step's order of calls, the layer, tensor and micro-batch.
+``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which comes first) stacks the step's
+extrema, finds the first position holding a non-finite one on the device, and reads that one scalar: the one host read
+of the guard in a step.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class NonfiniteGuard(TEConfigAPIMapper):
         self._reset()
 
     def _reset(self) -> None:
-        self._first: torch.Tensor | None = None  # device scalar: position of the first non-finite call, or _NONE
+        self._extrema: list[torch.Tensor] = []  # device scalars: each call's minimum and maximum, in call order
         self._calls: list[_Call] = []
         self._seen: Counter[tuple[str, str]] = Counter()
         self._anchor: tuple[str, str] | None = None  # the step's first forward call: each repeat is a micro-batch
@@ -100,12 +102,23 @@ class NonfiniteGuard(TEConfigAPIMapper):
         manager = debug_api.DEBUG_MANAGER
         if manager is not None:
             manager.guard = self
-        self._calls.append(_Call(layer, tensor_name, self._micro_batch_of(layer, tensor_name), mode))
-        if self._first is None:
-            self._first = torch.full((), _NONE, dtype=torch.int64, device=tensor.device)
-        bad = ~torch.isfinite(tensor.detach()).all()
-        position = torch.full((), len(self._calls) - 1, dtype=torch.int64, device=self._first.device)
-        self._first = torch.where(bad.to(self._first.device) & (self._first == _NONE), position, self._first)
+        micro_batch = self._micro_batch_of(layer, tensor_name)
+        if tensor.numel() == 0:  # nothing to check (and no extrema to take)
+            return
+        if tensor.requires_grad:
+            tensor = tensor.detach()
+        self._extrema.extend(torch.aminmax(tensor))  # NaN propagates into both; an infinity is one of them
+        self._calls.append(_Call(layer, tensor_name, micro_batch, mode))
+
+    def _first_position(self) -> torch.Tensor:
+        """Device scalar: the position of the step's first call whose tensor held a NaN or an infinity, or _NONE."""
+        if not self._extrema:
+            return torch.full((), _NONE, dtype=torch.int64)
+        device = self._extrema[0].device
+        extrema = torch.stack([value.to(device) for value in self._extrema]).view(-1, 2)  # one row per call
+        bad = ~torch.isfinite(extrema).all(dim=1)
+        first = bad.to(torch.int64).argmax()  # the first True (0 when there is none)
+        return torch.where(bad.any(), first, _NONE)
 
     def _micro_batch_of(self, layer: str, tensor_name: str) -> int:
         """A forward tensor's micro-batch: how often the step's first guarded forward call came before it (with the
@@ -130,16 +143,20 @@ class NonfiniteGuard(TEConfigAPIMapper):
     def verdict(self, step: int, group: Any) -> tuple[NonFiniteError, str] | None:
         """The step's first non-finite tensor and its ``on_nonfinite``, from one read of the device; with a
         reduction ``group``, also when only another rank of it saw one (the flag all-reduced with MAX)."""
-        first = torch.full((), _NONE, dtype=torch.int64) if self._first is None else self._first
-        values = torch.stack([first, (first < _NONE).to(torch.int64)])  # position, and a flag to reduce with MAX
+        first = self._first_position()
         reduce = group is not None and dist.is_available() and dist.is_initialized()
-        on_device = reduce and dist.get_backend(group) == "nccl"
-        if on_device:
-            dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
-        values = values.cpu()  # the one host read
-        if reduce and not on_device:
-            dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
-        position, flag = values.tolist()
+        if not reduce:
+            position = first.item()  # the one host read
+            flag = position < _NONE
+        else:
+            values = torch.stack([first, (first < _NONE).to(torch.int64)])  # position, and a flag to reduce with MAX
+            on_device = dist.get_backend(group) == "nccl"
+            if on_device:
+                dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
+            values = values.cpu()  # the one host read
+            if not on_device:
+                dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
+            position, flag = values.tolist()
         if not flag:
             return None
         if position == _NONE:
