@@ -20,7 +20,7 @@ import json
 import re
 import warnings
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import groupby, islice
 from operator import attrgetter
 from pathlib import Path
@@ -302,6 +302,11 @@ def read_nonfinite(log_dir: str | Path) -> list[NonfiniteRecord]:
                     skipped.add(number, f"no field {error}" if isinstance(error, KeyError) else str(error), line)
         skipped.say()
     return records
+
+
+def first_nonfinite_record(records: Iterable[NonfiniteRecord]) -> NonfiniteRecord | None:
+    """The run's first: the earliest step, and in it a rank that saw the NaN itself before one told of another's."""
+    return min(records, key=lambda r: (r.iteration, r.layer is None, r.rank), default=None)
 
 
 def _from_text(path: Path) -> Iterator[Statistic]:

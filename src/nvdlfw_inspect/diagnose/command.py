@@ -21,7 +21,7 @@ from nvdlfw_inspect.diagnose.merge import merge
 from nvdlfw_inspect.diagnose.thresholds import BLOCK_CHECKS, CALIBRATED_UNDERFLOW_PCT, FORMAT_UNDERFLOW_PCT, RECIPE_FORMATS
 from nvdlfw_inspect.errors import ConfigError
 from nvdlfw_inspect.files import write_text_atomic
-from nvdlfw_inspect.reading import run_directory
+from nvdlfw_inspect.reading import NonfiniteRecord, first_nonfinite_record, read_nonfinite, run_directory
 
 # Every error of a config (a dict) that routing the run's layers (the names given) would meet.
 ConfigChecker = Callable[[dict, list[str]], list[ConfigError]]
@@ -122,10 +122,14 @@ def run(args: argparse.Namespace, out: TextIO, check: ConfigChecker | None = Non
     if written is not None:
         path = Path(args.output) if args.output else log_dir / CONFIG_NAME
         write_text_atomic(path, written, "the config")
+    guard = first_nonfinite_record(read_nonfinite(log_dir))
     if args.json:
-        out.write(json.dumps({**diagnosis.as_dict(), "config_file": str(path) if path else None}) + "\n")
+        first = guard._asdict() if guard is not None else None
+        out.write(
+            json.dumps({**diagnosis.as_dict(), "first_nonfinite": first, "config_file": str(path) if path else None}) + "\n"
+        )
     else:
-        out.write(text(diagnosis, str(log_dir), path, args.config))
+        out.write(text(diagnosis, str(log_dir), path, args.config, guard))
     return 0
 
 
@@ -143,12 +147,21 @@ def merged_yaml(user_path: Path, diagnosis: Diagnosis, log_dir: Path, check: Con
     return remedy_config.to_yaml(merged, notes, str(log_dir), header)
 
 
-def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None, user_config: str | None = None) -> str:
-    """The findings for a terminal: what is wrong, then each remedy and why."""
+def text(
+    diagnosis: Diagnosis,
+    log_dir: str,
+    config_path: Path | None,
+    user_config: str | None = None,
+    guard: NonfiniteRecord | None = None,
+) -> str:
+    """The findings for a terminal: the run's first non-finite value where ``NonfiniteGuard`` found one (``guard``),
+    what is wrong, then each remedy and why."""
     first, last = diagnosis.iterations or (0, 0)
     count = len(diagnosis.findings)
     found = f"{count or 'No'} finding{'s' if count != 1 else ''}"
     lines = [f"{found} in {log_dir} (iterations {first} to {last}; {_thresholds(diagnosis)})"]
+    if guard is not None:
+        lines.append(f"first non-finite value (NonfiniteGuard): {_guard_record(guard)}")
     if diagnosis.caution:
         lines.append(f"caution: {diagnosis.caution}")
     if diagnosis.unmeasured:
@@ -181,6 +194,15 @@ def text(diagnosis: Diagnosis, log_dir: str, config_path: Path | None, user_conf
             f"for one merged config, run: {invocation.command()} diagnose {shlex.quote(log_dir)} --config YOUR.yaml"
         )
     return "\n".join(lines) + "\n"
+
+
+def _guard_record(record: NonfiniteRecord) -> str:
+    if record.layer is None:
+        return f"step {record.iteration}, on another rank of the reduction group than rank {record.rank}"
+    return (
+        f"step {record.iteration}, rank {record.rank}: layer {record.layer}, tensor {record.tensor} of the "
+        f"{record.gemm} GEMM, micro-batch {record.micro_batch}"
+    )
 
 
 def _thresholds(diagnosis: Diagnosis) -> str:

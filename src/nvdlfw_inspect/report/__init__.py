@@ -34,6 +34,7 @@ from nvdlfw_inspect.reading import (
     NonfiniteRecord,
     RoutingRecord,
     Statistic,
+    first_nonfinite_record,
     iter_statistics,
     read_nonfinite,
     read_routing,
@@ -125,7 +126,7 @@ def first_nonfinite(records: Iterable[NonfiniteRecord], findings: list[Finding])
     ``iteration``, layer, GEMM, tensor, micro-batch and rank; a rank that saw it itself before one told of another's),
     else the statistics' (``source`` "statistics": the first tensor whose statistic was NaN or inf, as the diagnosis
     found it); None where neither holds one."""
-    first = min(records, key=lambda r: (r.iteration, r.layer is None, r.rank), default=None)
+    first = first_nonfinite_record(records)
     if first is not None:
         return {"source": "guard"} | first._asdict()
     found = next((f for f in findings if f.kind == "nonfinite"), None)

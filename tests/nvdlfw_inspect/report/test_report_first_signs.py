@@ -4,6 +4,8 @@ from the logs of planted runs, rendered in a real headless browser; "Most at ris
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import re
 import warnings
@@ -13,6 +15,7 @@ from browser import CHROMIUM, dom
 from planted_trends import growing_channel_run
 
 from nvdlfw_inspect.diagnose import diagnose
+from nvdlfw_inspect.diagnose.command import add_arguments, run
 from nvdlfw_inspect.diagnose.findings import GROWTH_KINDS
 from nvdlfw_inspect.reading import NonfiniteRecord, SkippedRecordsWarning, iter_statistics, read_nonfinite, read_routing
 from nvdlfw_inspect.report import report_data, write_report
@@ -179,3 +182,21 @@ def test_a_guard_record_of_another_ranks_nan_is_said_so(tmp_path):
     assert errors == [] and top(html)[0] == (
         "First non-finite value (NonfiniteGuard): step 4, on another rank of the reduction group (rank 1's tensors were finite)."
     )
+
+
+def test_diagnose_prints_the_guards_first_record_and_puts_it_in_its_json(guarded, healthy, tmp_path):
+    def diagnosed(log_dir, *flags) -> str:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        out = io.StringIO()
+        run(parser.parse_args([str(log_dir), "--output", str(tmp_path / "remedies.yaml"), *flags]), out)
+        return out.getvalue()
+
+    printed = diagnosed(guarded).splitlines()
+    assert printed[1] == (
+        "first non-finite value (NonfiniteGuard): step 20, rank 0: layer model.fc2, tensor output of the fprop GEMM, "
+        "micro-batch 0"
+    )
+    record = json.loads(diagnosed(guarded, "--json"))["first_nonfinite"]
+    assert record == {"rank": 0, "iteration": 20, "layer": "model.fc2", "gemm": "fprop", "tensor": "output", "micro_batch": 0}
+    assert "NonfiniteGuard" not in diagnosed(healthy) and json.loads(diagnosed(healthy, "--json"))["first_nonfinite"] is None
