@@ -291,15 +291,27 @@ def read_nonfinite(log_dir: str | Path) -> list[NonfiniteRecord]:
     marker = f" - {NONFINITE_RECORD}".encode()
     records: list[NonfiniteRecord] = []
     for path in sorted(_files(run_directory(log_dir) / MAIN_LOG_DIR, "*.log"), key=_rank_of):
-        skipped = _Skipped(path, "NonfiniteGuard record")
+        skipped, last, warned = _Skipped(path, "NonfiniteGuard record"), -1, False
         with path.open("rb") as file:
             for number, line in enumerate(file, 1):
                 if marker not in line:
                     continue
                 try:
-                    records.append(_nonfinite(json.loads(line.split(marker, 1)[1]), _rank_of(path)))
+                    record = _nonfinite(json.loads(line.split(marker, 1)[1]), _rank_of(path))
                 except (ValueError, KeyError, TypeError, AttributeError) as error:
                     skipped.add(number, f"no field {error}" if isinstance(error, KeyError) else str(error), line)
+                    continue
+                if record.iteration < last and not warned:  # one run logs its steps in order
+                    warnings.warn(
+                        f"{path}: NonfiniteGuard's steps go back from {last} to {record.iteration} at line {number}: the "
+                        "log holds more than one run, appended with NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE=0, and the first "
+                        "non-finite value may be an earlier run's. Give each run its own log_dir to keep them apart.",
+                        AppendedRunsWarning,
+                        stacklevel=2,
+                    )
+                    warned = True
+                records.append(record)
+                last = record.iteration
         skipped.say()
     return records
 

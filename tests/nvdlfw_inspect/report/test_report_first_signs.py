@@ -17,7 +17,14 @@ from planted_trends import growing_channel_run
 from nvdlfw_inspect.diagnose import diagnose
 from nvdlfw_inspect.diagnose.command import add_arguments, run
 from nvdlfw_inspect.diagnose.findings import GROWTH_KINDS
-from nvdlfw_inspect.reading import NonfiniteRecord, SkippedRecordsWarning, iter_statistics, read_nonfinite, read_routing
+from nvdlfw_inspect.reading import (
+    AppendedRunsWarning,
+    NonfiniteRecord,
+    SkippedRecordsWarning,
+    iter_statistics,
+    read_nonfinite,
+    read_routing,
+)
 from nvdlfw_inspect.report import report_data, write_report
 
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs it)")
@@ -200,3 +207,17 @@ def test_diagnose_prints_the_guards_first_record_and_puts_it_in_its_json(guarded
     record = json.loads(diagnosed(guarded, "--json"))["first_nonfinite"]
     assert record == {"rank": 0, "iteration": 20, "layer": "model.fc2", "gemm": "fprop", "tensor": "output", "micro_batch": 0}
     assert "NonfiniteGuard" not in diagnosed(healthy) and json.loads(diagnosed(healthy, "--json"))["first_nonfinite"] is None
+
+
+def test_records_of_runs_appended_to_one_log_are_said_once(tmp_path):
+    logs = tmp_path / "nvdlfw_inspect_logs"
+    logs.mkdir()
+    line = "2026-01-01 00:00:00,000 - INFO - NonfiniteGuard record: "
+    steps = [7, 8, 2, 3, 1]  # a run poisoned at 7 and 8, then two more appended (NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE=0)
+    record = {"layer": "l", "gemm": "fprop", "tensor": "output", "micro_batch": 0, "rank": 0}
+    (logs / "nvdlfw_inspect_globalrank-0.log").write_text(
+        "".join(f"{line}{json.dumps(record | {'iteration': s})}\n" for s in steps)
+    )
+    with pytest.warns(AppendedRunsWarning, match=r"steps go back from 8 to 2 at line 3") as caught:
+        records = read_nonfinite(tmp_path)
+    assert [r.iteration for r in records] == steps and len(caught) == 1
