@@ -107,15 +107,17 @@ class NonfiniteGuard(TEConfigAPIMapper):
             return
         if tensor.requires_grad:
             tensor = tensor.detach()
-        self._extrema.extend(torch.aminmax(tensor))  # NaN propagates into both; an infinity is one of them
+        extrema = torch.aminmax(tensor)  # NaN propagates into both; an infinity is one of them
+        if self._extrema and tensor.device != self._extrema[0].device:  # kept on the step's first device, for one stack
+            extrema = [value.to(self._extrema[0].device) for value in extrema]
+        self._extrema.extend(extrema)
         self._calls.append(_Call(layer, tensor_name, micro_batch, mode))
 
     def _first_position(self) -> torch.Tensor:
         """Device scalar: the position of the step's first call whose tensor held a NaN or an infinity, or _NONE."""
         if not self._extrema:
             return torch.full((), _NONE, dtype=torch.int64)
-        device = self._extrema[0].device
-        extrema = torch.stack([value.to(device) for value in self._extrema]).view(-1, 2)  # one row per call
+        extrema = torch.stack(self._extrema).view(-1, 2)  # one row per call
         bad = ~torch.isfinite(extrema).all(dim=1)
         first = bad.to(torch.int64).argmax()  # the first True (0 when there is none)
         return torch.where(bad.any(), first, _NONE)
