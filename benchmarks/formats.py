@@ -6,7 +6,9 @@ the bandwidth of quantizing one tensor in each format, measured side by side in 
    high precision. The optimizer step changes the weights, so every step casts them anew, as in training
    (without it the layers' weight caches would serve one cast for the whole run).
    On the CPU every recipe is emulated; on a CUDA GPU per-tensor FP8 runs ``torch._scaled_mm`` and the
-   block recipes are emulated (quantize, dequantize, GEMM in high precision).
+   block recipes are emulated (quantize, dequantize, GEMM in high precision). Two precision plans (``PLANS``) run
+   beside them: FP8 current scaling with the last layer in BF16, and NVFP4 with the last layer in MXFP8 (the plan's
+   real step time against BF16 and NVFP4 everywhere that issue 37 asks of a GPU).
 2. Quantizing a bf16 tensor (128 MiB on CUDA, 8 MiB on the CPU) with each format's activation quantizer,
    rowwise and in both orientations (``both`` rows: rowwise and columnwise, as every activation and gradient
    of a training step needs), as GB/s of bytes read next to a plain copy's and a transposing copy's. A table
@@ -45,6 +47,19 @@ RECIPES = {
 }
 
 
+#: precision plans timed beside the recipes (training table only): the autocast recipe, and the plan's rules. On a Hopper
+#: GPU only per-tensor FP8 has kernels, so the plan that can be faster there keeps the last layer in BF16 and runs the
+#: rest in FP8 with current scaling; the other mixes the block formats (emulated on a GPU, as NVFP4 everywhere is).
+PLANS = {
+    "plan: FP8 current, last layer BF16": (lowprec.Float8CurrentScaling(), "high_precision"),
+    "plan: NVFP4, last layer MXFP8": (lowprec.NVFP4BlockScaling(), "mxfp8"),
+}
+
+
+def last_layer_plan(depth: int, recipe: str) -> dict:
+    return {"rules": [{"layers": {"exact_layer_names": [f"mlp.{depth - 1}"]}, "recipe": recipe}]}
+
+
 def mlp(width: int, depth: int, device: str, dtype: torch.dtype) -> torch.nn.Sequential:
     torch.manual_seed(0)
     layers = [lowprec.Linear(width, width, name=f"mlp.{i}", device=device, params_dtype=dtype) for i in range(depth)]
@@ -57,18 +72,19 @@ def training_table(args: argparse.Namespace, device: str, dtype: torch.dtype) ->
     batch = torch.randn(args.tokens, args.width, device=device, dtype=dtype)
 
     def run(label: str) -> float:
-        recipe = RECIPES[label]
+        recipe, last = PLANS.get(label, (RECIPES.get(label), None))
+        plan = last_layer_plan(args.depth, last) if last is not None else None
 
         def one_step():
             optimizer.zero_grad(set_to_none=True)
-            with lowprec.fp8_autocast(enabled=recipe is not None, fp8_recipe=recipe):
+            with lowprec.autocast(enabled=recipe is not None, recipe=recipe, plan=plan):
                 model(batch).float().square().mean().backward()
             optimizer.step()
 
         return mean_seconds(one_step, args.steps, device)
 
     worker = InProcess(run)
-    fastest = interleave([(label, worker, label) for label in RECIPES], args.repeats)
+    fastest = interleave([(label, worker, label) for label in [*RECIPES, *PLANS]], args.repeats)
     title = f"\n{args.depth} x lowprec.Linear({args.width}), {args.tokens} tokens, {dtype}, {device}: training step per recipe"
     print_ratio_table(title, fastest, "high precision", {})
     return fastest

@@ -289,6 +289,15 @@ def read_step_ratio(variant: str, limit: float) -> Callable[[dict, dict], Readin
     return read
 
 
+def read_plan(m: dict, why: dict) -> Reading:
+    """The precision plan that has kernels on Hopper (FP8 current scaling, the last layer in BF16) against BF16, with
+    FP8 and NVFP4 everywhere beside it."""
+    ratio = m["step_ratio"]
+    value = ratio["plan: FP8 current, last layer BF16"]
+    cell = f"{value:.3f}x of BF16 (FP8 current everywhere {ratio['FP8 current']:.3f}x, NVFP4 everywhere {ratio['NVFP4']:.3f}x)"
+    return Reading(value, cell, value < 1.0)
+
+
 def read_kernels(m: dict, why: dict) -> Reading:
     if m["kernels_ratio_stats_freq_1"] is not None:
         value, per_step, what = m["kernels_ratio_stats_freq_1"], m["kernels_per_step"], "kernels/step"
@@ -403,6 +412,7 @@ TARGETS = [
     Target("MXFP8 quantize, 128 MiB bf16", ">= 1.5 TB/s", "formats", read_quantize("MXFP8")),
     Target("FP8 block quantize, 128 MiB bf16", ">= 1.5 TB/s", "formats", read_quantize("FP8 block scaling")),
     Target("NVFP4 quantize, 128 MiB bf16", ">= 1.5 TB/s", "formats", read_quantize("NVFP4")),
+    Target("precision plan (FP8 current, last layer BF16), 4 x Linear(4096) step", "faster than BF16", "formats", read_plan),
     Target("host cost: routed log_tensor_stats call (six statistics, its share of step() included)", "<= 15 us", "host_cost",
            read_host_cost("log_tensor_stats_call_us", 15, "reference_log_tensor_stats_call_us")),
     Target("host cost per inspected tensor of a lowprec layer (LogTensorStats + LogFp8TensorStats)", "<= 15 us", "host_cost",

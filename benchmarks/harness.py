@@ -200,9 +200,10 @@ def interleave(plan: list[tuple[str, Worker | InProcess, str]], repeats: int) ->
 
 
 def print_ratio_table(title: str, fastest: dict[str, float], baseline: str, missing: dict[str, str]) -> None:
+    width = max(24, *(len(label) for label in [*fastest, *missing]))
     print(title)
-    print(f"{'variant':<24} {'ms/step':>9} {'ratio':>7}")
+    print(f"{'variant':<{width}} {'ms/step':>9} {'ratio':>7}")
     for label, seconds in fastest.items():
-        print(f"{label:<24} {seconds * 1e3:>9.2f} {seconds / fastest[baseline]:>7.3f}")
+        print(f"{label:<{width}} {seconds * 1e3:>9.2f} {seconds / fastest[baseline]:>7.3f}")
     for label, reason in missing.items():
-        print(f"{label:<24} {'-':>9} {'-':>7}  ({reason})")
+        print(f"{label:<{width}} {'-':>9} {'-':>7}  ({reason})")
