@@ -17,7 +17,7 @@ def test_every_recipe_is_timed_next_to_high_precision(capsys):
     args = argparse.Namespace(steps=1, repeats=1, width=32, depth=2, tokens=16)
     steps = formats.training_table(args, "cpu", torch.float32)
     quantized = formats.quantize_table(args, "cpu", 256)
-    assert set(steps) == set(formats.RECIPES) and all(seconds > 0 for seconds in steps.values())
+    assert set(steps) == {*formats.RECIPES, *formats.PLANS} and all(seconds > 0 for seconds in steps.values())
     ours = {f"{label}{part}" for label, recipe in formats.RECIPES.items() if recipe is not None for part in ("", " both")}
     torchao = {f"{label}{part} (torchao)" for label in ("MXFP8", "NVFP4") for part in ("", " both")}  # torchao: a dev extra
     assert set(quantized) == {"copy (ceiling)", "transpose"} | ours | torchao
