@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import torch
-from harness import InProcess, count_ops, count_syncs, device_name, interleave, mean_seconds, write_json
+from harness import InProcess, count_ops, count_syncs, debug_session, device_name, interleave, mean_seconds, write_json
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -97,22 +97,13 @@ class Bench:
         return step
 
 
-@contextlib.contextmanager
-def debug_session(variant: str, log_dir: str) -> Iterator[bool]:
-    """Runs the body with the variant's config initialized; yields whether debug is on."""
+def variant_config(variant: str) -> dict | None:
     regex = VARIANTS[variant]
-    if regex is None:
-        yield False
-        return
-    debug_api.initialize(config_file=guard_config(regex), feature_dirs=[lowprec.FEATURE_DIR], log_dir=log_dir)
-    try:
-        yield True
-    finally:
-        debug_api.end_debug()
+    return None if regex is None else guard_config(regex)
 
 
 def time_variant(bench: Bench, variant: str, steps: int, log_dir: str) -> float:
-    with debug_session(variant, log_dir) as debug:
+    with debug_session(variant_config(variant), log_dir) as debug:
         return mean_seconds(bench.step_fn(debug), steps, bench.device)
 
 
@@ -142,7 +133,7 @@ def counting_host_reads() -> Iterator[Counter[str]]:
 def measure_variant(bench: Bench, variant: str, log_dir: str) -> dict:
     """Ops per step (mean of ``COUNTED_STEPS`` steps after ``WARMUP_STEPS``), syncs per step in the training work
     and in ``debug_api.step()``, and the host reads (calls, values) per ``debug_api.step()``."""
-    with debug_session(variant, log_dir) as debug:
+    with debug_session(variant_config(variant), log_dir) as debug:
         step = bench.step_fn(debug)
         for _ in range(WARMUP_STEPS):
             step()

@@ -8,6 +8,7 @@ per request; the driver interleaves requests so machine noise hits every variant
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shlex
@@ -19,7 +20,7 @@ import time
 import venv
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -135,6 +136,23 @@ def count_syncs(fn: Callable[[], object], device: str | torch.device) -> int:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return sum("synchronizing" in str(warning.message) for warning in caught)
+
+
+@contextlib.contextmanager
+def debug_session(config: dict | None, log_dir: str) -> Iterator[bool]:
+    """Runs the body with ``config`` initialized, with lowprec's features (None: without debugging); yields whether
+    debugging is on. Ours is imported here only: a reference worker imports this module too."""
+    if config is None:
+        yield False
+        return
+    import lowprec
+    import nvdlfw_inspect.api as debug_api
+
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=log_dir)
+    try:
+        yield True
+    finally:
+        debug_api.end_debug()
 
 
 def mean_seconds(fn: Callable[[], object], steps: int, device: str | torch.device) -> float:

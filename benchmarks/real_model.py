@@ -38,15 +38,24 @@ Needs ``transformers`` (``pip install -e .[bench]``). Run: ``python benchmarks/r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from harness import InProcess, count_ops, count_syncs, device_name, interleave, mean_seconds, synchronize, write_json
+from harness import (
+    InProcess,
+    count_ops,
+    count_syncs,
+    debug_session,
+    device_name,
+    interleave,
+    mean_seconds,
+    synchronize,
+    write_json,
+)
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -189,23 +198,14 @@ def build(size: dict, device: str) -> Bench:
     return Bench(model, input_ids, optimizer, lowprec.DelayedScaling(), converted, inspected, left)
 
 
-@contextlib.contextmanager
-def debug_session(variant: str, log_dir: str) -> Iterator[bool]:
-    """Runs the body with the variant's debug config initialized; yields whether debug is on."""
+def variant_config(variant: str) -> dict | None:
     selection = VARIANTS[variant]
-    if selection is None:
-        yield False
-        return
-    debug_api.initialize(config_file=debug_config(*selection), feature_dirs=[lowprec.FEATURE_DIR], log_dir=log_dir)
-    try:
-        yield True
-    finally:
-        debug_api.end_debug()
+    return None if selection is None else debug_config(*selection)
 
 
 def time_variant(bench: Bench, variant: str, steps: int, log_dir: str) -> float:
     """Seconds per step over ``steps`` steps, after one warm-up step (iteration 0) of a new session."""
-    with debug_session(variant, log_dir) as debug:
+    with debug_session(variant_config(variant), log_dir) as debug:
         return mean_seconds(bench.step_fn(debug), steps, bench.device)
 
 
@@ -270,7 +270,7 @@ def count_variant(
     """Ops of each of ``steps`` consecutive steps after ``warmup`` steps of a new session; then, when
     ``kernels``, device kernels per step over the next ``steps`` steps; then, when ``syncs``, host
     synchronizations per step over the next ``steps`` steps."""
-    with debug_session(variant, log_dir) as debug:
+    with debug_session(variant_config(variant), log_dir) as debug:
         step = bench.step_fn(debug)
         for _ in range(warmup):
             step()

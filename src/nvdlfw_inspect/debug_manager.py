@@ -272,13 +272,13 @@ class DebugManager:
             verdict = None
         self._verdict = (step, verdict)
         if verdict is not None:
-            if self.poisoned is None:
-                self.poisoned = verdict[0]
-            get_logger().log_message(f"NonfiniteGuard: {verdict[0]}", logging.ERROR)
             error = verdict[0]
+            if self.poisoned is None:
+                self.poisoned = error
+            get_logger().log_message(f"NonfiniteGuard: {error}", logging.ERROR)
             fields = ("layer", "gemm", "tensor", "micro_batch")
             get_logger().log_nonfinite({key: getattr(error, key) for key in fields} | {"iteration": step})
-            warnings.warn(f"NonfiniteGuard: {verdict[0]}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"NonfiniteGuard: {error}", RuntimeWarning, stacklevel=3)
         return verdict
 
     def raise_nonfinite(self, verdict: tuple[NonFiniteError, str] | None, step: int) -> None:

@@ -39,6 +39,8 @@ from accelerate import Accelerator
 from lowprec.errors import LowprecTypeError
 from lowprec.integrations.session import DebugSession
 
+SAVING = ("save_state", "save_model")  # the Accelerator methods that write a checkpoint, checked while a run is open
+
 
 class DebugRun:
     """Arguments after ``model`` as ``lowprec.integrations.session.DebugSession``'s (config, feature dirs, log dir,
@@ -60,11 +62,10 @@ class DebugRun:
         self.model = model
         self.init_training_step = init_training_step
         self.session = DebugSession(config_file, **options)
-        self._restore_saving: list[str] = []
 
     def __enter__(self) -> DebugRun:
         self.session.start(self.model, init_training_step=self.init_training_step)
-        for name in ("save_state", "save_model"):
+        for name in SAVING:
             self._guard_saving(name)
         return self
 
@@ -78,7 +79,6 @@ class DebugRun:
             return save(*args, **kwargs)
 
         setattr(self.accelerator, name, checked_save)
-        self._restore_saving.append(name)
 
     def step(self) -> None:
         """Call after every batch: at the batch that ends a gradient accumulation (``accelerator.sync_gradients``,
@@ -88,7 +88,7 @@ class DebugRun:
 
     def __exit__(self, *exc_info: object) -> None:
         try:
-            while self._restore_saving:
-                delattr(self.accelerator, self._restore_saving.pop())
+            for name in SAVING:  # the instance's attributes: the class's methods show again
+                vars(self.accelerator).pop(name, None)
         finally:
             self.session.end()
