@@ -18,8 +18,11 @@ def test_every_measure_is_timed_and_written(tmp_path, capsys):
     us, reason = host_cost.measure(args)
     assert reason == "skipped (--no-reference)"
     for measure in host_cost.TARGETS_US:
-        assert math.isfinite(us[measure]) and us[measure] > 0, measure
-    assert us["lowprec inspected tensor"] > 0  # debugging costs something beyond the plain step
+        assert math.isfinite(us[measure]), measure
+    # Direct timings are positive; the inspected-tensor cost is a difference of two timings, and on a loaded
+    # machine (CI runs this beside other tests) five steps can make it negative: its sign is the benchmark's
+    # finding, not something a test can assert.
+    assert us["log_tensor_stats call"] > 0 and us["empty step()"] > 0
     host_cost.print_table(us, reason)
     out = capsys.readouterr().out
     assert "log_tensor_stats call" in out and "empty step()" in out and "reference: not measured" in out
