@@ -34,12 +34,12 @@ import argparse
 import math
 import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from datetime import date
 
 import torch
+from harness import git_commit
 
 import lowprec
 from lowprec.debug.per_block_stats import DEFAULT_UNDERFLOW_THRESHOLD, block_partials
@@ -216,11 +216,7 @@ def main() -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     table = calibrate(labels, SMALL_SHAPES if args.small else SHAPES, args.seeds)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    print(f"# Format calibration ({date.today()}, commit {commit.strip()}, torch {torch.__version__}, {platform.processor()})")
+    print(f"# Format calibration ({date.today()}, commit {git_commit()}, torch {torch.__version__}, {platform.processor()})")
     print(f"machine: {platform.machine()} {platform.system()}, 1 thread, CPU; {time.perf_counter() - start:.0f} s\n")
     print(markdown(table, args.seeds))
     print("CALIBRATED_UNDERFLOW_PCT = {")

@@ -28,13 +28,22 @@ import argparse
 import contextlib
 import datetime
 import platform
-import subprocess
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 
 import torch
-from harness import InProcess, count_ops, count_syncs, debug_session, device_name, interleave, mean_seconds, write_json
+from harness import (
+    InProcess,
+    count_ops,
+    count_syncs,
+    debug_session,
+    device_name,
+    git_commit,
+    interleave,
+    mean_seconds,
+    write_json,
+)
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
@@ -159,12 +168,6 @@ def measure_variant(bench: Bench, variant: str, log_dir: str) -> dict:
     }
 
 
-def commit() -> str:
-    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return (result.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
-
-
 def markdown(args: argparse.Namespace, bench: Bench, fastest: dict[str, float], measured: dict[str, dict]) -> str:
     cuda = bench.device.type == "cuda"
     machine = torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()}), {torch.get_num_threads()} threads"
@@ -172,7 +175,7 @@ def markdown(args: argparse.Namespace, bench: Bench, fastest: dict[str, float], 
     sync_label = "syncs" if cuda else "sync ops*"
     lines = [
         f"NonfiniteGuard cost: {args.depth} x lowprec.Linear({args.width}), {args.tokens} tokens, {args.dtype}, FP8 "
-        f"delayed scaling, {machine}; torch {torch.__version__}, {datetime.date.today()}, commit {commit()}",
+        f"delayed scaling, {machine}; torch {torch.__version__}, {datetime.date.today()}, commit {git_commit()}",
         f"step time: fastest of {args.repeats} interleaved rounds of {args.steps} steps; ops: aten ops dispatched per "
         f"step, mean of steps {WARMUP_STEPS}-{WARMUP_STEPS + COUNTED_STEPS - 1}; {bench.guarded} guarded tensors per "
         f"step ({args.depth} layers x {GUARDED_PER_LAYER}, less the first layer's dgrad)",

@@ -81,6 +81,19 @@ def write_json(path: str | Path, benchmark: str, device: str, measures: dict) ->
     Path(path).write_text(json.dumps({"benchmark": benchmark, "device": device, "measures": measures}, indent=1) + "\n")
 
 
+def git_commit() -> str:
+    """The checkout's short commit, marked when tracked files differ from it: every results table names its code."""
+    try:
+        git = ["git", "-C", str(ROOT)]
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+
+
 def device_name(device: str | torch.device) -> str:
     """What a benchmark's JSON names as its device: the GPU's name, or ``cpu``."""
     return torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"

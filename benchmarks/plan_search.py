@@ -16,8 +16,9 @@ import argparse
 import datetime
 import platform
 import random
-import subprocess
 import time
+
+from harness import git_commit
 
 from lowprec.plan.cost import gemm_cost, gemm_shares
 from lowprec.plan.search import GEMMS, Option, Unit, full_front, search
@@ -53,7 +54,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     print(f"plan search, {platform.processor() or platform.machine()}, {datetime.date.today()}, commit {commit}\n")
     print("| layers | GEMMs | search (ms) | whole front (ms) | front points | us per GEMM (front) |")
     print("|---|---|---|---|---|---|")

@@ -26,13 +26,13 @@ import io
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import yaml
+from harness import git_commit
 
 from lowprec.compare.outliers import collect, settled
 from lowprec.demo import SIZES, gemm_layers, plan_statistics_config, planned_recipes, run_demo
@@ -130,20 +130,11 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join([head, *lines])
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def setup(args: argparse.Namespace) -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (
         f"{cores}-core CPU ({platform.machine()}), Python {platform.python_version()}, torch {torch.__version__}, "
-        f"{datetime.date.today().isoformat()}, commit {commit()}; demo GPT size {args.size}, {args.steps} steps, seed "
+        f"{datetime.date.today().isoformat()}, commit {git_commit()}; demo GPT size {args.size}, {args.steps} steps, seed "
         f"{args.seed}, {args.threads} thread(s), statistics every {args.freq} steps"
     )
 

@@ -302,12 +302,10 @@ def read_nonfinite(log_dir: str | Path) -> list[NonfiniteRecord]:
                     skipped.add(number, f"no field {error}" if isinstance(error, KeyError) else str(error), line)
                     continue
                 if record.iteration < last and not warned:  # one run logs its steps in order
-                    warnings.warn(
-                        f"{path}: NonfiniteGuard's steps go back from {last} to {record.iteration} at line {number}: the "
-                        "log holds more than one run, appended with NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE=0, and the first "
-                        "non-finite value may be an earlier run's. Give each run its own log_dir to keep them apart.",
-                        AppendedRunsWarning,
-                        stacklevel=2,
+                    _warn_appended(
+                        f"{path}: NonfiniteGuard's steps go back from {last} to {record.iteration} at line {number}",
+                        "the first non-finite value may be an earlier run's",
+                        stacklevel=3,
                     )
                     warned = True
                 records.append(record)
@@ -410,18 +408,26 @@ def _filled(records: Iterator[Statistic], text: Iterator[Statistic]) -> Iterator
         yield from group
 
 
+def _warn_appended(where: str, consequence: str, stacklevel: int) -> None:
+    """An ``AppendedRunsWarning``: ``where`` a file's iterations went back, and what that mixes up."""
+    warnings.warn(
+        f"{where}: the file holds more than one run, appended with NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE=0, and "
+        f"{consequence}. Give each run its own log_dir to keep them apart.",
+        AppendedRunsWarning,
+        stacklevel=stacklevel,
+    )
+
+
 def _warn_appended_runs(path: Path, statistics: Iterator[Statistic]) -> Iterator[Statistic]:
     """One run writes its iterations in order; iterations going back mean that another run was appended, whose
     statistics the report and ``read_stats`` would mix with the first's (an ``AppendedRunsWarning``, once a file)."""
     last = -1
     for number, statistic in enumerate(statistics, 1):
         if statistic.iteration < last:
-            warnings.warn(
-                f"{path}: the iterations go back from {last} to {statistic.iteration} at statistic {number}: the file "
-                "holds more than one run, appended with NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE=0, and their statistics at "
-                "the same iterations are read as one run's. Give each run its own log_dir to keep them apart.",
-                AppendedRunsWarning,
-                stacklevel=3,
+            _warn_appended(
+                f"{path}: the iterations go back from {last} to {statistic.iteration} at statistic {number}",
+                "their statistics at the same iterations are read as one run's",
+                stacklevel=4,
             )
             yield statistic
             yield from statistics
