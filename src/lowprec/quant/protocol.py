@@ -135,7 +135,7 @@ class Float8Tensor(QuantizedTensor):
         return self.data.t().contiguous().t()
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return (self.data.float() * self.scale_inv).to(dtype or self.dtype)
+        return (self.format.decode(self.data) * self.scale_inv).to(dtype or self.dtype)
 
     def inner_tensors(self) -> dict[str, torch.Tensor | None]:
         return {"data": self.data, "scale_inv": self.scale_inv, "other_layout": self.other_layout, "scale": self.scale}
