@@ -1,0 +1,237 @@
+/* Block-scaled casts and decodes of CPU tensors, one pass per orientation (see kernels/cpu_cast.py).
+
+Every value equals the torch emulation's (quant/block.py, formats/scales.py, formats/elements.py,
+formats/noise.py) bit for bit: the same fp32 operations in the same order (built with
+-ffp-contract=off, no fast math), round to nearest even by the FPU's default mode. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+enum { RULE_MX_NVIDIA = 0, RULE_MX_OCP = 1, RULE_FP8_BLOCK = 2, RULE_NVFP4 = 3 };
+#define FP32_MAX 3.4028234663852886e38f
+#define PANEL 16 /* logical rows gathered at a time (rounded up to whole blocks) */
+
+static inline uint32_t float_bits(float f) {
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    return b;
+}
+
+static inline float bits_float(uint32_t b) {
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    if (exponent == 0x1F) return bits_float(sign | 0x7F800000u | (mantissa << 13));
+    if (exponent == 0) {
+        float magnitude = (float)mantissa * 0x1p-24f; /* exact: a subnormal half is a multiple of 2**-24 */
+        return sign ? -magnitude : magnitude;
+    }
+    return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+static inline float load(const void *x, int dtype, int64_t i) {
+    if (dtype == DT_F32) return ((const float *)x)[i];
+    if (dtype == DT_BF16) return bits_float((uint32_t)((const uint16_t *)x)[i] << 16);
+    return half_to_float(((const uint16_t *)x)[i]);
+}
+
+/* An element format: mantissa bits, the exponent of its first normal binade, 2 to that power, its largest magnitude,
+   its sign bit and the code of NaN (-1: none, NaN casts to +0). */
+typedef struct {
+    int mantissa_bits, first_exponent;
+    float first_binade, max;
+    int sign_bit, nan_code;
+} Element;
+
+/* The code of fp32 v: saturated at max, rounded to nearest even or (stochastic) to floor(steps + noise). Within the
+   binade E of |v| (subnormals in the first normal one, e0) the grid steps by 2**(E - m): k = round(|v| * 2**(m - E))
+   steps, code = (E - e0) * 2**m + k (a k that reaches the next binade is its first code), as MiniFloatFormat._codes.
+   Branch-free, so that the compiler vectorizes the loops over a block. */
+static inline int encode(float v, Element el, int stochastic, float noise) {
+    uint32_t bits = float_bits(v);
+    int is_nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    float magnitude = is_nan ? 0.0f : bits_float(bits & 0x7FFFFFFFu);
+    magnitude = magnitude > el.max ? el.max : magnitude;
+    int biased = (int)(float_bits(magnitude < el.first_binade ? el.first_binade : magnitude) >> 23); /* E + 127 */
+    float steps = magnitude * bits_float((uint32_t)(el.mantissa_bits + 254 - biased) << 23); /* exact: 2**(m - E) */
+    float k;
+    if (!stochastic) {
+        k = (steps + 0x1p23f) - 0x1p23f; /* round to nearest even: steps is below 2**23 */
+    } else {
+        float whole = (float)(int)steps; /* floor: steps is not negative */
+        k = whole + ((steps - whole) >= 1.0f - noise ? 1.0f : 0.0f);
+    }
+    int sign = (!is_nan && (bits >> 31)) ? el.sign_bit : 0;
+    int code = sign + ((biased - 127 - el.first_exponent) << el.mantissa_bits) + (int)k;
+    return is_nan && el.nan_code >= 0 ? el.nan_code : code;
+}
+
+/* The value of an E4M3 code below 0x7F (a block scale: never NaN), from its fields' bits. */
+static inline float e4m3_value(int code) {
+    uint32_t exponent = (code >> 3) & 0xF, mantissa = code & 7;
+    return exponent ? bits_float(((exponent + 120) << 23) | (mantissa << 20)) : (float)mantissa * 0x1p-9f;
+}
+
+static inline uint32_t hash32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x21F0AAADu;
+    x ^= x >> 16;
+    x *= 0x735A2D97u;
+    return x ^ (x >> 15);
+}
+
+/* noise.uniform's value at the row-major index whose 32-bit halves are low and high, under the key whose halves are
+   key_low and key_high: a multiple of 2**-24 in [0, 1). */
+static inline float uniform(uint32_t low, uint32_t high, uint32_t key_low, uint32_t key_high) {
+    uint32_t mixed = hash32(hash32(low ^ key_low) ^ high ^ key_high);
+    return (float)(int32_t)(mixed >> 8) * 0x1p-24f;
+}
+
+/* The NaN-ignoring amax of n contiguous values (an NVFP4 tensor's, for its per-tensor scale), as the largest
+   magnitude's bits below NaN's (magnitudes' bits order as their values). */
+static float tensor_amax(const void *x, int dtype, int64_t n) {
+    int32_t amax = 0;
+    if (dtype == DT_F32) {
+        const float *values = x;
+        for (int64_t i = 0; i < n; i++) {
+            int32_t bits = (int32_t)(float_bits(values[i]) & 0x7FFFFFFFu);
+            bits = bits <= 0x7F800000 ? bits : 0;
+            amax = bits > amax ? bits : amax;
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            int32_t bits = (int32_t)(float_bits(load(x, dtype, i)) & 0x7FFFFFFFu);
+            bits = bits <= 0x7F800000 ? bits : 0;
+            amax = bits > amax ? bits : amax;
+        }
+    }
+    return bits_float((uint32_t)amax);
+}
+
+/* The codes and block scales of the logical rows x columns matrix whose element (i, j) is x[i * row_stride + j *
+   col_stride] (the rowwise cast: x itself; the columnwise one: its transpose), padded with zeros to whole
+   block_h x block_w blocks. codes: uint8, padded rows x padded columns; scales: one per block, row-major, E8M0 or E4M3
+   bytes (uint8) or fp32 (FP8 block scaling); tensor_scale_inv: NVFP4's decode scale. element_param: MX NVIDIA:
+   fp32(1 / element max); MX OCP: the element's emax; FP8 block: the input dtype's largest value (an overflowing
+   scale's); NVFP4: fp32(1 / 6). key: the noise key of stochastic rounding (stochastic != 0). Returns 0, or -1 where
+   memory ran out. */
+int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+               int block_h, int block_w, int rule, int mantissa_bits, int first_exponent, float element_max,
+               int sign_bit, int nan_code, float element_param, int power_2, int marks_nan, int stochastic,
+               uint64_t key, uint8_t *codes, void *scales, float *tensor_scale_inv) {
+    Element el = {mantissa_bits, first_exponent, ldexpf(1.0f, first_exponent), element_max, sign_bit, nan_code};
+    int64_t padded_rows = (rows + block_h - 1) / block_h * block_h;
+    int64_t padded_cols = (cols + block_w - 1) / block_w * block_w, blocks_per_row = padded_cols / block_w;
+    int panel_rows = (PANEL + block_h - 1) / block_h * block_h;
+    float *panel = malloc(sizeof(float) * panel_rows * padded_cols);
+    if (!panel) return -1;
+    float encode_scale = 1.0f, mx_multipliers[255];
+    for (int b = 0; b < 255; b++) mx_multipliers[b] = ldexpf(1.0f, 127 - b);
+    if (rule == RULE_NVFP4) {
+        float amax = tensor_amax(x, dtype, rows * cols); /* x holds exactly the logical matrix's elements */
+        float ratio = 448.0f * 6.0f / amax;
+        encode_scale = ratio > FP32_MAX ? FP32_MAX : ratio;
+        if (amax == 0.0f || encode_scale == 0.0f) encode_scale = 1.0f;
+        *tensor_scale_inv = amax / (448.0f * 6.0f);
+    }
+    float encode_inverse = 1.0f / encode_scale, block_factor = encode_scale * element_param;
+    for (int64_t top = 0; top < padded_rows; top += panel_rows) {
+        int64_t height = padded_rows - top < panel_rows ? padded_rows - top : panel_rows;
+        memset(panel, 0, sizeof(float) * height * padded_cols);
+        int64_t real_rows = rows - top < height ? rows - top : height;
+        if (col_stride == 1) {
+            for (int64_t r = 0; r < real_rows; r++)
+                for (int64_t c = 0; c < cols; c++) panel[r * padded_cols + c] = load(x, dtype, (top + r) * row_stride + c);
+        } else { /* transposed: the panel's rows are contiguous runs of x's rows */
+            for (int64_t c = 0; c < cols; c++)
+                for (int64_t r = 0; r < real_rows; r++)
+                    panel[r * padded_cols + c] = load(x, dtype, (top + r) * row_stride + c * col_stride);
+        }
+        for (int64_t block_top = 0; block_top < height; block_top += block_h) {
+            for (int64_t bc = 0; bc < blocks_per_row; bc++) {
+                int32_t amax_bits = 0, top_bits = 0; /* magnitudes' bits order as their values, NaN's above all */
+                for (int r = 0; r < block_h; r++) {
+                    const float *restrict values = panel + (block_top + r) * padded_cols + bc * block_w;
+                    for (int c = 0; c < block_w; c++) {
+                        int32_t bits = (int32_t)(float_bits(values[c]) & 0x7FFFFFFFu);
+                        top_bits = bits > top_bits ? bits : top_bits;
+                        int32_t finite = bits <= 0x7F800000 ? bits : 0;
+                        amax_bits = finite > amax_bits ? finite : amax_bits;
+                    }
+                }
+                float amax = bits_float((uint32_t)amax_bits);
+                int has_nan = top_bits > 0x7F800000;
+                int64_t block_index = (top + block_top) / block_h * blocks_per_row + bc;
+                float multiplier;
+                if (rule == RULE_MX_NVIDIA || rule == RULE_MX_OCP) {
+                    int64_t byte;
+                    if (rule == RULE_MX_NVIDIA) {
+                        uint32_t bits = float_bits(amax * element_param);
+                        byte = bits > 0x400000 ? ((int64_t)bits + 0x7FFFFF) >> 23 : 0;
+                    } else {
+                        uint32_t bits = float_bits(amax);
+                        byte = bits == 0x7F800000u ? 254 : (int64_t)(bits >> 23) - (int64_t)element_param;
+                    }
+                    byte = byte < 0 ? 0 : (byte > 254 ? 254 : byte);
+                    multiplier = mx_multipliers[byte];
+                    ((uint8_t *)scales)[block_index] = has_nan && marks_nan ? 0xFF : (uint8_t)byte;
+                } else if (rule == RULE_FP8_BLOCK) {
+                    int usable = amax > 0.0f && isfinite(amax);
+                    float scale = element_max / (usable ? amax : 1.0f);
+                    if (isinf(scale)) scale = element_param;
+                    if (power_2) scale = bits_float(float_bits(scale) & 0x7F800000u);
+                    multiplier = usable ? scale : 1.0f;
+                    ((float *)scales)[block_index] = 1.0f / multiplier;
+                } else {
+                    static const Element e4m3 = {3, -6, 0x1p-6f, 448.0f, 0x80, 0x7F};
+                    int scale_code = encode(amax * block_factor, e4m3, 0, 0.0f);
+                    float reciprocal = 1.0f / (e4m3_value(scale_code) * encode_inverse);
+                    multiplier = reciprocal > FP32_MAX ? FP32_MAX : reciprocal;
+                    ((uint8_t *)scales)[block_index] = (uint8_t)scale_code;
+                }
+                for (int r = 0; r < block_h; r++) {
+                    int64_t row = top + block_top + r, first = row * padded_cols + bc * block_w;
+                    const float *restrict values = panel + (block_top + r) * padded_cols + bc * block_w;
+                    uint8_t *restrict out = codes + first;
+                    if (stochastic) { /* block_w divides 2**32 (a power of two): the block shares its index's high half */
+                        uint32_t low = (uint32_t)first, high = (uint32_t)((uint64_t)first >> 32);
+                        for (int c = 0; c < block_w; c++) {
+                            float noise = uniform(low + (uint32_t)c, high, (uint32_t)key, (uint32_t)(key >> 32));
+                            out[c] = (uint8_t)encode(values[c] * multiplier, el, 1, noise);
+                        }
+                    } else {
+                        for (int c = 0; c < block_w; c++) out[c] = (uint8_t)encode(values[c] * multiplier, el, 0, 0.0f);
+                    }
+                }
+            }
+        }
+    }
+    free(panel);
+    return 0;
+}
+
+/* BlockScaledData.values: table[code] times its block's fp32 scale, then (has_tensor_scale) times tensor_scale, for
+   codes of rows x columns in block_h x block_w blocks (whole ones: the data is padded). */
+void block_decode(const uint8_t *codes, int64_t rows, int64_t cols, int block_h, int block_w, const float *table,
+                  const float *scales, int has_tensor_scale, float tensor_scale, float *out) {
+    int64_t blocks_per_row = cols / block_w;
+    float factor = has_tensor_scale ? tensor_scale : 1.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < blocks_per_row; b++) {
+            float scale = scales[r / block_h * blocks_per_row + b];
+            const uint8_t *block_codes = codes + r * cols + b * block_w;
+            float *block_out = out + r * cols + b * block_w;
+            if (has_tensor_scale) {
+                for (int c = 0; c < block_w; c++) block_out[c] = (table[block_codes[c]] * scale) * factor;
+            } else {
+                for (int c = 0; c < block_w; c++) block_out[c] = table[block_codes[c]] * scale;
+            }
+        }
+    }
+}
