@@ -114,23 +114,71 @@ static float tensor_amax(const void *x, int dtype, int64_t n) {
     return bits_float((uint32_t)amax);
 }
 
+/* fp32 v rounded to bf16 (nearest even; NaN to the canonical NaN, as torch's conversion) and back. */
+static inline float round_bf16(float v) {
+    uint32_t bits = float_bits(v);
+    if (v != v) return bits_float(0x7FC00000u);
+    return bits_float(((bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16) << 16);
+}
+
+/* formats/hadamard.transform of the logical matrix, padded with zeros to padded_rows x padded_cols, along its rows: every
+   16 values times signs, four rounds of butterflies (strides 1, 2, 4, 8: a + b, a - b), times 1/4, rounded to bf16
+   for a bf16 input; NULL where memory ran out. */
+static float *hadamard_rows(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row_stride,
+                            int64_t col_stride, int64_t padded_rows, int64_t padded_cols, const float *signs) {
+    float *out = malloc(sizeof(float) * padded_rows * padded_cols);
+    if (!out) return NULL;
+    for (int64_t r = 0; r < padded_rows; r++) /* the padding's zeros are signed too: -0 where the sign is -1 */
+        for (int64_t c = r < rows ? cols : 0; c < padded_cols; c++) out[r * padded_cols + c] = 0.0f * signs[c % 16];
+    if (col_stride == 1) {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) out[r * padded_cols + c] = load(x, dtype, r * row_stride + c) * signs[c % 16];
+    } else {
+        for (int64_t c = 0; c < cols; c++)
+            for (int64_t r = 0; r < rows; r++)
+                out[r * padded_cols + c] = load(x, dtype, r * row_stride + c * col_stride) * signs[c % 16];
+    }
+    for (int64_t start = 0; start < padded_rows * padded_cols; start += 16) {
+        float *chunk = out + start;
+        for (int stride = 1; stride < 16; stride *= 2)
+            for (int i = 0; i < 16; i++)
+                if (!(i & stride)) {
+                    float a = chunk[i], b = chunk[i + stride];
+                    chunk[i] = a + b;
+                    chunk[i + stride] = a - b;
+                }
+        for (int i = 0; i < 16; i++) chunk[i] = dtype == DT_BF16 ? round_bf16(chunk[i] * 0.25f) : chunk[i] * 0.25f;
+    }
+    return out;
+}
+
 /* The codes and block scales of the logical rows x columns matrix whose element (i, j) is x[i * row_stride + j *
    col_stride] (the rowwise cast: x itself; the columnwise one: its transpose), padded with zeros to whole
    block_h x block_w blocks. codes: uint8, padded rows x padded columns; scales: one per block, row-major, E8M0 or E4M3
    bytes (uint8) or fp32 (FP8 block scaling); tensor_scale_inv: NVFP4's decode scale. element_param: MX NVIDIA:
    fp32(1 / element max); MX OCP: the element's emax; FP8 block: the input dtype's largest value (an overflowing
-   scale's); NVFP4: fp32(1 / 6). key: the noise key of stochastic rounding (stochastic != 0). Returns 0, or -1 where
-   memory ran out. */
+   scale's); NVFP4: fp32(1 / 6). key: the noise key of stochastic rounding (stochastic != 0). signs: the 16 signs of
+   the Hadamard transform the rows go through first (block_w 16; an fp32 or bf16 x), NULL for none. Returns 0, or -1
+   where memory ran out. */
 int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
                int block_h, int block_w, int rule, int mantissa_bits, int first_exponent, float element_max,
                int sign_bit, int nan_code, float element_param, int power_2, int marks_nan, int stochastic,
-               uint64_t key, uint8_t *codes, void *scales, float *tensor_scale_inv) {
+               uint64_t key, const float *signs, uint8_t *codes, void *scales, float *tensor_scale_inv) {
     Element el = {mantissa_bits, first_exponent, ldexpf(1.0f, first_exponent), element_max, sign_bit, nan_code};
     int64_t padded_rows = (rows + block_h - 1) / block_h * block_h;
     int64_t padded_cols = (cols + block_w - 1) / block_w * block_w, blocks_per_row = padded_cols / block_w;
+    float *transformed = NULL;
+    if (signs) {
+        transformed = hadamard_rows(x, dtype, rows, cols, row_stride, col_stride, padded_rows, padded_cols, signs);
+        if (!transformed) return -1;
+        x = transformed, dtype = DT_F32, rows = padded_rows, cols = padded_cols, row_stride = padded_cols, col_stride = 1;
+    }
     int panel_rows = (PANEL + block_h - 1) / block_h * block_h;
     float *panel = malloc(sizeof(float) * panel_rows * padded_cols);
-    if (!panel) return -1;
+    if (!panel) {
+        free(transformed);
+        return -1;
+    }
     float encode_scale = 1.0f, mx_multipliers[255];
     for (int b = 0; b < 255; b++) mx_multipliers[b] = ldexpf(1.0f, 127 - b);
     if (rule == RULE_NVFP4) {
@@ -213,6 +261,7 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         }
     }
     free(panel);
+    free(transformed);
     return 0;
 }
 

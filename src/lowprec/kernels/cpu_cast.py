@@ -22,6 +22,7 @@ from importlib import resources
 import torch
 
 from lowprec import kernels
+from lowprec.formats import hadamard
 from lowprec.formats.elements import E2M1, FP8Format, MiniFloatFormat, decode_table
 from lowprec.formats.scales import NVIDIA, Float8BlockScaleRule, MXScaleRule, NVFP4ScaleRule, ScaleRule, overflow_scale
 from nvdlfw_inspect.stats.kernels.cpu import DTYPE_CODES, load_library
@@ -48,7 +49,7 @@ def _library() -> ctypes.CDLL | None:
         return None
     i64, i32, f32, pointer = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
     cast.restype = i32
-    cast.argtypes = [pointer, i32, *[i64] * 4, *[i32] * 5, f32, i32, i32, f32, *[i32] * 3, ctypes.c_uint64, *[pointer] * 3]
+    cast.argtypes = [pointer, i32, *[i64] * 4, *[i32] * 5, f32, i32, i32, f32, *[i32] * 3, ctypes.c_uint64, *[pointer] * 4]
     decode.restype = None
     decode.argtypes = [pointer, i64, i64, i32, i32, pointer, pointer, i32, f32, pointer]
     return library
@@ -89,10 +90,13 @@ def quantize(
     dtype: torch.dtype,
     columnwise: bool,
     key: int | None = None,
+    signs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(data, scales, tensor_scale_inv)`` of ``BlockScaledData``: the rowwise (``columnwise``: the columnwise, stored
     as ``x.t()``'s rows) cast of contiguous 2-D CPU ``x`` in ``block``s, made from values of a tensor of ``dtype``;
-    ``key``: stochastic rounding's noise key (``RoundingStream.key``), None for round to nearest."""
+    ``key``: stochastic rounding's noise key (``RoundingStream.key``), None for round to nearest; ``signs``: the fp32
+    sign vector of the Hadamard transform the blocks go through first (``hadamard.random_signs``; 16-wide blocks of an
+    fp32 or bf16 ``x``: :func:`transforms`), None for none."""
     rows, cols = x.shape
     strides = (cols, 1)
     if columnwise:
@@ -128,6 +132,7 @@ def quantize(
         int(rule.marks_nan),
         int(key is not None),
         key or 0,
+        None if signs is None else signs.data_ptr(),
         data.data_ptr(),
         scales.data_ptr(),
         None if tensor_scale_inv is None else tensor_scale_inv.data_ptr(),
@@ -141,6 +146,12 @@ def quantize(
     elif isinstance(rule, NVFP4ScaleRule):
         scales = scales.view(torch.float8_e4m3fn)
     return data, scales, tensor_scale_inv
+
+
+def transforms(x: torch.Tensor, block: tuple[int, int]) -> bool:
+    """Whether :func:`quantize` applies the Hadamard transform to ``x`` itself: 16-wide blocks (the transform's chunks)
+    of fp32 or bf16 (rounded to bf16 as ``hadamard.transform`` rounds; an fp16 input is transformed by torch first)."""
+    return block[1] == hadamard.SIZE and x.dtype in (torch.float32, torch.bfloat16)
 
 
 def decodes(data: torch.Tensor) -> bool:

@@ -221,12 +221,15 @@ class BlockQuantizer:
         dtype: torch.dtype,
     ) -> BlockScaledData:
         """:meth:`_orientation` by the C kernel (``kernels.cpu_cast``) from contiguous CPU ``x`` of fp32, bf16 or fp16,
-        in one pass; the Hadamard transform stays in torch, the kernel casts its result."""
+        in one pass (the Hadamard transform in another, in the kernel where ``cpu_cast.transforms``, else in torch)."""
         rows, cols = x.shape
-        if hadamard_seed is not None:
+        signs = None
+        if hadamard_seed is not None and cpu_cast.transforms(x, self.block):
+            signs = hadamard.random_signs(hadamard_seed, x.device)
+        elif hadamard_seed is not None:
             x = self._padded(x.float(), hadamard_seed, dtype, columnwise).contiguous()
         key = None if offset is None else self.rounding.key(offset, "columnwise" if columnwise else "rowwise")
-        data, scales, scale_inv = cpu_cast.quantize(x, self.rule, self.element, self.block, dtype, columnwise, key)
+        data, scales, scale_inv = cpu_cast.quantize(x, self.rule, self.element, self.block, dtype, columnwise, key, signs)
         layout = BlockLayout(self.element, self.block, (cols, rows) if columnwise else (rows, cols), hadamard_seed)
         return BlockScaledData(data, scales, scale_inv, layout)
 
