@@ -152,6 +152,75 @@ static float *hadamard_rows(const void *x, int dtype, int64_t rows, int64_t cols
     return out;
 }
 
+/* What every block of one cast shares (see block_cast). */
+typedef struct {
+    int rule, power_2, marks_nan, stochastic;
+    Element element;
+    float element_max, element_param, encode_inverse, block_factor, mx_multipliers[255];
+    uint64_t key;
+} Cast;
+
+/* One block: its amax (NaN ignored), its scale into scales[block_index] and its codes into codes from (row, col), the
+   block's first element, on; values: the block's first value in the panel, whose rows are padded_cols apart. Inlined
+   with a constant block_w at each call, so that the loops over a block's row have a fixed length. */
+static inline __attribute__((always_inline)) void cast_block(const Cast *k, const float *block, int64_t padded_cols,
+                                                             int block_h, const int block_w, int64_t row, int64_t col,
+                                                             int64_t block_index, uint8_t *codes, void *scales) {
+    Element el = k->element;
+    int32_t amax_bits = 0, top_bits = 0; /* magnitudes' bits order as their values, NaN's above all */
+    for (int r = 0; r < block_h; r++) {
+        const float *restrict values = block + r * padded_cols;
+        for (int c = 0; c < block_w; c++) {
+            int32_t bits = (int32_t)(float_bits(values[c]) & 0x7FFFFFFFu);
+            top_bits = bits > top_bits ? bits : top_bits;
+            int32_t finite = bits <= 0x7F800000 ? bits : 0;
+            amax_bits = finite > amax_bits ? finite : amax_bits;
+        }
+    }
+    float amax = bits_float((uint32_t)amax_bits);
+    int has_nan = top_bits > 0x7F800000;
+    float multiplier;
+    if (k->rule == RULE_MX_NVIDIA || k->rule == RULE_MX_OCP) {
+        int64_t byte;
+        if (k->rule == RULE_MX_NVIDIA) {
+            uint32_t bits = float_bits(amax * k->element_param);
+            byte = bits > 0x400000 ? ((int64_t)bits + 0x7FFFFF) >> 23 : 0;
+        } else {
+            uint32_t bits = float_bits(amax);
+            byte = bits == 0x7F800000u ? 254 : (int64_t)(bits >> 23) - (int64_t)k->element_param;
+        }
+        byte = byte < 0 ? 0 : (byte > 254 ? 254 : byte);
+        multiplier = k->mx_multipliers[byte];
+        ((uint8_t *)scales)[block_index] = has_nan && k->marks_nan ? 0xFF : (uint8_t)byte;
+    } else if (k->rule == RULE_FP8_BLOCK) {
+        int usable = amax > 0.0f && isfinite(amax);
+        float scale = k->element_max / (usable ? amax : 1.0f);
+        if (isinf(scale)) scale = k->element_param;
+        if (k->power_2) scale = bits_float(float_bits(scale) & 0x7F800000u);
+        multiplier = usable ? scale : 1.0f;
+        ((float *)scales)[block_index] = 1.0f / multiplier;
+    } else {
+        static const Element e4m3 = {3, -6, 0x1p-6f, 448.0f, 0x80, 0x7F};
+        int scale_code = encode(amax * k->block_factor, e4m3, 0, 0.0f);
+        float reciprocal = 1.0f / (e4m3_value(scale_code) * k->encode_inverse);
+        multiplier = reciprocal > FP32_MAX ? FP32_MAX : reciprocal;
+        ((uint8_t *)scales)[block_index] = (uint8_t)scale_code;
+    }
+    for (int r = 0; r < block_h; r++) {
+        int64_t first = (row + r) * padded_cols + col;
+        const float *restrict values = block + r * padded_cols;
+        uint8_t *restrict out = codes + first;
+        if (k->stochastic) { /* block_w divides 2**32 (a power of two): the block shares its index's high half */
+            uint32_t low = (uint32_t)first, high = (uint32_t)((uint64_t)first >> 32);
+            uint32_t key_low = (uint32_t)k->key, key_high = (uint32_t)(k->key >> 32);
+            for (int c = 0; c < block_w; c++)
+                out[c] = (uint8_t)encode(values[c] * multiplier, el, 1, uniform(low + (uint32_t)c, high, key_low, key_high));
+        } else {
+            for (int c = 0; c < block_w; c++) out[c] = (uint8_t)encode(values[c] * multiplier, el, 0, 0.0f);
+        }
+    }
+}
+
 /* The codes and block scales of the logical rows x columns matrix whose element (i, j) is x[i * row_stride + j *
    col_stride] (the rowwise cast: x itself; the columnwise one: its transpose), padded with zeros to whole
    block_h x block_w blocks. codes: uint8, padded rows x padded columns; scales: one per block, row-major, E8M0 or E4M3
@@ -179,8 +248,9 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         free(transformed);
         return -1;
     }
-    float encode_scale = 1.0f, mx_multipliers[255];
-    for (int b = 0; b < 255; b++) mx_multipliers[b] = ldexpf(1.0f, 127 - b);
+    Cast k = {rule, power_2, marks_nan, stochastic, el, element_max, element_param, 1.0f, 1.0f, {0}, key};
+    for (int b = 0; b < 255; b++) k.mx_multipliers[b] = ldexpf(1.0f, 127 - b);
+    float encode_scale = 1.0f;
     if (rule == RULE_NVFP4) {
         float amax = tensor_amax(x, dtype, rows * cols); /* x holds exactly the logical matrix's elements */
         float ratio = 448.0f * 6.0f / amax;
@@ -188,7 +258,7 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         if (amax == 0.0f || encode_scale == 0.0f) encode_scale = 1.0f;
         *tensor_scale_inv = amax / (448.0f * 6.0f);
     }
-    float encode_inverse = 1.0f / encode_scale, block_factor = encode_scale * element_param;
+    k.encode_inverse = 1.0f / encode_scale, k.block_factor = encode_scale * element_param;
     for (int64_t top = 0; top < padded_rows; top += panel_rows) {
         int64_t height = padded_rows - top < panel_rows ? padded_rows - top : panel_rows;
         memset(panel, 0, sizeof(float) * height * padded_cols);
@@ -202,61 +272,16 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
                     panel[r * padded_cols + c] = load(x, dtype, (top + r) * row_stride + c * col_stride);
         }
         for (int64_t block_top = 0; block_top < height; block_top += block_h) {
+            int64_t first_block = (top + block_top) / block_h * blocks_per_row;
             for (int64_t bc = 0; bc < blocks_per_row; bc++) {
-                int32_t amax_bits = 0, top_bits = 0; /* magnitudes' bits order as their values, NaN's above all */
-                for (int r = 0; r < block_h; r++) {
-                    const float *restrict values = panel + (block_top + r) * padded_cols + bc * block_w;
-                    for (int c = 0; c < block_w; c++) {
-                        int32_t bits = (int32_t)(float_bits(values[c]) & 0x7FFFFFFFu);
-                        top_bits = bits > top_bits ? bits : top_bits;
-                        int32_t finite = bits <= 0x7F800000 ? bits : 0;
-                        amax_bits = finite > amax_bits ? finite : amax_bits;
-                    }
-                }
-                float amax = bits_float((uint32_t)amax_bits);
-                int has_nan = top_bits > 0x7F800000;
-                int64_t block_index = (top + block_top) / block_h * blocks_per_row + bc;
-                float multiplier;
-                if (rule == RULE_MX_NVIDIA || rule == RULE_MX_OCP) {
-                    int64_t byte;
-                    if (rule == RULE_MX_NVIDIA) {
-                        uint32_t bits = float_bits(amax * element_param);
-                        byte = bits > 0x400000 ? ((int64_t)bits + 0x7FFFFF) >> 23 : 0;
-                    } else {
-                        uint32_t bits = float_bits(amax);
-                        byte = bits == 0x7F800000u ? 254 : (int64_t)(bits >> 23) - (int64_t)element_param;
-                    }
-                    byte = byte < 0 ? 0 : (byte > 254 ? 254 : byte);
-                    multiplier = mx_multipliers[byte];
-                    ((uint8_t *)scales)[block_index] = has_nan && marks_nan ? 0xFF : (uint8_t)byte;
-                } else if (rule == RULE_FP8_BLOCK) {
-                    int usable = amax > 0.0f && isfinite(amax);
-                    float scale = element_max / (usable ? amax : 1.0f);
-                    if (isinf(scale)) scale = element_param;
-                    if (power_2) scale = bits_float(float_bits(scale) & 0x7F800000u);
-                    multiplier = usable ? scale : 1.0f;
-                    ((float *)scales)[block_index] = 1.0f / multiplier;
-                } else {
-                    static const Element e4m3 = {3, -6, 0x1p-6f, 448.0f, 0x80, 0x7F};
-                    int scale_code = encode(amax * block_factor, e4m3, 0, 0.0f);
-                    float reciprocal = 1.0f / (e4m3_value(scale_code) * encode_inverse);
-                    multiplier = reciprocal > FP32_MAX ? FP32_MAX : reciprocal;
-                    ((uint8_t *)scales)[block_index] = (uint8_t)scale_code;
-                }
-                for (int r = 0; r < block_h; r++) {
-                    int64_t row = top + block_top + r, first = row * padded_cols + bc * block_w;
-                    const float *restrict values = panel + (block_top + r) * padded_cols + bc * block_w;
-                    uint8_t *restrict out = codes + first;
-                    if (stochastic) { /* block_w divides 2**32 (a power of two): the block shares its index's high half */
-                        uint32_t low = (uint32_t)first, high = (uint32_t)((uint64_t)first >> 32);
-                        for (int c = 0; c < block_w; c++) {
-                            float noise = uniform(low + (uint32_t)c, high, (uint32_t)key, (uint32_t)(key >> 32));
-                            out[c] = (uint8_t)encode(values[c] * multiplier, el, 1, noise);
-                        }
-                    } else {
-                        for (int c = 0; c < block_w; c++) out[c] = (uint8_t)encode(values[c] * multiplier, el, 0, 0.0f);
-                    }
-                }
+                const float *block = panel + block_top * padded_cols + bc * block_w;
+                int64_t row = top + block_top, col = bc * block_w;
+                if (block_w == 16)
+                    cast_block(&k, block, padded_cols, block_h, 16, row, col, first_block + bc, codes, scales);
+                else if (block_w == 32)
+                    cast_block(&k, block, padded_cols, block_h, 32, row, col, first_block + bc, codes, scales);
+                else
+                    cast_block(&k, block, padded_cols, block_h, block_w, row, col, first_block + bc, codes, scales);
             }
         }
     }
