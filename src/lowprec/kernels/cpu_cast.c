@@ -121,34 +121,50 @@ static inline float round_bf16(float v) {
     return bits_float(((bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16) << 16);
 }
 
-/* formats/hadamard.transform of the logical matrix, padded with zeros to padded_rows x padded_cols, along its rows: every
-   16 values times signs, four rounds of butterflies (strides 1, 2, 4, 8: a + b, a - b), times 1/4, rounded to bf16
-   for a bf16 input; NULL where memory ran out. */
+/* formats/hadamard.transform of the logical matrix, padded with zeros to padded_rows x padded_cols, along its rows:
+   every 16 values times signs, four rounds of butterflies (strides 1, 2, 4, 8: a + b, a - b), times 1/4, rounded to
+   bf16 for a bf16 input. Made in x's own layout, where a columnwise cast's 16 values are 16 rows of x and every
+   operation runs along whole contiguous rows; *row_stride and *col_stride say where the result's (i, j) lies. NULL
+   where memory ran out. */
 static float *hadamard_rows(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row_stride,
-                            int64_t col_stride, int64_t padded_rows, int64_t padded_cols, const float *signs) {
+                            int64_t col_stride, int64_t padded_rows, int64_t padded_cols, const float *signs,
+                            int64_t *out_row_stride, int64_t *out_col_stride) {
     float *out = malloc(sizeof(float) * padded_rows * padded_cols);
     if (!out) return NULL;
-    for (int64_t r = 0; r < padded_rows; r++) /* the padding's zeros are signed too: -0 where the sign is -1 */
-        for (int64_t c = r < rows ? cols : 0; c < padded_cols; c++) out[r * padded_cols + c] = 0.0f * signs[c % 16];
-    if (col_stride == 1) {
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < cols; c++) out[r * padded_cols + c] = load(x, dtype, r * row_stride + c) * signs[c % 16];
-    } else {
-        for (int64_t c = 0; c < cols; c++)
-            for (int64_t r = 0; r < rows; r++)
-                out[r * padded_cols + c] = load(x, dtype, r * row_stride + c * col_stride) * signs[c % 16];
+    int along_rows = col_stride == 1; /* the chunks lie along x's rows (else down its columns) */
+    int64_t lines = along_rows ? padded_rows : padded_cols, length = along_rows ? padded_cols : padded_rows;
+    int64_t real_lines = along_rows ? rows : cols, real_length = along_rows ? cols : rows;
+    int64_t x_line = along_rows ? row_stride : col_stride; /* x's stride between lines; 1 along them */
+    for (int64_t l = 0; l < lines; l++) { /* the padding's zeros are signed too: -0 where the sign is -1 */
+        float *line = out + l * length;
+        for (int64_t e = 0; e < length; e++) {
+            float sign = signs[(along_rows ? e : l) % 16];
+            line[e] = (l < real_lines && e < real_length ? load(x, dtype, l * x_line + e) : 0.0f) * sign;
+        }
     }
-    for (int64_t start = 0; start < padded_rows * padded_cols; start += 16) {
+    /* a butterfly pairs values `stride` apart in a chunk: elements of a line, or (down x's columns) whole lines */
+    int64_t step = along_rows ? 1 : length, count = along_rows ? 1 : length;
+    for (int64_t start = 0; start < lines * length; start += 16 * count) {
         float *chunk = out + start;
         for (int stride = 1; stride < 16; stride *= 2)
             for (int i = 0; i < 16; i++)
                 if (!(i & stride)) {
-                    float a = chunk[i], b = chunk[i + stride];
-                    chunk[i] = a + b;
-                    chunk[i + stride] = a - b;
+                    if (along_rows) {
+                        float a = chunk[i], b = chunk[i + stride];
+                        chunk[i] = a + b, chunk[i + stride] = a - b;
+                        continue;
+                    }
+                    float *restrict a = chunk + i * step, *restrict b = chunk + (i + stride) * step;
+                    for (int64_t e = 0; e < count; e++) {
+                        float sum = a[e] + b[e], difference = a[e] - b[e];
+                        a[e] = sum, b[e] = difference;
+                    }
                 }
-        for (int i = 0; i < 16; i++) chunk[i] = dtype == DT_BF16 ? round_bf16(chunk[i] * 0.25f) : chunk[i] * 0.25f;
     }
+    for (int64_t i = 0; i < padded_rows * padded_cols; i++)
+        out[i] = dtype == DT_BF16 ? round_bf16(out[i] * 0.25f) : out[i] * 0.25f;
+    *out_row_stride = along_rows ? padded_cols : 1;
+    *out_col_stride = along_rows ? 1 : padded_rows;
     return out;
 }
 
@@ -160,13 +176,10 @@ typedef struct {
     uint64_t key;
 } Cast;
 
-/* One block: its amax (NaN ignored), its scale into scales[block_index] and its codes into codes from (row, col), the
-   block's first element, on; values: the block's first value in the panel, whose rows are padded_cols apart. Inlined
-   with a constant block_w at each call, so that the loops over a block's row have a fixed length. */
-static inline __attribute__((always_inline)) void cast_block(const Cast *k, const float *block, int64_t padded_cols,
-                                                             int block_h, const int block_w, int64_t row, int64_t col,
-                                                             int64_t block_index, uint8_t *codes, void *scales) {
-    Element el = k->element;
+/* The amax (NaN ignored) of the block whose first value is block in a panel whose rows are padded_cols apart, and
+   whether it holds a NaN. Inlined with a constant block_w at each call, so that its loops have a fixed length. */
+static inline __attribute__((always_inline)) float block_amax(const float *block, int64_t padded_cols, int block_h,
+                                                              const int block_w, int *has_nan) {
     int32_t amax_bits = 0, top_bits = 0; /* magnitudes' bits order as their values, NaN's above all */
     for (int r = 0; r < block_h; r++) {
         const float *restrict values = block + r * padded_cols;
@@ -177,9 +190,12 @@ static inline __attribute__((always_inline)) void cast_block(const Cast *k, cons
             amax_bits = finite > amax_bits ? finite : amax_bits;
         }
     }
-    float amax = bits_float((uint32_t)amax_bits);
-    int has_nan = top_bits > 0x7F800000;
-    float multiplier;
+    *has_nan = top_bits > 0x7F800000;
+    return bits_float((uint32_t)amax_bits);
+}
+
+/* The multiplier of a block of amax (NaN ignored; has_nan: it holds a NaN), its scale stored at scales[index]. */
+static inline float block_scale(const Cast *k, float amax, int has_nan, void *scales, int64_t index) {
     if (k->rule == RULE_MX_NVIDIA || k->rule == RULE_MX_OCP) {
         int64_t byte;
         if (k->rule == RULE_MX_NVIDIA) {
@@ -190,33 +206,45 @@ static inline __attribute__((always_inline)) void cast_block(const Cast *k, cons
             byte = bits == 0x7F800000u ? 254 : (int64_t)(bits >> 23) - (int64_t)k->element_param;
         }
         byte = byte < 0 ? 0 : (byte > 254 ? 254 : byte);
-        multiplier = k->mx_multipliers[byte];
-        ((uint8_t *)scales)[block_index] = has_nan && k->marks_nan ? 0xFF : (uint8_t)byte;
-    } else if (k->rule == RULE_FP8_BLOCK) {
+        ((uint8_t *)scales)[index] = has_nan && k->marks_nan ? 0xFF : (uint8_t)byte;
+        return k->mx_multipliers[byte];
+    }
+    if (k->rule == RULE_FP8_BLOCK) {
         int usable = amax > 0.0f && isfinite(amax);
         float scale = k->element_max / (usable ? amax : 1.0f);
         if (isinf(scale)) scale = k->element_param;
         if (k->power_2) scale = bits_float(float_bits(scale) & 0x7F800000u);
-        multiplier = usable ? scale : 1.0f;
-        ((float *)scales)[block_index] = 1.0f / multiplier;
-    } else {
-        static const Element e4m3 = {3, -6, 0x1p-6f, 448.0f, 0x80, 0x7F};
-        int scale_code = encode(amax * k->block_factor, e4m3, 0, 0.0f);
-        float reciprocal = 1.0f / (e4m3_value(scale_code) * k->encode_inverse);
-        multiplier = reciprocal > FP32_MAX ? FP32_MAX : reciprocal;
-        ((uint8_t *)scales)[block_index] = (uint8_t)scale_code;
+        float multiplier = usable ? scale : 1.0f;
+        ((float *)scales)[index] = 1.0f / multiplier;
+        return multiplier;
     }
-    for (int r = 0; r < block_h; r++) {
-        int64_t first = (row + r) * padded_cols + col;
-        const float *restrict values = block + r * padded_cols;
-        uint8_t *restrict out = codes + first;
-        if (k->stochastic) { /* block_w divides 2**32 (a power of two): the block shares its index's high half */
-            uint32_t low = (uint32_t)first, high = (uint32_t)((uint64_t)first >> 32);
-            uint32_t key_low = (uint32_t)k->key, key_high = (uint32_t)(k->key >> 32);
-            for (int c = 0; c < block_w; c++)
-                out[c] = (uint8_t)encode(values[c] * multiplier, el, 1, uniform(low + (uint32_t)c, high, key_low, key_high));
-        } else {
-            for (int c = 0; c < block_w; c++) out[c] = (uint8_t)encode(values[c] * multiplier, el, 0, 0.0f);
+    static const Element e4m3 = {3, -6, 0x1p-6f, 448.0f, 0x80, 0x7F};
+    int scale_code = encode(amax * k->block_factor, e4m3, 0, 0.0f);
+    float reciprocal = 1.0f / (e4m3_value(scale_code) * k->encode_inverse);
+    ((uint8_t *)scales)[index] = (uint8_t)scale_code;
+    return reciprocal > FP32_MAX ? FP32_MAX : reciprocal;
+}
+
+/* The codes of n values times their multipliers, written from codes[first] on: long loops the compiler vectorizes. */
+static void encode_run(const Cast *k, const float *restrict values, const float *restrict multipliers, int64_t n,
+                       int64_t first, uint8_t *restrict out) {
+    Element el = k->element;
+    if (!k->stochastic) {
+        for (int64_t c = 0; c < n; c++) out[c] = (uint8_t)encode(values[c] * multipliers[c], el, 0, 0.0f);
+        return;
+    }
+    uint32_t key_low = (uint32_t)k->key, key_high = (uint32_t)(k->key >> 32);
+    if ((uint64_t)first >> 32 == (uint64_t)(first + n - 1) >> 32) { /* one high half of the index for the run */
+        uint32_t low = (uint32_t)first, high = (uint32_t)((uint64_t)first >> 32);
+        for (int64_t c = 0; c < n; c++) {
+            float noise = uniform(low + (uint32_t)c, high, key_low, key_high);
+            out[c] = (uint8_t)encode(values[c] * multipliers[c], el, 1, noise);
+        }
+    } else {
+        for (int64_t c = 0; c < n; c++) {
+            uint64_t i = (uint64_t)(first + c);
+            float noise = uniform((uint32_t)i, (uint32_t)(i >> 32), key_low, key_high);
+            out[c] = (uint8_t)encode(values[c] * multipliers[c], el, 1, noise);
         }
     }
 }
@@ -238,12 +266,13 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
     int64_t padded_cols = (cols + block_w - 1) / block_w * block_w, blocks_per_row = padded_cols / block_w;
     float *transformed = NULL;
     if (signs) {
-        transformed = hadamard_rows(x, dtype, rows, cols, row_stride, col_stride, padded_rows, padded_cols, signs);
+        transformed = hadamard_rows(x, dtype, rows, cols, row_stride, col_stride, padded_rows, padded_cols, signs,
+                                    &row_stride, &col_stride);
         if (!transformed) return -1;
-        x = transformed, dtype = DT_F32, rows = padded_rows, cols = padded_cols, row_stride = padded_cols, col_stride = 1;
+        x = transformed, dtype = DT_F32, rows = padded_rows, cols = padded_cols;
     }
     int panel_rows = (PANEL + block_h - 1) / block_h * block_h;
-    float *panel = malloc(sizeof(float) * panel_rows * padded_cols);
+    float *panel = malloc(sizeof(float) * (panel_rows + 1) * padded_cols), *multipliers = panel + panel_rows * padded_cols;
     if (!panel) {
         free(transformed);
         return -1;
@@ -273,15 +302,19 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         }
         for (int64_t block_top = 0; block_top < height; block_top += block_h) {
             int64_t first_block = (top + block_top) / block_h * blocks_per_row;
+            const float *block_row = panel + block_top * padded_cols;
             for (int64_t bc = 0; bc < blocks_per_row; bc++) {
-                const float *block = panel + block_top * padded_cols + bc * block_w;
-                int64_t row = top + block_top, col = bc * block_w;
-                if (block_w == 16)
-                    cast_block(&k, block, padded_cols, block_h, 16, row, col, first_block + bc, codes, scales);
-                else if (block_w == 32)
-                    cast_block(&k, block, padded_cols, block_h, 32, row, col, first_block + bc, codes, scales);
-                else
-                    cast_block(&k, block, padded_cols, block_h, block_w, row, col, first_block + bc, codes, scales);
+                const float *block = block_row + bc * block_w;
+                int has_nan;
+                float amax = block_w == 16   ? block_amax(block, padded_cols, block_h, 16, &has_nan)
+                             : block_w == 32 ? block_amax(block, padded_cols, block_h, 32, &has_nan)
+                                             : block_amax(block, padded_cols, block_h, block_w, &has_nan);
+                float multiplier = block_scale(&k, amax, has_nan, scales, first_block + bc);
+                for (int c = 0; c < block_w; c++) multipliers[bc * block_w + c] = multiplier;
+            }
+            for (int r = 0; r < block_h; r++) {
+                int64_t first = (top + block_top + r) * padded_cols;
+                encode_run(&k, block_row + r * padded_cols, multipliers, padded_cols, first, codes + first);
             }
         }
     }
