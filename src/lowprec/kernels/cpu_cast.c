@@ -264,6 +264,10 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
     Element el = {mantissa_bits, first_exponent, ldexpf(1.0f, first_exponent), element_max, sign_bit, nan_code};
     int64_t padded_rows = (rows + block_h - 1) / block_h * block_h;
     int64_t padded_cols = (cols + block_w - 1) / block_w * block_w, blocks_per_row = padded_cols / block_w;
+    if (padded_rows == 0 || padded_cols == 0) { /* an empty tensor: no block, an amax of 0 */
+        if (rule == RULE_NVFP4) *tensor_scale_inv = 0.0f;
+        return 0;
+    }
     float *transformed = NULL;
     if (signs) {
         transformed = hadamard_rows(x, dtype, rows, cols, row_stride, col_stride, padded_rows, padded_cols, signs,

@@ -138,7 +138,7 @@ def quantize(
         None if tensor_scale_inv is None else tensor_scale_inv.data_ptr(),
     )
     if status != 0:
-        raise MemoryError(f"lowprec's CPU block cast could not allocate its {width}-column panel of {cols} values")
+        raise MemoryError(f"lowprec's CPU block cast of a {rows} x {cols} tensor could not allocate its work buffers")
     if isinstance(element, FP8Format):
         data = data.view(element.dtype)
     if isinstance(rule, MXScaleRule):

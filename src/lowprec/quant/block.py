@@ -5,9 +5,10 @@
 columnwise one too (the operand of the GEMM that reads the tensor transposed), each made from the
 high-precision values. For ``y = x W^T``: fprop reads x and W rowwise (blocks along K), dgrad
 ``dy W`` reads dy rowwise and W columnwise (blocks along N), wgrad ``dy^T x`` reads dy and x
-columnwise (blocks along the tokens). Casts are emulated with torch operations on the tensor's device or,
-on CUDA GPUs, run as fused Triton kernels (``kernels.block_fp8``, ``kernels.nvfp4``); either way the stored
-values and scales are bit for bit those the format defines (``formats/scales.py``), the same on every device.
+columnwise (blocks along the tokens). Casts are emulated with torch operations on the tensor's device or run
+as fused kernels: Triton on CUDA GPUs (``kernels.block_fp8``, ``kernels.nvfp4``), C on the CPU
+(``kernels.cpu_cast``); either way the stored values and scales are bit for bit those the format defines
+(``formats/scales.py``), the same on every device.
 
 What-if quantization for statistics (``mx_what_if_quantizer``, ``mxfp8_quantize``, ``block_scaling_quantize``):
 - MX (MXFP8, MXFP6, MXFP4): blocks of 32 consecutive elements of a row (of a column for the columnwise
