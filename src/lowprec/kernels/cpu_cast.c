@@ -276,11 +276,12 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         x = transformed, dtype = DT_F32, rows = padded_rows, cols = padded_cols;
     }
     int panel_rows = (PANEL + block_h - 1) / block_h * block_h;
-    float *panel = malloc(sizeof(float) * (panel_rows + 1) * padded_cols), *multipliers = panel + panel_rows * padded_cols;
+    float *panel = malloc(sizeof(float) * (panel_rows + 1) * padded_cols); /* then a row of block multipliers */
     if (!panel) {
         free(transformed);
         return -1;
     }
+    float *multipliers = panel + panel_rows * padded_cols;
     Cast k = {rule, power_2, marks_nan, stochastic, el, element_max, element_param, 1.0f, 1.0f, {0}, key};
     for (int b = 0; b < 255; b++) k.mx_multipliers[b] = ldexpf(1.0f, 127 - b);
     float encode_scale = 1.0f;
