@@ -115,6 +115,16 @@ def test_casts_and_decodes_equal_the_emulation(name, dtype, shape, finite):
         assert same(ours.dequantize(), dequantized), f"{part} dequantize"
 
 
+@pytest.mark.parametrize("name", ["mx-FP8E4M3-nvidia", "nvfp4-rht-sr"])
+def test_a_transposed_view_casts_as_its_copy(name):
+    """A non-contiguous input (a weight's ``.t()``, a 3-D activation's view) is copied to rows first, as in the emulation."""
+    x = awkward(70, 48, torch.bfloat16, seed=1).t()
+    native, emulated = (quantized(QUANTIZERS[name], x, mode, offset=0) for mode in ("auto", "emulated"))
+    for part in ("rowwise", "columnwise"):
+        assert same(getattr(native, part).data, getattr(emulated, part).data)
+        assert same(getattr(native, part).scales, getattr(emulated, part).scales)
+
+
 def test_fp32_bit_patterns_and_ties_cast_as_torch_does():
     """The element cast alone, over a sweep of fp32 bit patterns (every binade) and every tie between neighbouring
     codes with its two neighbouring floats: each 1 x 32 block ends with the element's max, so under the OCP rule
