@@ -244,6 +244,11 @@ def _values(magnitudes: tuple[float, ...], device: torch.device) -> torch.Tensor
     return torch.tensor(magnitudes + tuple(-m for m in magnitudes), dtype=torch.float32, device=device)
 
 
+def decode_table(element: FP8Format | MiniFloatFormat, device: torch.device) -> torch.Tensor:
+    """The fp32 value of every code of ``element`` on ``device``, indexed by code: what ``decode`` gathers from."""
+    return _fp8_values(element.dtype, device) if isinstance(element, FP8Format) else _values(element.magnitudes, device)
+
+
 E2M1 = FP4Format()
 MAGNITUDES = E2M1.magnitudes  # 0, 0.5, 1, 1.5, 2, 3, 4, 6
 SIGN_BIT = E2M1.sign_bit

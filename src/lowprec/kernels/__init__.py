@@ -1,9 +1,10 @@
-"""Every Triton kernel of ``lowprec``: numbers and tensors in, tensors out.
+"""Every fused kernel of ``lowprec``: numbers and tensors in, tensors out.
 
-The kernel modules (``cast``, ``scales``, ``block_fp8``, ``nvfp4``) import Triton, so callers import
-them lazily, only once :func:`runs_on` said a kernel runs. Whether kernels run at all is one
-setting, :func:`set_kernel_mode`: ``"auto"`` (the default) runs them wherever they can run,
-``"emulated"`` casts with plain torch operations everywhere (the reference the kernels equal bit for bit).
+The Triton modules (``cast``, ``scales``, ``block_fp8``, ``nvfp4``) import Triton, so callers import
+them lazily, only once :func:`runs_on` said a kernel runs; ``cpu_cast`` is C for CPU tensors, compiled on first
+use (its own ``runs_on``). Whether kernels run at all is one setting, :func:`set_kernel_mode`: ``"auto"`` (the
+default) runs them wherever they can run, ``"emulated"`` casts with plain torch operations everywhere (the
+reference the kernels equal bit for bit).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@
 columnwise one too (the operand of the GEMM that reads the tensor transposed), each made from the
 high-precision values. For ``y = x W^T``: fprop reads x and W rowwise (blocks along K), dgrad
 ``dy W`` reads dy rowwise and W columnwise (blocks along N), wgrad ``dy^T x`` reads dy and x
-columnwise (blocks along the tokens). Casts are emulated with torch operations on the tensor's device or,
-on CUDA GPUs, run as fused Triton kernels (``kernels.block_fp8``, ``kernels.nvfp4``); either way the stored
-values and scales are bit for bit those the format defines (``formats/scales.py``), the same on every device.
+columnwise (blocks along the tokens). Casts are emulated with torch operations on the tensor's device or run
+as fused kernels: Triton on CUDA GPUs (``kernels.block_fp8``, ``kernels.nvfp4``), C on the CPU
+(``kernels.cpu_cast``); either way the stored values and scales are bit for bit those the format defines
+(``formats/scales.py``), the same on every device.
 
 What-if quantization for statistics (``mx_what_if_quantizer``, ``mxfp8_quantize``, ``block_scaling_quantize``):
 - MX (MXFP8, MXFP6, MXFP4): blocks of 32 consecutive elements of a row (of a column for the columnwise
@@ -45,6 +46,7 @@ from lowprec.formats.scales import (
     ScaleRule,
     default_mx_scale_rule,
 )
+from lowprec.kernels import cpu_cast
 from lowprec.quant.protocol import BlockLayout, BlockScaledData, BlockScaledTensor, CastState
 
 MXFP8_LABEL, FLOAT8_BLOCK_LABEL, NVFP4_LABEL = "mxfp8", "fp8_block_scaling", "nvfp4"
@@ -99,12 +101,15 @@ class BlockQuantizer:
         if self._uses_kernel(x):
             return self._quantize_fused(x, transpose, tensor.dtype, offset)
         dtype = tensor.dtype
-        source = x.contiguous().float()
-        rowwise = self._orientation(source, False, None, offset, dtype)
+        if cpu_cast.runs_on(x) and cpu_cast.supports(self.rule, self.element):
+            source, orientation = x.contiguous(), self._cpu_orientation
+        else:
+            source, orientation = x.contiguous().float(), self._orientation
+        rowwise = orientation(source, False, None, offset, dtype)
         columnwise = None
         if transpose:
             square = self.block[0] == self.block[1] and self.hadamard_seed is None and offset is None
-            columnwise = transposed(rowwise) if square else self._orientation(source, True, self.hadamard_seed, offset, dtype)
+            columnwise = transposed(rowwise) if square else orientation(source, True, self.hadamard_seed, offset, dtype)
         return BlockScaledTensor(rowwise, columnwise, self.format, tensor.dtype, offset)
 
     def replaying(self, offset: CastState) -> BlockQuantizer:
@@ -207,6 +212,27 @@ class BlockQuantizer:
         stored = dense_transpose(scales.stored) if columnwise else scales.stored
         layout = BlockLayout(self.element, self.block, (cols, rows) if columnwise else (rows, cols), hadamard_seed)
         return BlockScaledData(data, stored, scales.tensor_scale_inv, layout)
+
+    def _cpu_orientation(
+        self,
+        x: torch.Tensor,
+        columnwise: bool,
+        hadamard_seed: hadamard.HadamardSigns | None,
+        offset: int | None,
+        dtype: torch.dtype,
+    ) -> BlockScaledData:
+        """:meth:`_orientation` by the C kernel (``kernels.cpu_cast``) from contiguous CPU ``x`` of fp32, bf16 or fp16,
+        in one pass (the Hadamard transform in another, in the kernel where ``cpu_cast.transforms``, else in torch)."""
+        rows, cols = x.shape
+        signs = None
+        if hadamard_seed is not None and cpu_cast.transforms(x, self.block):
+            signs = hadamard.random_signs(hadamard_seed, x.device)
+        elif hadamard_seed is not None:
+            x = self._padded(x.float(), hadamard_seed, dtype, columnwise).contiguous()
+        key = None if offset is None else self.rounding.key(offset, "columnwise" if columnwise else "rowwise")
+        data, scales, scale_inv = cpu_cast.quantize(x, self.rule, self.element, self.block, dtype, columnwise, key, signs)
+        layout = BlockLayout(self.element, self.block, (cols, rows) if columnwise else (rows, cols), hadamard_seed)
+        return BlockScaledData(data, scales, scale_inv, layout)
 
 
 def transposed(rowwise: BlockScaledData) -> BlockScaledData:

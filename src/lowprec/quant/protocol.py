@@ -28,6 +28,7 @@ import torch
 from lowprec.errors import LowprecValueError
 from lowprec.formats import hadamard
 from lowprec.formats.elements import ElementFormat, FP8Format
+from lowprec.kernels import cpu_cast
 
 CastState = tuple[torch.Tensor, torch.Tensor] | int | None
 """What a recomputation needs to repeat a cast: a per-tensor cast's ``(scale, scale_inv)``, a block
@@ -191,6 +192,8 @@ class BlockScaledData:
 
     def values(self) -> torch.Tensor:
         """The represented values, padded and still Hadamard-transformed if they were (fp32)."""
+        if cpu_cast.decodes(self.data):
+            return cpu_cast.decode(self.data, self.layout.element, self.layout.block, self.scales, self.tensor_scale_inv)
         height, width = self.layout.block
         rows, cols = self.data.shape
         elements = self.layout.element.decode(self.data).reshape(rows // height, height, cols // width, width)

@@ -74,18 +74,29 @@ def _cpu_identity() -> str:
     return platform.machine() + flags
 
 
-def _compile(source: str, library: Path) -> None:
+def _compile(source: str, library: Path, stem: str) -> None:
     """Compile into a temporary file first, then rename: ranks starting together never see half a file."""
     library.parent.mkdir(parents=True, exist_ok=True)
     compiler = os.environ.get("CC", "cc")
     with tempfile.TemporaryDirectory(dir=library.parent) as work:
-        source_path, built = Path(work) / "cpu_partials.c", Path(work) / library.name
+        source_path, built = Path(work) / f"{stem}.c", Path(work) / library.name
         source_path.write_text(source)
         command = [compiler, *FLAGS, "-o", str(built), str(source_path), "-lm"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
             raise OSError(f"{' '.join(command)} failed: {result.stderr.strip()[-2000:]}")
         os.replace(built, library)
+
+
+def load_library(stem: str, source: str) -> ctypes.CDLL:
+    """The shared library of C ``source``, compiled on first use into the per-user cache as ``<stem>-<hash>.so``
+    (the hash of the source, the flags and the CPU), so every kernel of the project builds and caches alike
+    (``lowprec`` casts with it too). Raises OSError or SubprocessError where no compiler works."""
+    digest = hashlib.sha256((source + " ".join(FLAGS) + _cpu_identity()).encode()).hexdigest()[:16]
+    library = _cache_dir() / f"{stem}-{digest}.so"
+    if not library.exists():
+        _compile(source, library, stem)
+    return ctypes.CDLL(str(library))
 
 
 @functools.cache
@@ -97,12 +108,8 @@ def native_kernel() -> Callable[..., None] | None:
     if os.environ.get("NVDLFW_INSPECT_NATIVE", "1") == "0":
         return None
     source = layout_header() + resources.files(__package__).joinpath("cpu_partials.c").read_text(encoding="utf-8")
-    digest = hashlib.sha256((source + " ".join(FLAGS) + _cpu_identity()).encode()).hexdigest()[:16]
-    library = _cache_dir() / f"cpu_partials-{digest}.so"
     try:
-        if not library.exists():
-            _compile(source, library)
-        function = ctypes.CDLL(str(library)).tensor_stats
+        function = load_library("cpu_partials", source).tensor_stats
     except (OSError, AttributeError, subprocess.SubprocessError) as error:  # AttributeError: a library without the symbol
         logger.info(f"statistics of CPU tensors use torch reductions: the C kernel is unavailable ({error})")
         return None

@@ -1,0 +1,349 @@
+/* Block-scaled casts and decodes of CPU tensors, one pass per orientation (see kernels/cpu_cast.py).
+
+Every value equals the torch emulation's (quant/block.py, formats/scales.py, formats/elements.py,
+formats/noise.py) bit for bit: the same fp32 operations in the same order (built with
+-ffp-contract=off, no fast math), round to nearest even by the FPU's default mode. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+enum { RULE_MX_NVIDIA = 0, RULE_MX_OCP = 1, RULE_FP8_BLOCK = 2, RULE_NVFP4 = 3 };
+#define FP32_MAX 3.4028234663852886e38f
+#define PANEL 16 /* logical rows gathered at a time (rounded up to whole blocks) */
+
+static inline uint32_t float_bits(float f) {
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    return b;
+}
+
+static inline float bits_float(uint32_t b) {
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    if (exponent == 0x1F) return bits_float(sign | 0x7F800000u | (mantissa << 13));
+    if (exponent == 0) {
+        float magnitude = (float)mantissa * 0x1p-24f; /* exact: a subnormal half is a multiple of 2**-24 */
+        return sign ? -magnitude : magnitude;
+    }
+    return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+static inline float load(const void *x, int dtype, int64_t i) {
+    if (dtype == DT_F32) return ((const float *)x)[i];
+    if (dtype == DT_BF16) return bits_float((uint32_t)((const uint16_t *)x)[i] << 16);
+    return half_to_float(((const uint16_t *)x)[i]);
+}
+
+/* An element format: mantissa bits, the exponent of its first normal binade, 2 to that power, its largest magnitude,
+   its sign bit and the code of NaN (-1: none, NaN casts to +0). */
+typedef struct {
+    int mantissa_bits, first_exponent;
+    float first_binade, max;
+    int sign_bit, nan_code;
+} Element;
+
+/* The code of fp32 v: saturated at max, rounded to nearest even or (stochastic) to floor(steps + noise). Within the
+   binade E of |v| (subnormals in the first normal one, e0) the grid steps by 2**(E - m): k = round(|v| * 2**(m - E))
+   steps, code = (E - e0) * 2**m + k (a k that reaches the next binade is its first code), as MiniFloatFormat._codes.
+   Branch-free, so that the compiler vectorizes the loops over a block. */
+static inline int encode(float v, Element el, int stochastic, float noise) {
+    uint32_t bits = float_bits(v);
+    int is_nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    float magnitude = is_nan ? 0.0f : bits_float(bits & 0x7FFFFFFFu);
+    magnitude = magnitude > el.max ? el.max : magnitude;
+    int biased = (int)(float_bits(magnitude < el.first_binade ? el.first_binade : magnitude) >> 23); /* E + 127 */
+    float steps = magnitude * bits_float((uint32_t)(el.mantissa_bits + 254 - biased) << 23); /* exact: 2**(m - E) */
+    float k;
+    if (!stochastic) {
+        k = (steps + 0x1p23f) - 0x1p23f; /* round to nearest even: steps is below 2**23 */
+    } else {
+        float whole = (float)(int)steps; /* floor: steps is not negative */
+        k = whole + ((steps - whole) >= 1.0f - noise ? 1.0f : 0.0f);
+    }
+    int sign = (!is_nan && (bits >> 31)) ? el.sign_bit : 0;
+    int code = sign + ((biased - 127 - el.first_exponent) << el.mantissa_bits) + (int)k;
+    return is_nan && el.nan_code >= 0 ? el.nan_code : code;
+}
+
+/* The value of an E4M3 code below 0x7F (a block scale: never NaN), from its fields' bits. */
+static inline float e4m3_value(int code) {
+    uint32_t exponent = (code >> 3) & 0xF, mantissa = code & 7;
+    return exponent ? bits_float(((exponent + 120) << 23) | (mantissa << 20)) : (float)mantissa * 0x1p-9f;
+}
+
+static inline uint32_t hash32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x21F0AAADu;
+    x ^= x >> 16;
+    x *= 0x735A2D97u;
+    return x ^ (x >> 15);
+}
+
+/* noise.uniform's value at the row-major index whose 32-bit halves are low and high, under the key whose halves are
+   key_low and key_high: a multiple of 2**-24 in [0, 1). */
+static inline float uniform(uint32_t low, uint32_t high, uint32_t key_low, uint32_t key_high) {
+    uint32_t mixed = hash32(hash32(low ^ key_low) ^ high ^ key_high);
+    return (float)(int32_t)(mixed >> 8) * 0x1p-24f;
+}
+
+/* The NaN-ignoring amax of n contiguous values (an NVFP4 tensor's, for its per-tensor scale), as the largest
+   magnitude's bits below NaN's (magnitudes' bits order as their values). */
+static float tensor_amax(const void *x, int dtype, int64_t n) {
+    int32_t amax = 0;
+    if (dtype == DT_F32) {
+        const float *values = x;
+        for (int64_t i = 0; i < n; i++) {
+            int32_t bits = (int32_t)(float_bits(values[i]) & 0x7FFFFFFFu);
+            bits = bits <= 0x7F800000 ? bits : 0;
+            amax = bits > amax ? bits : amax;
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            int32_t bits = (int32_t)(float_bits(load(x, dtype, i)) & 0x7FFFFFFFu);
+            bits = bits <= 0x7F800000 ? bits : 0;
+            amax = bits > amax ? bits : amax;
+        }
+    }
+    return bits_float((uint32_t)amax);
+}
+
+/* fp32 v rounded to bf16 (nearest even; NaN to the canonical NaN, as torch's conversion) and back. */
+static inline float round_bf16(float v) {
+    uint32_t bits = float_bits(v);
+    if (v != v) return bits_float(0x7FC00000u);
+    return bits_float(((bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16) << 16);
+}
+
+/* formats/hadamard.transform of the logical matrix, padded with zeros to padded_rows x padded_cols, along its rows:
+   every 16 values times signs, four rounds of butterflies (strides 1, 2, 4, 8: a + b, a - b), times 1/4, rounded to
+   bf16 for a bf16 input. Made in x's own layout, where a columnwise cast's 16 values are 16 rows of x and every
+   operation runs along whole contiguous rows; *row_stride and *col_stride say where the result's (i, j) lies. NULL
+   where memory ran out. */
+static float *hadamard_rows(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row_stride,
+                            int64_t col_stride, int64_t padded_rows, int64_t padded_cols, const float *signs,
+                            int64_t *out_row_stride, int64_t *out_col_stride) {
+    float *out = malloc(sizeof(float) * padded_rows * padded_cols);
+    if (!out) return NULL;
+    int along_rows = col_stride == 1; /* the chunks lie along x's rows (else down its columns) */
+    int64_t lines = along_rows ? padded_rows : padded_cols, length = along_rows ? padded_cols : padded_rows;
+    int64_t real_lines = along_rows ? rows : cols, real_length = along_rows ? cols : rows;
+    int64_t x_line = along_rows ? row_stride : col_stride; /* x's stride between lines; 1 along them */
+    for (int64_t l = 0; l < lines; l++) { /* the padding's zeros are signed too: -0 where the sign is -1 */
+        float *line = out + l * length;
+        for (int64_t e = 0; e < length; e++) {
+            float sign = signs[(along_rows ? e : l) % 16];
+            line[e] = (l < real_lines && e < real_length ? load(x, dtype, l * x_line + e) : 0.0f) * sign;
+        }
+    }
+    /* a butterfly pairs values `stride` apart in a chunk: elements of a line, or (down x's columns) whole lines */
+    int64_t step = along_rows ? 1 : length, count = along_rows ? 1 : length;
+    for (int64_t start = 0; start < lines * length; start += 16 * count) {
+        float *chunk = out + start;
+        for (int stride = 1; stride < 16; stride *= 2)
+            for (int i = 0; i < 16; i++)
+                if (!(i & stride)) {
+                    if (along_rows) {
+                        float a = chunk[i], b = chunk[i + stride];
+                        chunk[i] = a + b, chunk[i + stride] = a - b;
+                        continue;
+                    }
+                    float *restrict a = chunk + i * step, *restrict b = chunk + (i + stride) * step;
+                    for (int64_t e = 0; e < count; e++) {
+                        float sum = a[e] + b[e], difference = a[e] - b[e];
+                        a[e] = sum, b[e] = difference;
+                    }
+                }
+    }
+    for (int64_t i = 0; i < padded_rows * padded_cols; i++)
+        out[i] = dtype == DT_BF16 ? round_bf16(out[i] * 0.25f) : out[i] * 0.25f;
+    *out_row_stride = along_rows ? padded_cols : 1;
+    *out_col_stride = along_rows ? 1 : padded_rows;
+    return out;
+}
+
+/* What every block of one cast shares (see block_cast). */
+typedef struct {
+    int rule, power_2, marks_nan, stochastic;
+    Element element;
+    float element_max, element_param, encode_inverse, block_factor, mx_multipliers[255];
+    uint64_t key;
+} Cast;
+
+/* The amax (NaN ignored) of the block whose first value is block in a panel whose rows are padded_cols apart, and
+   whether it holds a NaN. Inlined with a constant block_w at each call, so that its loops have a fixed length. */
+static inline __attribute__((always_inline)) float block_amax(const float *block, int64_t padded_cols, int block_h,
+                                                              const int block_w, int *has_nan) {
+    int32_t amax_bits = 0, top_bits = 0; /* magnitudes' bits order as their values, NaN's above all */
+    for (int r = 0; r < block_h; r++) {
+        const float *restrict values = block + r * padded_cols;
+        for (int c = 0; c < block_w; c++) {
+            int32_t bits = (int32_t)(float_bits(values[c]) & 0x7FFFFFFFu);
+            top_bits = bits > top_bits ? bits : top_bits;
+            int32_t finite = bits <= 0x7F800000 ? bits : 0;
+            amax_bits = finite > amax_bits ? finite : amax_bits;
+        }
+    }
+    *has_nan = top_bits > 0x7F800000;
+    return bits_float((uint32_t)amax_bits);
+}
+
+/* The multiplier of a block of amax (NaN ignored; has_nan: it holds a NaN), its scale stored at scales[index]. */
+static inline float block_scale(const Cast *k, float amax, int has_nan, void *scales, int64_t index) {
+    if (k->rule == RULE_MX_NVIDIA || k->rule == RULE_MX_OCP) {
+        int64_t byte;
+        if (k->rule == RULE_MX_NVIDIA) {
+            uint32_t bits = float_bits(amax * k->element_param);
+            byte = bits > 0x400000 ? ((int64_t)bits + 0x7FFFFF) >> 23 : 0;
+        } else {
+            uint32_t bits = float_bits(amax);
+            byte = bits == 0x7F800000u ? 254 : (int64_t)(bits >> 23) - (int64_t)k->element_param;
+        }
+        byte = byte < 0 ? 0 : (byte > 254 ? 254 : byte);
+        ((uint8_t *)scales)[index] = has_nan && k->marks_nan ? 0xFF : (uint8_t)byte;
+        return k->mx_multipliers[byte];
+    }
+    if (k->rule == RULE_FP8_BLOCK) {
+        int usable = amax > 0.0f && isfinite(amax);
+        float scale = k->element_max / (usable ? amax : 1.0f);
+        if (isinf(scale)) scale = k->element_param;
+        if (k->power_2) scale = bits_float(float_bits(scale) & 0x7F800000u);
+        float multiplier = usable ? scale : 1.0f;
+        ((float *)scales)[index] = 1.0f / multiplier;
+        return multiplier;
+    }
+    static const Element e4m3 = {3, -6, 0x1p-6f, 448.0f, 0x80, 0x7F};
+    int scale_code = encode(amax * k->block_factor, e4m3, 0, 0.0f);
+    float reciprocal = 1.0f / (e4m3_value(scale_code) * k->encode_inverse);
+    ((uint8_t *)scales)[index] = (uint8_t)scale_code;
+    return reciprocal > FP32_MAX ? FP32_MAX : reciprocal;
+}
+
+/* The codes of n values times their multipliers, written from codes[first] on: long loops the compiler vectorizes. */
+static void encode_run(const Cast *k, const float *restrict values, const float *restrict multipliers, int64_t n,
+                       int64_t first, uint8_t *restrict out) {
+    Element el = k->element;
+    if (!k->stochastic) {
+        for (int64_t c = 0; c < n; c++) out[c] = (uint8_t)encode(values[c] * multipliers[c], el, 0, 0.0f);
+        return;
+    }
+    uint32_t key_low = (uint32_t)k->key, key_high = (uint32_t)(k->key >> 32);
+    if ((uint64_t)first >> 32 == (uint64_t)(first + n - 1) >> 32) { /* one high half of the index for the run */
+        uint32_t low = (uint32_t)first, high = (uint32_t)((uint64_t)first >> 32);
+        for (int64_t c = 0; c < n; c++) {
+            float noise = uniform(low + (uint32_t)c, high, key_low, key_high);
+            out[c] = (uint8_t)encode(values[c] * multipliers[c], el, 1, noise);
+        }
+    } else {
+        for (int64_t c = 0; c < n; c++) {
+            uint64_t i = (uint64_t)(first + c);
+            float noise = uniform((uint32_t)i, (uint32_t)(i >> 32), key_low, key_high);
+            out[c] = (uint8_t)encode(values[c] * multipliers[c], el, 1, noise);
+        }
+    }
+}
+
+/* The codes and block scales of the logical rows x columns matrix whose element (i, j) is x[i * row_stride + j *
+   col_stride] (the rowwise cast: x itself; the columnwise one: its transpose), padded with zeros to whole
+   block_h x block_w blocks. codes: uint8, padded rows x padded columns; scales: one per block, row-major, E8M0 or E4M3
+   bytes (uint8) or fp32 (FP8 block scaling); tensor_scale_inv: NVFP4's decode scale. element_param: MX NVIDIA:
+   fp32(1 / element max); MX OCP: the element's emax; FP8 block: the input dtype's largest value (an overflowing
+   scale's); NVFP4: fp32(1 / 6). key: the noise key of stochastic rounding (stochastic != 0). signs: the 16 signs of
+   the Hadamard transform the rows go through first (block_w 16; an fp32 or bf16 x), NULL for none. Returns 0, or -1
+   where memory ran out. */
+int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
+               int block_h, int block_w, int rule, int mantissa_bits, int first_exponent, float element_max,
+               int sign_bit, int nan_code, float element_param, int power_2, int marks_nan, int stochastic,
+               uint64_t key, const float *signs, uint8_t *codes, void *scales, float *tensor_scale_inv) {
+    Element el = {mantissa_bits, first_exponent, ldexpf(1.0f, first_exponent), element_max, sign_bit, nan_code};
+    int64_t padded_rows = (rows + block_h - 1) / block_h * block_h;
+    int64_t padded_cols = (cols + block_w - 1) / block_w * block_w, blocks_per_row = padded_cols / block_w;
+    if (padded_rows == 0 || padded_cols == 0) { /* an empty tensor: no block, an amax of 0 */
+        if (rule == RULE_NVFP4) *tensor_scale_inv = 0.0f;
+        return 0;
+    }
+    float *transformed = NULL;
+    if (signs) {
+        transformed = hadamard_rows(x, dtype, rows, cols, row_stride, col_stride, padded_rows, padded_cols, signs,
+                                    &row_stride, &col_stride);
+        if (!transformed) return -1;
+        x = transformed, dtype = DT_F32, rows = padded_rows, cols = padded_cols;
+    }
+    int panel_rows = (PANEL + block_h - 1) / block_h * block_h;
+    float *panel = malloc(sizeof(float) * (panel_rows + 1) * padded_cols); /* then a row of block multipliers */
+    if (!panel) {
+        free(transformed);
+        return -1;
+    }
+    float *multipliers = panel + panel_rows * padded_cols;
+    Cast k = {rule, power_2, marks_nan, stochastic, el, element_max, element_param, 1.0f, 1.0f, {0}, key};
+    for (int b = 0; b < 255; b++) k.mx_multipliers[b] = ldexpf(1.0f, 127 - b);
+    float encode_scale = 1.0f;
+    if (rule == RULE_NVFP4) {
+        float amax = tensor_amax(x, dtype, rows * cols); /* x holds exactly the logical matrix's elements */
+        float ratio = 448.0f * 6.0f / amax;
+        encode_scale = ratio > FP32_MAX ? FP32_MAX : ratio;
+        if (amax == 0.0f || encode_scale == 0.0f) encode_scale = 1.0f;
+        *tensor_scale_inv = amax / (448.0f * 6.0f);
+    }
+    k.encode_inverse = 1.0f / encode_scale, k.block_factor = encode_scale * element_param;
+    for (int64_t top = 0; top < padded_rows; top += panel_rows) {
+        int64_t height = padded_rows - top < panel_rows ? padded_rows - top : panel_rows;
+        memset(panel, 0, sizeof(float) * height * padded_cols);
+        int64_t real_rows = rows - top < height ? rows - top : height;
+        if (col_stride == 1) {
+            for (int64_t r = 0; r < real_rows; r++)
+                for (int64_t c = 0; c < cols; c++) panel[r * padded_cols + c] = load(x, dtype, (top + r) * row_stride + c);
+        } else { /* transposed: the panel's rows are contiguous runs of x's rows */
+            for (int64_t c = 0; c < cols; c++)
+                for (int64_t r = 0; r < real_rows; r++)
+                    panel[r * padded_cols + c] = load(x, dtype, (top + r) * row_stride + c * col_stride);
+        }
+        for (int64_t block_top = 0; block_top < height; block_top += block_h) {
+            int64_t first_block = (top + block_top) / block_h * blocks_per_row;
+            const float *block_row = panel + block_top * padded_cols;
+            for (int64_t bc = 0; bc < blocks_per_row; bc++) {
+                const float *block = block_row + bc * block_w;
+                int has_nan;
+                float amax = block_w == 16   ? block_amax(block, padded_cols, block_h, 16, &has_nan)
+                             : block_w == 32 ? block_amax(block, padded_cols, block_h, 32, &has_nan)
+                                             : block_amax(block, padded_cols, block_h, block_w, &has_nan);
+                float multiplier = block_scale(&k, amax, has_nan, scales, first_block + bc);
+                for (int c = 0; c < block_w; c++) multipliers[bc * block_w + c] = multiplier;
+            }
+            for (int r = 0; r < block_h; r++) {
+                int64_t first = (top + block_top + r) * padded_cols;
+                encode_run(&k, block_row + r * padded_cols, multipliers, padded_cols, first, codes + first);
+            }
+        }
+    }
+    free(panel);
+    free(transformed);
+    return 0;
+}
+
+/* BlockScaledData.values: table[code] times its block's fp32 scale, then (has_tensor_scale) times tensor_scale, for
+   codes of rows x columns in block_h x block_w blocks (whole ones: the data is padded). */
+void block_decode(const uint8_t *codes, int64_t rows, int64_t cols, int block_h, int block_w, const float *table,
+                  const float *scales, int has_tensor_scale, float tensor_scale, float *out) {
+    int64_t blocks_per_row = cols / block_w;
+    float factor = has_tensor_scale ? tensor_scale : 1.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < blocks_per_row; b++) {
+            float scale = scales[r / block_h * blocks_per_row + b];
+            const uint8_t *block_codes = codes + r * cols + b * block_w;
+            float *block_out = out + r * cols + b * block_w;
+            if (has_tensor_scale) {
+                for (int c = 0; c < block_w; c++) block_out[c] = (table[block_codes[c]] * scale) * factor;
+            } else {
+                for (int c = 0; c < block_w; c++) block_out[c] = table[block_codes[c]] * scale;
+            }
+        }
+    }
+}
