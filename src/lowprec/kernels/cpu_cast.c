@@ -11,7 +11,10 @@ formats/noise.py) bit for bit: the same fp32 operations in the same order (built
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 enum { RULE_MX_NVIDIA = 0, RULE_MX_OCP = 1, RULE_FP8_BLOCK = 2, RULE_NVFP4 = 3 };
 #define FP32_MAX 3.4028234663852886e38f
-#define PANEL 16 /* logical rows gathered at a time (rounded up to whole blocks) */
+#define PANEL 16            /* logical rows gathered at a time (rounded up to whole blocks) */
+#define TRANSPOSED_PANEL 256  /* the same for a columnwise cast: x's columns, a cache line of each of its rows and more */
+#define GATHER_TILE 8       /* x's rows a columnwise gather reads at once: a tile of them stays in the L1 cache */
+#define PANEL_PAD 16         /* floats added to a panel row: 64 bytes, so that rows stay aligned */
 
 static inline uint32_t float_bits(float f) {
     uint32_t b;
@@ -135,34 +138,37 @@ static float *hadamard_rows(const void *x, int dtype, int64_t rows, int64_t cols
     int64_t lines = along_rows ? padded_rows : padded_cols, length = along_rows ? padded_cols : padded_rows;
     int64_t real_lines = along_rows ? rows : cols, real_length = along_rows ? cols : rows;
     int64_t x_line = along_rows ? row_stride : col_stride; /* x's stride between lines; 1 along them */
-    for (int64_t l = 0; l < lines; l++) { /* the padding's zeros are signed too: -0 where the sign is -1 */
-        float *line = out + l * length;
-        for (int64_t e = 0; e < length; e++) {
-            float sign = signs[(along_rows ? e : l) % 16];
-            line[e] = (l < real_lines && e < real_length ? load(x, dtype, l * x_line + e) : 0.0f) * sign;
+    /* A group of lines is transformed whole while in the cache: one line along x's rows, 16 down its columns */
+    int64_t group = along_rows ? 1 : 16;
+    for (int64_t first = 0; first < lines; first += group) {
+        float *region = out + first * length;
+        for (int64_t l = first; l < first + group; l++) { /* the padding's zeros are signed too: -0 where it is -1 */
+            float *line = out + l * length;
+            for (int64_t e = 0; e < length; e++) {
+                float sign = signs[(along_rows ? e : l) % 16];
+                line[e] = (l < real_lines && e < real_length ? load(x, dtype, l * x_line + e) : 0.0f) * sign;
+            }
         }
-    }
-    /* a butterfly pairs values `stride` apart in a chunk: elements of a line, or (down x's columns) whole lines */
-    int64_t step = along_rows ? 1 : length, count = along_rows ? 1 : length;
-    for (int64_t start = 0; start < lines * length; start += 16 * count) {
-        float *chunk = out + start;
+        /* a butterfly pairs values `stride` apart in a chunk: elements of a line, or (down x's columns) whole lines */
         for (int stride = 1; stride < 16; stride *= 2)
-            for (int i = 0; i < 16; i++)
-                if (!(i & stride)) {
-                    if (along_rows) {
-                        float a = chunk[i], b = chunk[i + stride];
-                        chunk[i] = a + b, chunk[i + stride] = a - b;
-                        continue;
+            for (int i = 0; i < 16; i++) {
+                if (i & stride) continue;
+                if (along_rows) {
+                    for (int64_t start = 0; start < length; start += 16) {
+                        float a = region[start + i], b = region[start + i + stride];
+                        region[start + i] = a + b, region[start + i + stride] = a - b;
                     }
-                    float *restrict a = chunk + i * step, *restrict b = chunk + (i + stride) * step;
-                    for (int64_t e = 0; e < count; e++) {
-                        float sum = a[e] + b[e], difference = a[e] - b[e];
-                        a[e] = sum, b[e] = difference;
-                    }
+                    continue;
                 }
+                float *restrict a = region + i * length, *restrict b = region + (i + stride) * length;
+                for (int64_t e = 0; e < length; e++) {
+                    float sum = a[e] + b[e], difference = a[e] - b[e];
+                    a[e] = sum, b[e] = difference;
+                }
+            }
+        for (int64_t i = 0; i < group * length; i++)
+            region[i] = dtype == DT_BF16 ? round_bf16(region[i] * 0.25f) : region[i] * 0.25f;
     }
-    for (int64_t i = 0; i < padded_rows * padded_cols; i++)
-        out[i] = dtype == DT_BF16 ? round_bf16(out[i] * 0.25f) : out[i] * 0.25f;
     *out_row_stride = along_rows ? padded_cols : 1;
     *out_col_stride = along_rows ? 1 : padded_rows;
     return out;
@@ -275,13 +281,17 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         if (!transformed) return -1;
         x = transformed, dtype = DT_F32, rows = padded_rows, cols = padded_cols;
     }
-    int panel_rows = (PANEL + block_h - 1) / block_h * block_h;
-    float *panel = malloc(sizeof(float) * (panel_rows + 1) * padded_cols); /* then a row of block multipliers */
+    /* A columnwise panel gathers whole cache lines of x's rows (TRANSPOSED_PANEL values each); its rows lie
+       PANEL_PAD floats more than a power of two apart, so that the gather's column of writes spreads over cache sets. */
+    int gathered = col_stride == 1 ? PANEL : TRANSPOSED_PANEL;
+    int panel_rows = (gathered + block_h - 1) / block_h * block_h;
+    int64_t stride = padded_cols + PANEL_PAD;
+    float *panel = malloc(sizeof(float) * (panel_rows * stride + padded_cols)); /* then a row of block multipliers */
     if (!panel) {
         free(transformed);
         return -1;
     }
-    float *multipliers = panel + panel_rows * padded_cols;
+    float *multipliers = panel + panel_rows * stride;
     Cast k = {rule, power_2, marks_nan, stochastic, el, element_max, element_param, 1.0f, 1.0f, {0}, key};
     for (int b = 0; b < 255; b++) k.mx_multipliers[b] = ldexpf(1.0f, 127 - b);
     float encode_scale = 1.0f;
@@ -295,31 +305,34 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
     k.encode_inverse = 1.0f / encode_scale, k.block_factor = encode_scale * element_param;
     for (int64_t top = 0; top < padded_rows; top += panel_rows) {
         int64_t height = padded_rows - top < panel_rows ? padded_rows - top : panel_rows;
-        memset(panel, 0, sizeof(float) * height * padded_cols);
+        memset(panel, 0, sizeof(float) * height * stride);
         int64_t real_rows = rows - top < height ? rows - top : height;
         if (col_stride == 1) {
             for (int64_t r = 0; r < real_rows; r++)
-                for (int64_t c = 0; c < cols; c++) panel[r * padded_cols + c] = load(x, dtype, (top + r) * row_stride + c);
-        } else { /* transposed: the panel's rows are contiguous runs of x's rows */
-            for (int64_t c = 0; c < cols; c++)
+                for (int64_t c = 0; c < cols; c++) panel[r * stride + c] = load(x, dtype, (top + r) * row_stride + c);
+        } else { /* transposed: the panel's rows are contiguous runs of x's rows, gathered a tile at a time */
+            for (int64_t tile = 0; tile < cols; tile += GATHER_TILE) {
+                int64_t end = cols - tile < GATHER_TILE ? cols : tile + GATHER_TILE;
                 for (int64_t r = 0; r < real_rows; r++)
-                    panel[r * padded_cols + c] = load(x, dtype, (top + r) * row_stride + c * col_stride);
+                    for (int64_t c = tile; c < end; c++)
+                        panel[r * stride + c] = load(x, dtype, (top + r) * row_stride + c * col_stride);
+            }
         }
         for (int64_t block_top = 0; block_top < height; block_top += block_h) {
             int64_t first_block = (top + block_top) / block_h * blocks_per_row;
-            const float *block_row = panel + block_top * padded_cols;
+            const float *block_row = panel + block_top * stride;
             for (int64_t bc = 0; bc < blocks_per_row; bc++) {
                 const float *block = block_row + bc * block_w;
                 int has_nan;
-                float amax = block_w == 16   ? block_amax(block, padded_cols, block_h, 16, &has_nan)
-                             : block_w == 32 ? block_amax(block, padded_cols, block_h, 32, &has_nan)
-                                             : block_amax(block, padded_cols, block_h, block_w, &has_nan);
+                float amax = block_w == 16   ? block_amax(block, stride, block_h, 16, &has_nan)
+                             : block_w == 32 ? block_amax(block, stride, block_h, 32, &has_nan)
+                                             : block_amax(block, stride, block_h, block_w, &has_nan);
                 float multiplier = block_scale(&k, amax, has_nan, scales, first_block + bc);
                 for (int c = 0; c < block_w; c++) multipliers[bc * block_w + c] = multiplier;
             }
             for (int r = 0; r < block_h; r++) {
                 int64_t first = (top + block_top + r) * padded_cols;
-                encode_run(&k, block_row + r * padded_cols, multipliers, padded_cols, first, codes + first);
+                encode_run(&k, block_row + r * stride, multipliers, padded_cols, first, codes + first);
             }
         }
     }

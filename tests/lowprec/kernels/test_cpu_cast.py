@@ -88,7 +88,7 @@ def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 
 @pytest.mark.parametrize("name", list(QUANTIZERS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(64, 128), (37, 70), (1, 200), (130, 19), (0, 32), (16, 0)])
+@pytest.mark.parametrize("shape", [(64, 128), (37, 70), (1, 200), (130, 19), (40, 531), (0, 32), (16, 0)])
 @pytest.mark.parametrize("finite", [False, True], ids=["specials", "finite"])
 def test_casts_and_decodes_equal_the_emulation(name, dtype, shape, finite):
     """``finite``: without NaN and infinities, which decide NVFP4's per-tensor scale."""
