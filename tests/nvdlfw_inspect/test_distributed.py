@@ -22,10 +22,6 @@ from nvdlfw_inspect.distributed import (
     is_distributed,
 )
 
-needs_gloo = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
-)
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -81,7 +77,7 @@ def check(stats: dict, layer: str, want: dict[str, float]) -> None:
         assert stats[(f"{layer}_activation_{stat}", 0)] == pytest.approx(value, rel=1e-6, abs=6e-5), (layer, stat)
 
 
-@needs_gloo
+@spawning.needs_gloo
 @pytest.mark.parametrize("world", [2, 3])
 def test_base_log_tensor_stats_reduces_partials_over_ranks(tmp_path, world):
     log_dir = spawn("base_log_tensor_stats", world, tmp_path)
@@ -103,7 +99,7 @@ def test_base_log_tensor_stats_reduces_partials_over_ranks(tmp_path, world):
     assert all(stats_log_path(log_dir, rank).exists() for rank in range(world))
 
 
-@needs_gloo
+@spawning.needs_gloo
 def test_pipeline_stages_without_a_reduction_group_are_each_logged_on_the_last_rank_of_their_stage(tmp_path):
     world = 3
     log_dir = spawn("pipeline_stages", world, tmp_path)
@@ -127,7 +123,7 @@ def fp8_underflows_and_mse(x: torch.Tensor) -> tuple[float, float]:
     return float(((x != 0) & (q == 0)).sum()), float((x - q / scale).square().sum())
 
 
-@needs_gloo
+@spawning.needs_gloo
 @pytest.mark.parametrize("world", [2, 3])
 def test_lowprec_statistics_reduce_over_ranks_micro_batches_and_tensor_parallel_weights(tmp_path, world):
     log_dir = spawn("te_stats", world, tmp_path)
@@ -150,7 +146,7 @@ def test_lowprec_statistics_reduce_over_ranks_micro_batches_and_tensor_parallel_
             assert stats[(f"local_weight_{stat}", 0)] == pytest.approx(want, rel=1e-6, abs=6e-5), (rank, stat)
 
 
-@needs_gloo
+@spawning.needs_gloo
 @pytest.mark.parametrize("world", [2, 3])
 def test_two_packed_all_reduces_per_step_once_the_ranks_agree_on_the_order(tmp_path, world):
     log_dir = spawn("packed_gather", world, tmp_path)
@@ -185,7 +181,7 @@ def test_two_packed_all_reduces_per_step_once_the_ranks_agree_on_the_order(tmp_p
             assert only0 == set()
 
 
-@needs_gloo
+@spawning.needs_gloo
 def test_the_num_zeros_family_is_exact_over_micro_batches_and_ranks(tmp_path):
     log_dir = spawn("zeros_stats", 2, tmp_path)
     every = torch.cat([dist_workers.zeros_tensor(rank, mb) for rank in range(2) for mb in range(2)])
@@ -208,7 +204,7 @@ def mxfp8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rel, 100.0 * ((xb != 0) & (qb == 0)).sum(-1) / (xb != 0).sum(-1)
 
 
-@needs_gloo
+@spawning.needs_gloo
 def test_the_worst_and_most_flushed_blocks_are_located_exactly_over_micro_batches_and_ranks(tmp_path):
     """The block that flushes most is the outlier channel's (column block 2) on rank 1, first micro-batch, row 5; the
     worst by relative error is elsewhere; each is located where it was fed, on every rank."""

@@ -7,9 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 import spawning
-import torch.distributed as dist
 
 from nvdlfw_inspect.stats.fields import FIELDS
 from nvdlfw_inspect.stats.reduce import HEADER, MIN_WIDTH, SUM_WIDTH
@@ -21,7 +19,7 @@ from stats_reduction import all_gather_payload, per_rank_traffic, traffic  # noq
 REQUESTS = 24
 
 
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo")
+@spawning.needs_gloo
 def test_bytes_per_step_are_flat_in_the_world_size(tmp_path):
     steady = {}
     for world in (2, 4, 8):

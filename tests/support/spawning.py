@@ -10,11 +10,16 @@ import time
 import traceback
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 SPAWN_LIMIT_S = 120.0
+needs_gloo = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
+)
+"""The mark of a test that spawns gloo ranks: skipped where torch has no gloo backend."""
 
 
 def spawn(workers: Path, body: str, world: int, tmp_path: Path, limit_s: float = SPAWN_LIMIT_S) -> Path:

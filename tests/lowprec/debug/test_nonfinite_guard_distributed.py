@@ -7,17 +7,12 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-import torch.distributed as dist
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import spawning  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
-)
+pytestmark = spawning.needs_gloo
 
 
 def reports(body: str, tmp_path: Path) -> list[dict]:

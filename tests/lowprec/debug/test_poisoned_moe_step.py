@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -31,9 +30,7 @@ import lowprec  # noqa: E402
 import nvdlfw_inspect.api as debug_api  # noqa: E402
 from nvdlfw_inspect.errors import NonFiniteError  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
-)
+pytestmark = spawning.needs_gloo
 
 LAYER = f"model.moe.experts.{POISON_EXPERT}.down_proj"
 NAMED = (

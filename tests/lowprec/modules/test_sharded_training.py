@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from logreader import read_stats
 from statref import reference_stats
 
@@ -29,9 +28,6 @@ sys.path.insert(0, str(HERE))
 import sharded_workers as workers  # noqa: E402
 import spawning  # noqa: E402
 
-needs_gloo = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
-)
 WORLD = 2
 
 
@@ -117,7 +113,7 @@ def assert_same_training(got: dict, want: dict) -> None:
         assert torch.equal(got["weights"][name], weight), name
 
 
-@needs_gloo
+@spawning.needs_gloo
 @pytest.mark.parametrize("scenario", [name for name, *_ in workers.SCENARIOS])
 def test_distributed_fp8_training_equals_single_process_training(trained, scenario):
     single = trained[0][scenario]["single"]
@@ -130,7 +126,7 @@ def test_distributed_fp8_training_equals_single_process_training(trained, scenar
         assert_same_training(trained[rank][scenario], single)
 
 
-@needs_gloo
+@spawning.needs_gloo
 def test_the_cache_saves_recasts_where_it_can_and_only_there(trained):
     # 4 GEMM layers; single process and DDP: a weight cast per layer and step, reused by the second micro-batch
     per_step = {"cast": 4 * workers.STEPS, "reused": 4 * workers.STEPS}
@@ -141,7 +137,7 @@ def test_the_cache_saves_recasts_where_it_can_and_only_there(trained):
         assert trained[rank]["fsdp2-current-accumulated"]["casts"] == {"cast": 8 * workers.STEPS, "reused": 0}
 
 
-@needs_gloo
+@spawning.needs_gloo
 def test_fsdp2_weight_statistics_are_those_of_the_whole_weight_and_routing_uses_the_assigned_names(spawned):
     out_dir = spawned
     fed = [torch.load(out_dir / f"fed{rank}.pt") for rank in range(WORLD)]

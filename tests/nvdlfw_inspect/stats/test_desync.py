@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import spawning
 import torch
-import torch.distributed as dist
 from logreader import read_stats
 
 import nvdlfw_inspect.api as debug_api
@@ -19,9 +18,7 @@ from nvdlfw_inspect.stats.desync import OwnGroup
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dist_workers  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
-)
+pytestmark = spawning.needs_gloo
 
 WORKERS = Path(__file__).resolve().parents[1] / "dist_workers.py"  # shared with test_distributed.py
 WORLD = 2

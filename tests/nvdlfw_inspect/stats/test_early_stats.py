@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 import pytest
+import spawning
 import torch
-import torch.distributed as dist
 from collecting import Collect
 
 import nvdlfw_inspect.api as debug_api
@@ -153,15 +153,9 @@ def test_the_packed_all_reduces_merge_the_moments_exactly():
     torch.testing.assert_close(merged, merge_partials(torch.cat(per_rank)), rtol=1e-10, atol=0, equal_nan=True)
 
 
-needs_gloo = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
-)
-
-
-@needs_gloo
+@spawning.needs_gloo
 def test_two_gloo_ranks_log_the_statistics_of_every_micro_batch_of_both(tmp_path):
     import early_workers
-    import spawning
 
     log_dir = spawning.spawn(HERE / "early_workers.py", "early_stats", 2, tmp_path)
     every = torch.cat([early_workers.early_tensor(rank, mb) for rank in range(2) for mb in range(2)])
