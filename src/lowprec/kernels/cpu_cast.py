@@ -58,13 +58,7 @@ def _library() -> ctypes.CDLL | None:
 def runs_on(x: torch.Tensor) -> bool:
     """Whether the C kernel casts 2-D ``x``: a CPU tensor of fp32, bf16 or fp16 in the ``"auto"`` kernel mode, outside
     ``torch.compile``, with the kernel built."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype in DTYPE_CODES
-        and kernels.kernel_mode() == "auto"
-        and not torch.compiler.is_compiling()
-        and _library() is not None
-    )
+    return x.dtype in DTYPE_CODES and decodes(x)
 
 
 def supports(rule: ScaleRule, element: object) -> bool:
@@ -155,8 +149,8 @@ def transforms(x: torch.Tensor, block: tuple[int, int]) -> bool:
 
 
 def decodes(data: torch.Tensor) -> bool:
-    """Whether :func:`decode` decodes ``data``: on a CPU, in the ``"auto"`` kernel mode, outside ``torch.compile``, with
-    the kernel built."""
+    """Whether the kernel serves ``data`` at all (:func:`decode` decodes it): on a CPU, in the ``"auto"`` kernel mode,
+    outside ``torch.compile``, with the kernel built."""
     return (
         data.device.type == "cpu"
         and kernels.kernel_mode() == "auto"
