@@ -13,7 +13,6 @@ enum { RULE_MX_NVIDIA = 0, RULE_MX_OCP = 1, RULE_FP8_BLOCK = 2, RULE_NVFP4 = 3 }
 #define FP32_MAX 3.4028234663852886e38f
 #define PANEL 16            /* logical rows gathered at a time (rounded up to whole blocks) */
 #define TRANSPOSED_PANEL 256  /* the same for a columnwise cast: x's columns, a cache line of each of its rows and more */
-#define GATHER_TILE 8       /* x's rows a columnwise gather reads at once: a tile of them stays in the L1 cache */
 #define PANEL_PAD 16         /* floats added to a panel row: 64 bytes, so that rows stay aligned */
 
 static inline uint32_t float_bits(float f) {
@@ -124,54 +123,129 @@ static inline float round_bf16(float v) {
     return bits_float(((bits + 0x7FFFu + ((bits >> 16) & 1)) >> 16) << 16);
 }
 
-/* formats/hadamard.transform of the logical matrix, padded with zeros to padded_rows x padded_cols, along its rows:
-   every 16 values times signs, four rounds of butterflies (strides 1, 2, 4, 8: a + b, a - b), times 1/4, rounded to
-   bf16 for a bf16 input. Made in x's own layout, where a columnwise cast's 16 values are 16 rows of x and every
-   operation runs along whole contiguous rows; *row_stride and *col_stride say where the result's (i, j) lies. NULL
-   where memory ran out. */
-static float *hadamard_rows(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row_stride,
-                            int64_t col_stride, int64_t padded_rows, int64_t padded_cols, const float *signs,
-                            int64_t *out_row_stride, int64_t *out_col_stride) {
-    float *out = malloc(sizeof(float) * padded_rows * padded_cols);
-    if (!out) return NULL;
-    int along_rows = col_stride == 1; /* the chunks lie along x's rows (else down its columns) */
-    int64_t lines = along_rows ? padded_rows : padded_cols, length = along_rows ? padded_cols : padded_rows;
-    int64_t real_lines = along_rows ? rows : cols, real_length = along_rows ? cols : rows;
-    int64_t x_line = along_rows ? row_stride : col_stride; /* x's stride between lines; 1 along them */
-    /* A group of lines is transformed whole while in the cache: one line along x's rows, 16 down its columns */
-    int64_t group = along_rows ? 1 : 16;
-    for (int64_t first = 0; first < lines; first += group) {
-        float *region = out + first * length;
-        for (int64_t l = first; l < first + group; l++) { /* the padding's zeros are signed too: -0 where it is -1 */
-            float *line = out + l * length;
-            for (int64_t e = 0; e < length; e++) {
-                float sign = signs[(along_rows ? e : l) % 16];
-                line[e] = (l < real_lines && e < real_length ? load(x, dtype, l * x_line + e) : 0.0f) * sign;
+/* Eight fp32 values in one vector (GCC's and Clang's vector extensions: AVX where the CPU has it, else pairs of SSE
+   registers or scalars), and their bits. */
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+
+/* *v = x[offset .. offset + 7] as fp32. */
+static inline __attribute__((always_inline)) void load_8(const void *x, int dtype, int64_t offset, f32x8 *v) {
+    if (dtype == DT_BF16) {
+        u16x8 halves;
+        memcpy(&halves, (const uint16_t *)x + offset, sizeof halves);
+        u32x8 bits = __builtin_convertvector(halves, u32x8) << 16;
+        memcpy(v, &bits, sizeof *v);
+    } else if (dtype == DT_F32) {
+        memcpy(v, (const float *)x + offset, sizeof *v);
+    } else {
+        for (int j = 0; j < 8; j++) (*v)[j] = load(x, dtype, offset + j);
+    }
+}
+
+/* round_bf16 of eight values at once, in place. */
+static inline __attribute__((always_inline)) void round_bf16_x8(f32x8 *v) {
+    u32x8 bits, nan = (u32x8)(*v != *v), out;
+    memcpy(&bits, v, sizeof bits);
+    out = (nan & 0x7FC00000u) | (~nan & (((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16) << 16));
+    memcpy(v, &out, sizeof out);
+}
+
+/* columns[j][i] = rows[i][j] for an 8 x 8 block: the interleaves an AVX transpose is made of where the compiler has
+   __builtin_shufflevector (Clang, GCC 12 and later), element by element elsewhere. */
+static inline void transpose_8x8(const f32x8 rows[8], f32x8 columns[8]) {
+#if defined(__has_builtin) && __has_builtin(__builtin_shufflevector)
+    f32x8 pairs[8], quads[8];
+    for (int k = 0; k < 8; k += 2) {
+        pairs[k] = __builtin_shufflevector(rows[k], rows[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        pairs[k + 1] = __builtin_shufflevector(rows[k], rows[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int k = 0; k < 8; k += 4)
+        for (int h = 0; h < 2; h++) {
+            quads[k + 2 * h] = __builtin_shufflevector(pairs[k + h], pairs[k + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            quads[k + 2 * h + 1] = __builtin_shufflevector(pairs[k + h], pairs[k + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    for (int j = 0; j < 4; j++) {
+        columns[j] = __builtin_shufflevector(quads[j], quads[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        columns[j + 4] = __builtin_shufflevector(quads[j], quads[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+#else
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 8; i++) columns[j][i] = rows[i][j];
+#endif
+}
+
+/* formats/hadamard.transform along a columnwise cast's logical rows, which run down x's columns: every 16 values
+   times signs (the padding's zeros too: -0 where a sign is -1), four rounds of butterflies (strides 1, 2, 4, 8:
+   a + b, a - b), times 1/4, rounded to bf16 for a bf16 input; for x's rows first .. first + 15 (first: a multiple of
+   16) and columns left .. left + width - 1, x of x_rows x x_cols (row_stride apart) padded with zeros. out: where
+   column left + r's 16 transformed values go (out[r * out_stride + i]: the rows of a columnwise panel), or NULL to take
+   only their amax into *amax_bits (NaN ignored, as bits: see tensor_amax). The 16 rows are first copied whole into
+   tile (16 x tile_stride floats; x's rows lie a multiple of 4 KiB apart, and reading a little of each in turn would
+   evict them from the cache), then transformed 8 columns at a time in vector registers. */
+static void hadamard_tile(const void *x, int dtype, int64_t x_rows, int64_t x_cols, int64_t row_stride, int64_t first,
+                          int64_t left, int64_t width, const float *signs, float *restrict tile, int64_t tile_stride,
+                          float *restrict out, int64_t out_stride, int32_t *amax_bits) {
+    int64_t padded_width = (width + 7) / 8 * 8;
+    int64_t real_width = x_cols - left < padded_width ? (x_cols - left > 0 ? x_cols - left : 0) : padded_width;
+    for (int i = 0; i < 16; i++) {
+        float *restrict line = tile + i * tile_stride;
+        int64_t r = 0;
+        if (first + i < x_rows) {
+            int64_t offset = (first + i) * row_stride + left;
+            if (dtype == DT_BF16) {
+                const uint16_t *restrict source = (const uint16_t *)x + offset;
+                for (; r < real_width; r++) line[r] = bits_float((uint32_t)source[r] << 16);
+            } else {
+                for (; r < real_width; r++) line[r] = load(x, dtype, offset + r);
             }
         }
-        /* a butterfly pairs values `stride` apart in a chunk: elements of a line, or (down x's columns) whole lines */
+        for (; r < padded_width; r++) line[r] = 0.0f;
+    }
+    u32x8 amax = {0};
+    for (int64_t r = 0; r < padded_width; r += 8) {
+        f32x8 v[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            memcpy(&v[i], tile + i * tile_stride + r, sizeof v[i]);
+            v[i] *= signs[i];
+        }
+#pragma GCC unroll 4
         for (int stride = 1; stride < 16; stride *= 2)
+#pragma GCC unroll 16
             for (int i = 0; i < 16; i++) {
                 if (i & stride) continue;
-                if (along_rows) {
-                    for (int64_t start = 0; start < length; start += 16) {
-                        float a = region[start + i], b = region[start + i + stride];
-                        region[start + i] = a + b, region[start + i + stride] = a - b;
-                    }
-                    continue;
-                }
-                float *restrict a = region + i * length, *restrict b = region + (i + stride) * length;
-                for (int64_t e = 0; e < length; e++) {
-                    float sum = a[e] + b[e], difference = a[e] - b[e];
-                    a[e] = sum, b[e] = difference;
-                }
+                f32x8 a = v[i], b = v[i + stride];
+                v[i] = a + b, v[i + stride] = a - b;
             }
-        for (int64_t i = 0; i < group * length; i++)
-            region[i] = dtype == DT_BF16 ? round_bf16(region[i] * 0.25f) : region[i] * 0.25f;
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            v[i] *= 0.25f;
+            if (dtype == DT_BF16) round_bf16_x8(&v[i]);
+        }
+        if (!out) { /* past width: the transform of zeros, zeros */
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                u32x8 bits;
+                memcpy(&bits, &v[i], sizeof bits);
+                bits &= 0x7FFFFFFFu;
+                bits &= (u32x8)(bits <= 0x7F800000u);
+                u32x8 larger = (u32x8)(bits > amax);
+                amax = (larger & bits) | (~larger & amax);
+            }
+            continue;
+        }
+        f32x8 top[8], bottom[8];
+        transpose_8x8(v, top);
+        transpose_8x8(v + 8, bottom);
+        int n = width - r < 8 ? (int)(width - r) : 8;
+        for (int j = 0; j < n; j++) {
+            memcpy(out + (r + j) * out_stride, &top[j], sizeof top[j]);
+            memcpy(out + (r + j) * out_stride + 8, &bottom[j], sizeof bottom[j]);
+        }
     }
-    *out_row_stride = along_rows ? padded_cols : 1;
-    *out_col_stride = along_rows ? 1 : padded_rows;
-    return out;
+    if (!out)
+        for (int j = 0; j < 8; j++) *amax_bits = (int32_t)amax[j] > *amax_bits ? (int32_t)amax[j] : *amax_bits;
 }
 
 /* What every block of one cast shares (see block_cast). */
@@ -261,8 +335,8 @@ static void encode_run(const Cast *k, const float *restrict values, const float 
    bytes (uint8) or fp32 (FP8 block scaling); tensor_scale_inv: NVFP4's decode scale. element_param: MX NVIDIA:
    fp32(1 / element max); MX OCP: the element's emax; FP8 block: the input dtype's largest value (an overflowing
    scale's); NVFP4: fp32(1 / 6). key: the noise key of stochastic rounding (stochastic != 0). signs: the 16 signs of
-   the Hadamard transform the rows go through first (block_w 16; an fp32 or bf16 x), NULL for none. Returns 0, or -1
-   where memory ran out. */
+   the Hadamard transform the rows go through first (a columnwise cast's only, row_stride 1; block_w 16; an fp32 or
+   bf16 x), NULL for none. Returns 0, or -1 where memory ran out. */
 int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
                int block_h, int block_w, int rule, int mantissa_bits, int first_exponent, float element_max,
                int sign_bit, int nan_code, float element_param, int power_2, int marks_nan, int stochastic,
@@ -274,29 +348,34 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         if (rule == RULE_NVFP4) *tensor_scale_inv = 0.0f;
         return 0;
     }
-    float *transformed = NULL;
-    if (signs) {
-        transformed = hadamard_rows(x, dtype, rows, cols, row_stride, col_stride, padded_rows, padded_cols, signs,
-                                    &row_stride, &col_stride);
-        if (!transformed) return -1;
-        x = transformed, dtype = DT_F32, rows = padded_rows, cols = padded_cols;
-    }
+    int transform = signs != NULL;
     /* A columnwise panel gathers whole cache lines of x's rows (TRANSPOSED_PANEL values each); its rows lie
        PANEL_PAD floats more than a power of two apart, so that the gather's column of writes spreads over cache sets. */
     int gathered = col_stride == 1 ? PANEL : TRANSPOSED_PANEL;
     int panel_rows = (gathered + block_h - 1) / block_h * block_h;
     int64_t stride = padded_cols + PANEL_PAD;
-    float *panel = malloc(sizeof(float) * (panel_rows * stride + padded_cols)); /* then a row of block multipliers */
-    if (!panel) {
-        free(transformed);
-        return -1;
-    }
-    float *multipliers = panel + panel_rows * stride;
+    /* then a row of block multipliers, then (columnwise transform) a tile of 16 transformed rows of x */
+    int64_t tile_stride = (panel_rows + 7) / 8 * 8 + 8; /* rows not a power of two apart */
+    float *panel = malloc(sizeof(float) * (panel_rows * stride + padded_cols + (transform ? 16 * tile_stride : 0)));
+    if (!panel) return -1;
+    float *multipliers = panel + panel_rows * stride, *tile = multipliers + padded_cols;
     Cast k = {rule, power_2, marks_nan, stochastic, el, element_max, element_param, 1.0f, 1.0f, {0}, key};
     for (int b = 0; b < 255; b++) k.mx_multipliers[b] = ldexpf(1.0f, 127 - b);
     float encode_scale = 1.0f;
     if (rule == RULE_NVFP4) {
-        float amax = tensor_amax(x, dtype, rows * cols); /* x holds exactly the logical matrix's elements */
+        float amax = 0.0f;
+        if (transform) { /* a first pass of the transform, for its amax: cheaper than storing its result */
+            int32_t amax_bits = 0;
+            for (int64_t first = 0; first < padded_cols; first += 16)
+                for (int64_t left = 0; left < padded_rows; left += panel_rows) {
+                    int64_t width = padded_rows - left < panel_rows ? padded_rows - left : panel_rows;
+                    hadamard_tile(x, dtype, cols, rows, col_stride, first, left, width, signs, tile, tile_stride, NULL,
+                                  0, &amax_bits);
+                }
+            amax = bits_float((uint32_t)amax_bits);
+        }
+        else
+            amax = tensor_amax(x, dtype, rows * cols); /* x holds exactly the logical matrix's elements */
         float ratio = 448.0f * 6.0f / amax;
         encode_scale = ratio > FP32_MAX ? FP32_MAX : ratio;
         if (amax == 0.0f || encode_scale == 0.0f) encode_scale = 1.0f;
@@ -307,14 +386,25 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         int64_t height = padded_rows - top < panel_rows ? padded_rows - top : panel_rows;
         memset(panel, 0, sizeof(float) * height * stride);
         int64_t real_rows = rows - top < height ? rows - top : height;
-        if (col_stride == 1) {
+        if (transform) { /* each 16 of x's rows transformed together, then written down the panel */
+            for (int64_t first = 0; first < padded_cols; first += 16)
+                hadamard_tile(x, dtype, cols, rows, col_stride, first, top, height, signs, tile, tile_stride,
+                              panel + first, stride, NULL);
+        } else if (col_stride == 1) {
             for (int64_t r = 0; r < real_rows; r++)
                 for (int64_t c = 0; c < cols; c++) panel[r * stride + c] = load(x, dtype, (top + r) * row_stride + c);
-        } else { /* transposed: the panel's rows are contiguous runs of x's rows, gathered a tile at a time */
-            for (int64_t tile = 0; tile < cols; tile += GATHER_TILE) {
-                int64_t end = cols - tile < GATHER_TILE ? cols : tile + GATHER_TILE;
-                for (int64_t r = 0; r < real_rows; r++)
-                    for (int64_t c = tile; c < end; c++)
+        } else { /* transposed: 8 x 8 blocks of x (8 of its rows at a time), each transposed in vector registers */
+            for (int64_t band = 0; band < cols; band += 8) {
+                int64_t end = cols - band < 8 ? cols : band + 8, r = 0;
+                if (end - band == 8 && row_stride == 1)
+                    for (; r + 8 <= real_rows; r += 8) {
+                        f32x8 block[8], columns[8];
+                        for (int i = 0; i < 8; i++) load_8(x, dtype, (band + i) * col_stride + top + r, &block[i]);
+                        transpose_8x8(block, columns);
+                        for (int j = 0; j < 8; j++) memcpy(panel + (r + j) * stride + band, &columns[j], sizeof columns[j]);
+                    }
+                for (; r < real_rows; r++) /* the edges, value by value */
+                    for (int64_t c = band; c < end; c++)
                         panel[r * stride + c] = load(x, dtype, (top + r) * row_stride + c * col_stride);
             }
         }
@@ -337,7 +427,6 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         }
     }
     free(panel);
-    free(transformed);
     return 0;
 }
 

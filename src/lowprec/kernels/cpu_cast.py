@@ -89,8 +89,10 @@ def quantize(
     """``(data, scales, tensor_scale_inv)`` of ``BlockScaledData``: the rowwise (``columnwise``: the columnwise, stored
     as ``x.t()``'s rows) cast of contiguous 2-D CPU ``x`` in ``block``s, made from values of a tensor of ``dtype``;
     ``key``: stochastic rounding's noise key (``RoundingStream.key``), None for round to nearest; ``signs``: the fp32
-    sign vector of the Hadamard transform the blocks go through first (``hadamard.random_signs``; 16-wide blocks of an
-    fp32 or bf16 ``x``: :func:`transforms`), None for none."""
+    sign vector of the Hadamard transform the blocks go through first (``hadamard.random_signs``; a columnwise cast's
+    16-wide blocks of an fp32 or bf16 ``x``: :func:`transforms`), None for none."""
+    if signs is not None and not columnwise:
+        raise ValueError("the CPU cast applies the Hadamard transform to columnwise casts only (as the NVFP4 recipe does)")
     rows, cols = x.shape
     strides = (cols, 1)
     if columnwise:

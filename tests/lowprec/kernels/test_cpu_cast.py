@@ -125,6 +125,15 @@ def test_a_transposed_view_casts_as_its_copy(name):
         assert same(getattr(native, part).scales, getattr(emulated, part).scales)
 
 
+def test_the_kernel_transforms_columnwise_casts_only():
+    """The recipe transforms the columnwise (wgrad) operands only, and the kernel's transform is written for them."""
+    quantizer = QUANTIZERS["nvfp4-rht-seeded"]
+    x = torch.randn(32, 32)
+    signs = hadamard.random_signs(3, x.device)
+    with pytest.raises(ValueError, match="columnwise casts only"):
+        cpu_cast.quantize(x, quantizer.rule, quantizer.element, quantizer.block, x.dtype, False, None, signs)
+
+
 def test_fp32_bit_patterns_and_ties_cast_as_torch_does():
     """The element cast alone, over a sweep of fp32 bit patterns (every binade) and every tie between neighbouring
     codes with its two neighbouring floats: each 1 x 32 block ends with the element's max, so under the OCP rule
