@@ -12,7 +12,7 @@ enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 enum { RULE_MX_NVIDIA = 0, RULE_MX_OCP = 1, RULE_FP8_BLOCK = 2, RULE_NVFP4 = 3 };
 #define FP32_MAX 3.4028234663852886e38f
 #define PANEL 16            /* logical rows gathered at a time (rounded up to whole blocks) */
-#define TRANSPOSED_PANEL 256  /* the same for a columnwise cast: x's columns, a cache line of each of its rows and more */
+#define TRANSPOSED_PANEL 256 /* the same for a columnwise cast: x's columns, a cache line of each row and more */
 #define PANEL_PAD 16         /* floats added to a panel row: 64 bytes, so that rows stay aligned */
 
 static inline uint32_t float_bits(float f) {
@@ -180,9 +180,10 @@ static inline void transpose_8x8(const f32x8 rows[8], f32x8 columns[8]) {
    a + b, a - b), times 1/4, rounded to bf16 for a bf16 input; for x's rows first .. first + 15 (first: a multiple of
    16) and columns left .. left + width - 1, x of x_rows x x_cols (row_stride apart) padded with zeros. out: where
    column left + r's 16 transformed values go (out[r * out_stride + i]: the rows of a columnwise panel), or NULL to take
-   only their amax into *amax_bits (NaN ignored, as bits: see tensor_amax). The 16 rows are first copied whole into
-   tile (16 x tile_stride floats; x's rows lie a multiple of 4 KiB apart, and reading a little of each in turn would
-   evict them from the cache), then transformed 8 columns at a time in vector registers. */
+   only the amax of the butterflies' results into *amax_bits (NaN ignored, as bits: see tensor_amax); the transformed
+   values' amax is that one times 1/4 and rounded, as scaling and rounding keep magnitudes in order. The 16 rows are
+   first copied whole into tile (16 x tile_stride floats; x's rows lie a multiple of 4 KiB apart, and reading a little
+   of each in turn would evict them from the cache), then transformed 8 columns at a time in vector registers. */
 static void hadamard_tile(const void *x, int dtype, int64_t x_rows, int64_t x_cols, int64_t row_stride, int64_t first,
                           int64_t left, int64_t width, const float *signs, float *restrict tile, int64_t tile_stride,
                           float *restrict out, int64_t out_stride, int32_t *amax_bits) {
@@ -218,11 +219,6 @@ static void hadamard_tile(const void *x, int dtype, int64_t x_rows, int64_t x_co
                 f32x8 a = v[i], b = v[i + stride];
                 v[i] = a + b, v[i + stride] = a - b;
             }
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) {
-            v[i] *= 0.25f;
-            if (dtype == DT_BF16) round_bf16_x8(&v[i]);
-        }
         if (!out) { /* past width: the transform of zeros, zeros */
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++) {
@@ -234,6 +230,11 @@ static void hadamard_tile(const void *x, int dtype, int64_t x_rows, int64_t x_co
                 amax = (larger & bits) | (~larger & amax);
             }
             continue;
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            v[i] *= 0.25f;
+            if (dtype == DT_BF16) round_bf16_x8(&v[i]);
         }
         f32x8 top[8], bottom[8];
         transpose_8x8(v, top);
@@ -350,7 +351,7 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
     }
     int transform = signs != NULL;
     /* A columnwise panel gathers whole cache lines of x's rows (TRANSPOSED_PANEL values each); its rows lie
-       PANEL_PAD floats more than a power of two apart, so that the gather's column of writes spreads over cache sets. */
+       PANEL_PAD floats more than a power of two apart, so that the gather's writes spread over cache sets. */
     int gathered = col_stride == 1 ? PANEL : TRANSPOSED_PANEL;
     int panel_rows = (gathered + block_h - 1) / block_h * block_h;
     int64_t stride = padded_cols + PANEL_PAD;
@@ -372,7 +373,8 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
                     hadamard_tile(x, dtype, cols, rows, col_stride, first, left, width, signs, tile, tile_stride, NULL,
                                   0, &amax_bits);
                 }
-            amax = bits_float((uint32_t)amax_bits);
+            amax = bits_float((uint32_t)amax_bits) * 0.25f; /* the largest value's own scaling and rounding */
+            if (dtype == DT_BF16) amax = round_bf16(amax);
         }
         else
             amax = tensor_amax(x, dtype, rows * cols); /* x holds exactly the logical matrix's elements */
@@ -401,7 +403,8 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
                         f32x8 block[8], columns[8];
                         for (int i = 0; i < 8; i++) load_8(x, dtype, (band + i) * col_stride + top + r, &block[i]);
                         transpose_8x8(block, columns);
-                        for (int j = 0; j < 8; j++) memcpy(panel + (r + j) * stride + band, &columns[j], sizeof columns[j]);
+                        for (int j = 0; j < 8; j++)
+                            memcpy(panel + (r + j) * stride + band, &columns[j], sizeof columns[j]);
                     }
                 for (; r < real_rows; r++) /* the edges, value by value */
                     for (int64_t c = band; c < end; c++)
