@@ -76,8 +76,9 @@ static inline int encode(float v, Element el, int stochastic, float noise) {
 
 /* The value of an E4M3 code below 0x7F (a block scale: never NaN), from its fields' bits. */
 static inline float e4m3_value(int code) {
-    uint32_t exponent = (code >> 3) & 0xF, mantissa = code & 7;
-    return exponent ? bits_float(((exponent + 120) << 23) | (mantissa << 20)) : (float)mantissa * 0x1p-9f;
+    uint32_t exponent = (code >> 3) & 0xF, mantissa = code & 7, normal = ((exponent + 120) << 23) | (mantissa << 20);
+    uint32_t subnormal = float_bits((float)mantissa * 0x1p-9f), is_normal = -(uint32_t)(exponent != 0);
+    return bits_float((normal & is_normal) | (subnormal & ~is_normal)); /* a select of bits: it vectorizes */
 }
 
 static inline uint32_t hash32(uint32_t x) {
@@ -252,7 +253,7 @@ static void hadamard_tile(const void *x, int dtype, int64_t x_rows, int64_t x_co
 /* What every block of one cast shares (see block_cast). */
 typedef struct {
     int rule, power_2, marks_nan, stochastic;
-    Element element;
+    Element element, scale_element; /* scale_element: NVFP4's E4M3 */
     float element_max, element_param, encode_inverse, block_factor, mx_multipliers[255];
     uint64_t key;
 } Cast;
@@ -275,7 +276,8 @@ static inline __attribute__((always_inline)) float block_amax(const float *block
     return bits_float((uint32_t)amax_bits);
 }
 
-/* The multiplier of a block of amax (NaN ignored; has_nan: it holds a NaN), its scale stored at scales[index]. */
+/* The multiplier of an MX or FP8 block-scaling block of amax (NaN ignored; has_nan: it holds a NaN), its scale stored
+   at scales[index] (NVFP4's: nvfp4_scales). */
 static inline float block_scale(const Cast *k, float amax, int has_nan, void *scales, int64_t index) {
     if (k->rule == RULE_MX_NVIDIA || k->rule == RULE_MX_OCP) {
         int64_t byte;
@@ -290,20 +292,35 @@ static inline float block_scale(const Cast *k, float amax, int has_nan, void *sc
         ((uint8_t *)scales)[index] = has_nan && k->marks_nan ? 0xFF : (uint8_t)byte;
         return k->mx_multipliers[byte];
     }
-    if (k->rule == RULE_FP8_BLOCK) {
-        int usable = amax > 0.0f && isfinite(amax);
-        float scale = k->element_max / (usable ? amax : 1.0f);
-        if (isinf(scale)) scale = k->element_param;
-        if (k->power_2) scale = bits_float(float_bits(scale) & 0x7F800000u);
-        float multiplier = usable ? scale : 1.0f;
-        ((float *)scales)[index] = 1.0f / multiplier;
-        return multiplier;
+    int usable = amax > 0.0f && isfinite(amax);
+    float scale = k->element_max / (usable ? amax : 1.0f);
+    if (isinf(scale)) scale = k->element_param;
+    if (k->power_2) scale = bits_float(float_bits(scale) & 0x7F800000u);
+    float multiplier = usable ? scale : 1.0f;
+    ((float *)scales)[index] = 1.0f / multiplier;
+    return multiplier;
+}
+
+/* Keeps GCC from compiling a function for its callers' constant arguments (whose folding can leave branches where
+   the loops would vectorize). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NOT_SPECIALIZED __attribute__((noipa))
+#else
+#define NOT_SPECIALIZED __attribute__((noinline))
+#endif
+
+/* The multipliers of n NVFP4 blocks of amaxes[b] (NaN ignored), their E4M3 scale bytes stored in scales: a loop the
+   compiler vectorizes, divisions included, where one block at a time would wait on each division. */
+static NOT_SPECIALIZED void nvfp4_scales(const Cast *k, const float *restrict amaxes, int64_t n, uint8_t *restrict scales,
+                         float *restrict multipliers) {
+    const Element e4m3 = k->scale_element;
+    const float factor = k->block_factor, inverse = k->encode_inverse;
+    for (int64_t b = 0; b < n; b++) {
+        int code = encode(amaxes[b] * factor, e4m3, 0, 0.0f);
+        float reciprocal = 1.0f / (e4m3_value(code) * inverse);
+        scales[b] = (uint8_t)code;
+        multipliers[b] = reciprocal > FP32_MAX ? FP32_MAX : reciprocal;
     }
-    static const Element e4m3 = {3, -6, 0x1p-6f, 448.0f, 0x80, 0x7F};
-    int scale_code = encode(amax * k->block_factor, e4m3, 0, 0.0f);
-    float reciprocal = 1.0f / (e4m3_value(scale_code) * k->encode_inverse);
-    ((uint8_t *)scales)[index] = (uint8_t)scale_code;
-    return reciprocal > FP32_MAX ? FP32_MAX : reciprocal;
 }
 
 /* The codes of n values times their multipliers, written from codes[first] on: long loops the compiler vectorizes. */
@@ -357,10 +374,14 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
     int64_t stride = padded_cols + PANEL_PAD;
     /* then a row of block multipliers, then (columnwise transform) a tile of 16 transformed rows of x */
     int64_t tile_stride = (panel_rows + 7) / 8 * 8 + 8; /* rows not a power of two apart */
-    float *panel = malloc(sizeof(float) * (panel_rows * stride + padded_cols + (transform ? 16 * tile_stride : 0)));
+    /* then each block's amax and multiplier in a row of blocks */
+    float *panel = malloc(sizeof(float) * (panel_rows * stride + padded_cols + (transform ? 16 * tile_stride : 0) +
+                                           2 * blocks_per_row));
     if (!panel) return -1;
     float *multipliers = panel + panel_rows * stride, *tile = multipliers + padded_cols;
-    Cast k = {rule, power_2, marks_nan, stochastic, el, element_max, element_param, 1.0f, 1.0f, {0}, key};
+    float *block_amaxes = tile + (transform ? 16 * tile_stride : 0), *block_multipliers = block_amaxes + blocks_per_row;
+    const Element e4m3 = {3, -6, 0x1p-6f, 448.0f, 0x80, 0x7F};
+    Cast k = {rule, power_2, marks_nan, stochastic, el, e4m3, element_max, element_param, 1.0f, 1.0f, {0}, key};
     for (int b = 0; b < 255; b++) k.mx_multipliers[b] = ldexpf(1.0f, 127 - b);
     float encode_scale = 1.0f;
     if (rule == RULE_NVFP4) {
@@ -414,14 +435,22 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         for (int64_t block_top = 0; block_top < height; block_top += block_h) {
             int64_t first_block = (top + block_top) / block_h * blocks_per_row;
             const float *block_row = panel + block_top * stride;
-            for (int64_t bc = 0; bc < blocks_per_row; bc++) {
-                const float *block = block_row + bc * block_w;
+            if (rule == RULE_NVFP4) { /* every block's amax, then every scale (NaN needs no mark: block_w 16) */
                 int has_nan;
-                float amax = block_w == 16   ? block_amax(block, stride, block_h, 16, &has_nan)
-                             : block_w == 32 ? block_amax(block, stride, block_h, 32, &has_nan)
-                                             : block_amax(block, stride, block_h, block_w, &has_nan);
-                float multiplier = block_scale(&k, amax, has_nan, scales, first_block + bc);
-                for (int c = 0; c < block_w; c++) multipliers[bc * block_w + c] = multiplier;
+                for (int64_t bc = 0; bc < blocks_per_row; bc++)
+                    block_amaxes[bc] = block_amax(block_row + bc * 16, stride, block_h, 16, &has_nan);
+                nvfp4_scales(&k, block_amaxes, blocks_per_row, (uint8_t *)scales + first_block, block_multipliers);
+                for (int64_t bc = 0; bc < blocks_per_row; bc++)
+                    for (int c = 0; c < 16; c++) multipliers[bc * 16 + c] = block_multipliers[bc];
+            } else {
+                for (int64_t bc = 0; bc < blocks_per_row; bc++) {
+                    const float *block = block_row + bc * block_w;
+                    int has_nan;
+                    float amax = block_w == 32 ? block_amax(block, stride, block_h, 32, &has_nan)
+                                               : block_amax(block, stride, block_h, block_w, &has_nan);
+                    float multiplier = block_scale(&k, amax, has_nan, scales, first_block + bc);
+                    for (int c = 0; c < block_w; c++) multipliers[bc * block_w + c] = multiplier;
+                }
             }
             for (int r = 0; r < block_h; r++) {
                 int64_t first = (top + block_top + r) * padded_cols;
