@@ -407,8 +407,12 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
     k.encode_inverse = 1.0f / encode_scale, k.block_factor = encode_scale * element_param;
     for (int64_t top = 0; top < padded_rows; top += panel_rows) {
         int64_t height = padded_rows - top < panel_rows ? padded_rows - top : panel_rows;
-        memset(panel, 0, sizeof(float) * height * stride);
         int64_t real_rows = rows - top < height ? rows - top : height;
+        if (!transform) { /* the padding the gathers below leave: past the last column, and whole rows past the last */
+            for (int64_t r = 0; r < real_rows && cols < padded_cols; r++)
+                memset(panel + r * stride + cols, 0, sizeof(float) * (padded_cols - cols));
+            if (real_rows < height) memset(panel + real_rows * stride, 0, sizeof(float) * (height - real_rows) * stride);
+        }
         if (transform) { /* each 16 of x's rows transformed together, then written down the panel */
             for (int64_t first = 0; first < padded_cols; first += 16)
                 hadamard_tile(x, dtype, cols, rows, col_stride, first, top, height, signs, tile, tile_stride,
