@@ -44,7 +44,6 @@ from nvdlfw_inspect.stats.catalog import column_amax, derive_floats, fields_for,
 from nvdlfw_inspect.stats.desync import NO_ITERATION, OwnGroup, check_stamps
 from nvdlfw_inspect.stats.fields import INDEX, identity_partials, merge_partials
 from nvdlfw_inspect.stats.kernels import Grid, tensor_stats, unreadable_partials_reason, unreadable_reason, warn_skipped
-from nvdlfw_inspect.stats.kernels.fallback import tensor_partials
 from nvdlfw_inspect.stats.reduce import EXTREMES, MIN_FIELDS, combine, pack_min, pack_sum, unpack_min
 
 _CPU = torch.device("cpu")
@@ -70,7 +69,7 @@ class StatsBuffer:
     iteration: int | None = None  # the iteration fed since the last flush, None if not fed
     feeds: int = 0  # tensors offered since the last flush (taken or not): a forgotten step() shows in it
     want_abs_min: bool = False
-    want_moments: bool = False  # M3 and M4: the row is fed by torch reductions (kernels.fallback), not the operator
+    want_moments: bool = False  # M3 and M4 (kurtosis): the operator computes them for this row's launch
     want_channels: bool = False  # the per-column amax vector, kept in channel_amax beside the row
     channel_amax: torch.Tensor | None = None  # merged since the last flush
     derivations: tuple[str, ...] = ()  # each derivation its stats need, once
@@ -129,7 +128,7 @@ class _Table:
 class _Launch:
     """What every request fed from one tensor wants: one operator call."""
 
-    __slots__ = ("tensor", "rows", "row_variants", "quantizations", "want_abs_min", "amax_outs")
+    __slots__ = ("tensor", "rows", "row_variants", "quantizations", "want_abs_min", "want_moments", "amax_outs")
 
     def __init__(self, tensor: torch.Tensor):
         self.tensor = tensor
@@ -137,6 +136,7 @@ class _Launch:
         self.row_variants: list[int] = []
         self.quantizations: list[Quantization] = []
         self.want_abs_min = False
+        self.want_moments = False
         self.amax_outs: list[torch.Tensor] = []
 
     def add(self, buffer: StatsBuffer | None, quantization: Quantization | None, amax_out: torch.Tensor | None) -> None:
@@ -154,13 +154,25 @@ class _Launch:
         self.rows.append(buffer.row)
         self.row_variants.append(variant)
         self.want_abs_min |= buffer.want_abs_min
+        self.want_moments |= buffer.want_moments
 
     def run(self, table: torch.Tensor, call_out: torch.Tensor | None = None) -> None:
         if self.rows or call_out is not None or self.amax_outs:
             scales = [scale for scale, _ in self.quantizations]
             grids = [grid for _, grid in self.quantizations]
             amax_out = self.amax_outs[0] if self.amax_outs else None
-            tensor_stats(self.tensor, table, self.rows, self.row_variants, scales, grids, self.want_abs_min, call_out, amax_out)
+            tensor_stats(
+                self.tensor,
+                table,
+                self.rows,
+                self.row_variants,
+                scales,
+                grids,
+                self.want_abs_min,
+                call_out,
+                amax_out,
+                self.want_moments,
+            )
             for other in self.amax_outs[1:]:
                 other.copy_(amax_out)
 
@@ -301,8 +313,7 @@ class StatsBuffers:
         tensor with that scale on that grid. ``call_out`` (an empty partial) receives this call's own
         partials, ``amax_out`` (a 0-dim float32 tensor) the tensor's max |x| (NaN ignored). ``channel_amax``: the
         tensor's ``column_amax`` when the caller has it already (computed here otherwise, for the channel
-        statistics). Kurtosis takes torch reductions in float64 instead of the operator (M3 and M4). An empty tensor
-        is logged as one (count 0, NaN extremes).
+        statistics). An empty tensor is logged as one (count 0, NaN extremes).
         """
         source = tensor if tensor is not None else partials
         if source is None:
@@ -330,12 +341,6 @@ class StatsBuffers:
             taken = buffer is not None
             if taken and buffer.want_channels:
                 buffer.add_channels(table, channel_amax if channel_amax is not None else column_amax(tensor))
-            if taken and buffer.want_moments:
-                own = tensor_partials(tensor, buffer.want_abs_min, want_moments=True)
-                table[buffer.row] = merge_partials(torch.stack([table[buffer.row], own]))
-                if call_out is not None:
-                    call_out.copy_(own)
-                buffer, call_out = None, None  # the operator runs only for amax_out, or for the launch's other requests
             if tensor.numel() > 0 or call_out is not None or amax_out is not None:  # an empty tensor: the row stays empty
                 launch = self._launch
                 if launch is not None and launch.tensor is tensor:

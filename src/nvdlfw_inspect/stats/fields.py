@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 MERGE_RULES = ("sum", "chan", "min", "max")
-FILLERS = ("tensor", "grid", "scale", "feature")
+FILLERS = ("tensor", "grid", "scale", "moments", "feature")
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,9 @@ class Field:
     """``merge``: one of ``MERGE_RULES`` ("chan": the central moments mean, M2, M3 and M4, merged with the count by
     Chan's and Pébay's formulas).
     ``filled_by``: what the statistics operator fills it from: ``"tensor"`` (the values), ``"grid"``
-    (counted per quantization grid), ``"scale"`` (a grid's scale_inv), or ``"feature"`` (features only,
-    with ``set_fields``; the operator leaves it at its identity). ``optional``: computed only when asked."""
+    (counted per quantization grid), ``"scale"`` (a grid's scale_inv), ``"moments"`` (the values' higher central
+    moments, when asked: ``want_moments``; on CUDA tensors by torch reductions), or ``"feature"`` (features only, with
+    ``set_fields``; the operator leaves it at its identity). ``optional``: computed only when asked."""
 
     name: str
     merge: str
@@ -52,9 +53,9 @@ LAYOUT: tuple[Field, ...] = (
     Field("scale_inv_max", "max", -math.inf, "scale"),
     Field("blockwise_dr", "max", -math.inf, "feature"),
     Field("zeros", "sum", 0.0, "feature"),  # values of magnitude at most a request's threshold (``stats.zeros``)
-    # sums of the cubed and fourth-power deviations from the mean (kurtosis): torch computes them (``fallback``)
-    Field("m3", "chan", 0.0, "feature"),
-    Field("m4", "chan", 0.0, "feature"),
+    # sums of the cubed and fourth-power deviations from the mean (kurtosis), when a request wants them
+    Field("m3", "chan", 0.0, "moments"),
+    Field("m4", "chan", 0.0, "moments"),
     # the length of a request's per-column amax vector, which ``buffers`` keeps beside the row (channel statistics)
     Field("channels", "max", -math.inf, "feature"),
 )

@@ -15,8 +15,10 @@ from collecting import Collect
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.errors import ConfigError
+from nvdlfw_inspect.stats import kernels
 from nvdlfw_inspect.stats.catalog import EARLY_STATS, column_amax, derive_floats, derive_tensors
-from nvdlfw_inspect.stats.fields import INDEX, merge_partials
+from nvdlfw_inspect.stats.fields import INDEX, empty_partials, merge_partials
+from nvdlfw_inspect.stats.kernels import cpu, tensor_stats
 from nvdlfw_inspect.stats.kernels.fallback import tensor_partials
 from nvdlfw_inspect.stats.reduce import combine, pack_min, pack_sum, unpack_min
 
@@ -67,9 +69,9 @@ def planted(rows: int = 256) -> torch.Tensor:
     return x
 
 
-def far_from_zero() -> torch.Tensor:
+def far_from_zero(seed: int = 3) -> torch.Tensor:
     """A mean 10^4 times the spread: the central moments must not come from raw power sums."""
-    return gaussian(seed=3) + 1e4
+    return gaussian(seed=seed) + 1e4
 
 
 TENSORS = {"gaussian": gaussian, "heavy-tailed": heavy_tailed, "planted outlier channel": planted, "far from zero": far_from_zero}
@@ -111,6 +113,54 @@ def test_edge_cases():
     with_nan = torch.tensor([[1.0, math.nan], [-3.0, 2.0]])  # NaN is ignored by the channel statistics
     assert column_amax(with_nan).tolist() == [3.0, 2.0]
     assert column_amax(torch.tensor([1.0, -4.0, 2.0])).tolist() == [1.0, 4.0, 2.0]  # a 1-D tensor is one row
+
+
+def operator_partials(*pieces: torch.Tensor) -> torch.Tensor:
+    """One row fed ``pieces`` in turn by the statistics operator with M3 and M4 (the C kernel for a CPU tensor)."""
+    row = empty_partials().view(1, -1)
+    for piece in pieces:
+        tensor_stats(piece, row, [0], want_abs_min=False, want_moments=True)
+    return row[0]
+
+
+@pytest.mark.parametrize("name", list(TENSORS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_c_kernel_computes_the_moments_in_its_one_pass(name, dtype, monkeypatch):
+    """M3 and M4 beside the other fields, over many of the kernel's chunks (2,048 values) and over calls merged into
+    one row (Pebay's formulas in C): float64 torch's statistics, and no torch reduction runs."""
+    if cpu.native_kernel() is None:
+        pytest.skip("no C compiler: the kernel cannot be built")
+    monkeypatch.setattr(kernels, "torch_tensor_stats", None)  # a call of the torch reductions would fail
+    x = torch.cat([TENSORS[name](seed=seed) if name != "planted outlier channel" else planted() for seed in range(3)])
+    x = x.to(dtype)
+    whole, merged = operator_partials(x), operator_partials(*split(x, [1, 700, 37, x.shape[0] - 738]))
+    assert_matches(derived(whole, column_amax(x)), reference(x), rel=1e-9)
+    assert_matches(derived(merged, column_amax(x)), reference(x), rel=1e-9)
+    torch_row = tensor_partials(x, False, want_moments=True)
+    for field in ("count", "mean", "m2", "m3", "m4"):
+        for got in (whole, merged):
+            assert got[INDEX[field]].item() == pytest.approx(torch_row[INDEX[field]].item(), rel=1e-9, abs=1e-9), field
+
+
+def test_a_kurtosis_request_on_a_cpu_tensor_is_one_operator_call(log_dir, base_config, monkeypatch):
+    if cpu.native_kernel() is None:
+        pytest.skip("no C compiler: the kernel cannot be built")
+    monkeypatch.setattr(kernels, "torch_tensor_stats", None)  # a call of the torch reductions would fail
+    calls = []
+    real = kernels._IMPLEMENTATIONS["cpu"]
+    monkeypatch.setitem(kernels._IMPLEMENTATIONS, "cpu", lambda *args: calls.append(args[-1]) or real(*args))
+    collect = Collect()
+    debug_api.initialize(config_file=base_config(["kurtosis", "mean", "std"]), log_dir=str(log_dir), statistics_logger=collect)
+    try:
+        x = heavy_tailed().float()
+        for piece in split(x, [100, 412]):
+            debug_api.log_tensor_stats("layer", tensor=piece, tensor_name="activation")
+        debug_api.step()
+    finally:
+        debug_api.end_debug()
+    assert calls == [True, True]  # one call per tensor, M3 and M4 asked of it
+    assert collect.values[("layer_activation_kurtosis", 0)] == pytest.approx(reference(x)["kurtosis"], rel=1e-9)
+    assert collect.values[("layer_activation_std", 0)] == pytest.approx(x.double().std().item(), rel=1e-9)
 
 
 def split(x: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:

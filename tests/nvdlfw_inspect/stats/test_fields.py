@@ -22,6 +22,7 @@ from nvdlfw_inspect.stats.kernels.fallback import torch_tensor_stats
 
 C_SOURCE = resources.files("nvdlfw_inspect.stats.kernels").joinpath("cpu_partials.c").read_text(encoding="utf-8")
 OPERATOR_FIELDS = {*filled_by("tensor"), *filled_by("grid"), *filled_by("scale")}
+C_FIELDS = OPERATOR_FIELDS | set(filled_by("moments"))  # the C kernel computes M3 and M4 too, when asked
 IDENTITY = {"sum": 0.0, "chan": 0.0, "min": math.inf, "max": -math.inf}
 E4M3 = (448.0, -6, 3)
 
@@ -65,7 +66,7 @@ def test_the_c_source_defines_no_layout_of_its_own():
     used = set(re.findall(r"\bF_\w+\b", code))
     assert used <= {cpu.c_name(name) for name in FIELDS}, used
     written = {name for name in FIELDS if re.search(rf"(row|own)\[{cpu.c_name(name)}\] =", code)}
-    assert written == OPERATOR_FIELDS  # every field the operator fills, and no other
+    assert written == C_FIELDS  # every field the operator fills, and no other
 
 
 @pytest.fixture
@@ -89,21 +90,23 @@ def test_the_c_kernel_merges_every_field_by_its_rule(c_kernel):
     # magnitudes from 1e-6 to 1e2: some values overflow E4M3 at this scale, some underflow
     x = torch.randn(5000, generator=torch.Generator().manual_seed(0)) * torch.logspace(-6, 2, 5000)
     scale = torch.tensor(10.0)
-    args = ([0], [0], [scale], [E4M3[0]], [E4M3[1]], [E4M3[2]], True)
+    args = ([0], [0], [scale], [E4M3[0]], [E4M3[1]], [E4M3[2]], True, None, None, True)  # M3 and M4 too
     fresh = empty_partials().view(1, -1)
     c_kernel(x, fresh, *args)
     before = prefilled(fresh[0])
     merged = before.clone().view(1, -1)
     c_kernel(x, merged, *args)
     want = merge_partials(torch.stack([before, fresh[0]]))
-    for name in set(FIELDS) - {"m3", "m4"}:  # M3 and M4: rows that want them are fed by torch reductions only
+    for name in FIELDS:
         got, expected = merged[0, INDEX[name]].item(), want[INDEX[name]].item()
-        assert got == pytest.approx(expected, rel=1e-12) if name in ("mean", "m2") else got == expected, name
-    assert all(fresh[0, INDEX[name]] != fields.BY_NAME[name].identity for name in OPERATOR_FIELDS)  # each one filled
+        assert got == pytest.approx(expected, rel=1e-12) if fields.BY_NAME[name].merge == "chan" else got == expected, name
+    assert all(fresh[0, INDEX[name]] != fields.BY_NAME[name].identity for name in C_FIELDS)  # each one filled
     reference = empty_partials().view(1, -1)
     torch_tensor_stats(x, reference, *args)  # the torch reductions leave the same fields alone
-    for name in set(FIELDS) - OPERATOR_FIELDS:
+    for name in set(FIELDS) - C_FIELDS:
         assert fresh[0, INDEX[name]] == reference[0, INDEX[name]] == fields.BY_NAME[name].identity, name
+    for name in C_FIELDS:
+        assert fresh[0, INDEX[name]].item() == pytest.approx(reference[0, INDEX[name]].item(), rel=1e-9), name
 
 
 # --- the Triton kernel ---------------------------------------------------------------------------------

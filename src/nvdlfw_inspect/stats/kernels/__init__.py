@@ -25,6 +25,7 @@ calls the device implementation directly (see ``_observed``).
 from __future__ import annotations
 
 import functools
+import logging
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -43,7 +44,8 @@ _PACKED = {torch.float4_e2m1fn_x2}  # two values per byte: no conversion to floa
 _LIBRARY = torch.library.Library("nvdlfw_inspect", "DEF")
 _LIBRARY.define(
     "tensor_stats(Tensor x, Tensor(a!) table, int[] rows, int[] row_variants, Tensor[] scales, float[] grid_max, "
-    "int[] grid_min_exp, int[] grid_mantissa, bool want_abs_min, Tensor(b!)? call_out=None, Tensor(c!)? amax_out=None) -> ()"
+    "int[] grid_min_exp, int[] grid_mantissa, bool want_abs_min, Tensor(b!)? call_out=None, Tensor(c!)? amax_out=None, "
+    "bool want_moments=False) -> ()"
 )
 
 
@@ -101,18 +103,20 @@ def tensor_stats(
     want_abs_min: bool = True,
     call_out: torch.Tensor | None = None,
     amax_out: torch.Tensor | None = None,
+    want_moments: bool = False,
 ) -> None:
     """Merge the statistics of ``x`` into ``table[rows]`` (see the module docstring). ``call_out``
-    (a float64 row) receives this call's tensor fields, ``amax_out`` (float32, 0-dim) its max |x|, NaN ignored."""
+    (a float64 row) receives this call's tensor fields, ``amax_out`` (float32, 0-dim) its max |x|, NaN ignored;
+    ``want_moments``: M3 and M4 too (kurtosis)."""
     reason = unreadable_reason(x)
     if reason is not None:
         raise TypeError(f"tensor_stats cannot read this tensor: {reason}")
     grid_max, grid_min_exp, grid_mantissa = ([g[i] for g in grids] for i in range(3)) if grids else ([], [], [])
     args = (list(rows), list(row_variants) or [-1] * len(rows), list(scales), grid_max, grid_min_exp, grid_mantissa)
     if _observed():
-        torch.ops.nvdlfw_inspect.tensor_stats(x, table, *args, want_abs_min, call_out, amax_out)
+        torch.ops.nvdlfw_inspect.tensor_stats(x, table, *args, want_abs_min, call_out, amax_out, want_moments)
     else:
-        _IMPLEMENTATIONS[x.device.type](x, table, *args, want_abs_min, call_out, amax_out)
+        _IMPLEMENTATIONS[x.device.type](x, table, *args, want_abs_min, call_out, amax_out, want_moments)
 
 
 def _observed() -> bool:
@@ -158,11 +162,20 @@ def _cuda(
     want_abs_min: bool,
     call_out: torch.Tensor | None = None,
     amax_out: torch.Tensor | None = None,
+    want_moments: bool = False,
 ) -> None:
     kernel = _triton_kernel() if x.dtype in DTYPE_CODES else None
-    if kernel is None or x.numel() == 0:
+    if want_moments and kernel is not None:
+        say_once(
+            "kurtosis of CUDA tensors is computed by torch reductions in float64 (a few extra reads of the tensor): "
+            "the Triton statistics kernel computes no third and fourth moments yet",
+            level=logging.INFO,
+            warning=None,
+            call_site=__name__,
+        )
+    if kernel is None or x.numel() == 0 or want_moments:
         args = (rows, row_variants, scales, grid_max, grid_min_exp, grid_mantissa, want_abs_min, call_out, amax_out)
-        return torch_tensor_stats(x, table, *args)
+        return torch_tensor_stats(x, table, *args, want_moments)
     grids = list(zip(grid_max, grid_min_exp, grid_mantissa, strict=True))
     kernel(_dense(x).reshape(-1), table, rows, row_variants, scales, grids, call_out, amax_out)
 

@@ -102,7 +102,7 @@ def load_library(stem: str, source: str) -> ctypes.CDLL:
 @functools.cache
 def native_kernel() -> Callable[..., None] | None:
     """``kernel(x, table, rows, row_variants, scales, grid_max, grid_min_exp, grid_mantissa, want_abs_min,
-    call_out, amax_out)`` (the operator's arguments): the statistics of the contiguous CPU tensor ``x``
+    call_out, amax_out, want_moments)`` (the operator's arguments): the statistics of the contiguous CPU tensor ``x``
     (float32, bfloat16 or float16) merged into rows of the float64 ``table`` (see ``kernels.tensor_stats``);
     None when the kernel cannot be built."""
     if os.environ.get("NVDLFW_INSPECT_NATIVE", "1") == "0":
@@ -115,7 +115,7 @@ def native_kernel() -> Callable[..., None] | None:
         return None
     function.restype = None
     pointer = ctypes.c_void_p
-    function.argtypes = [pointer, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, *[pointer] * 4, ctypes.c_int]
+    function.argtypes = [pointer, ctypes.c_int64, *[ctypes.c_int] * 4, *[pointer] * 4, ctypes.c_int]
     function.argtypes += [pointer] * 5
 
     def kernel(
@@ -130,6 +130,7 @@ def native_kernel() -> Callable[..., None] | None:
         want_abs_min: bool,
         call_out: torch.Tensor | None = None,
         amax_out: torch.Tensor | None = None,
+        want_moments: bool = False,
     ) -> None:
         # The C arrays are Python ``array``s passed by address: building ctypes array types costs
         # microseconds per call, and this runs once per inspected tensor.
@@ -144,6 +145,7 @@ def native_kernel() -> Callable[..., None] | None:
             x.numel(),
             DTYPE_CODES[x.dtype],
             int(want_abs_min),
+            int(want_moments),
             len(scales),
             *grids,
             len(rows),

@@ -12,7 +12,8 @@
    A row is laid out as stats/fields.py says: kernels/cpu.py compiles this file after the layout it
    generates from there (the F_<FIELD> indices, N_FIELDS, and each field's FIELD_RULE and FIELD_IDENTITY),
    so this file names fields and never numbers them. A call fills the tensor fields: count, mean, m2,
-   min, max, sum |x|, smallest non-zero |x|; then per quantization grid ("variant": a scale and an
+   min, max, sum |x|, smallest non-zero |x|, and when asked the third and fourth central moments m3 and m4
+   (kurtosis; chunks merge them by Pebay's formulas); then per quantization grid ("variant": a scale and an
    FP8-like grid) the values that become zero (underflows), lie beyond the grid's range after scaling
    (overflows), the squared error of the dequantized value (squared in double: an FP8 error of a large
    value overflows float32), and the grid's scale_inv as its min and max. A NaN anywhere makes every
@@ -90,16 +91,28 @@ static inline double merged_mean(double a, double count_a, double b, double coun
     return isfinite(delta) ? a + delta * (count_b / (count_a + count_b)) : a + b;
 }
 
+/* The central moments M2, M3 and M4 (m[0..2]) of count_a values of mean mean_a merged with those (b) of count_b
+   values of mean mean_b: Chan's formula for M2, Pebay's for M3 and M4 (each from the others' values before it). */
+static void merge_central(double *a, double count_a, double mean_a, const double *b, double count_b, double mean_b) {
+    double n = count_a + count_b, delta = mean_b - mean_a, product = count_a * count_b;
+    double d_n = delta / n, d_n2 = d_n * d_n;
+    a[2] += b[2] + delta * d_n * d_n2 * product * (count_a * count_a - product + count_b * count_b) +
+            6.0 * d_n2 * (count_a * count_a * b[0] + count_b * count_b * a[0]) + 4.0 * d_n * (count_a * b[1] - count_b * a[1]);
+    a[1] += b[1] + delta * d_n2 * product * (count_a - count_b) + 3.0 * d_n * (count_a * b[0] - count_b * a[0]);
+    a[0] += b[0] + delta * d_n * product;
+}
+
 /* Merge the row `add` into `into` (both N_FIELDS long), each field by its FIELD_RULE; the RULE_CHAN
-   fields are the mean and M2, merged with the counts by Chan's formula before the counts add up. */
+   fields are the mean and the central moments, merged with the counts before the counts add up. */
 static void merge_row(double *into, const double *add) {
     double n = into[F_COUNT] + add[F_COUNT];
     if (into[F_COUNT] == 0.0) {
         into[F_MEAN] = add[F_MEAN];
-        into[F_M2] = add[F_M2];
+        into[F_M2] = add[F_M2], into[F_M3] = add[F_M3], into[F_M4] = add[F_M4];
     } else if (add[F_COUNT] > 0.0) {
-        double delta = add[F_MEAN] - into[F_MEAN];
-        into[F_M2] += add[F_M2] + delta * delta * (into[F_COUNT] * add[F_COUNT] / n);
+        double moments[3] = {into[F_M2], into[F_M3], into[F_M4]}, added[3] = {add[F_M2], add[F_M3], add[F_M4]};
+        merge_central(moments, into[F_COUNT], into[F_MEAN], added, add[F_COUNT], add[F_MEAN]);
+        into[F_M2] = moments[0], into[F_M3] = moments[1], into[F_M4] = moments[2];
         into[F_MEAN] = merged_mean(into[F_MEAN], into[F_COUNT], add[F_MEAN], add[F_COUNT]);
     }
     for (int i = 0; i < N_FIELDS; i++) {
@@ -114,53 +127,69 @@ static void merge_row(double *into, const double *add) {
 
 /* Running tensor fields over the chunks, and per grid the quantization counts and error. */
 typedef struct {
-    double count, mean, m2, low, high, abs_sum, abs_min;
+    double count, mean, moments[3], low, high, abs_sum, abs_min; /* moments: M2, M3 and M4 */
     int nan_seen;
     double underflows[MAX_VARIANTS], overflows[MAX_VARIANTS], sq_err[MAX_VARIANTS];
 } Running;
 
-/* Merge the chunk's count n, mean and m2 into the running ones (Chan's formula). */
-static void merge_moments(Running *total, double n, double mean, double m2) {
-    double merged = total->count + n, delta = mean - total->mean;
-    total->m2 += m2 + delta * delta * (total->count * n / merged);
+/* Merge a chunk of n values, of mean mean and central moments chunk[0..2], into the running ones. */
+static void merge_moments(Running *total, double n, double mean, const double *chunk) {
+    merge_central(total->moments, total->count, total->mean, chunk, n, mean);
     total->mean = total->count == 0.0 ? mean : merged_mean(total->mean, total->count, mean, n);
-    total->count = merged;
+    total->count += n;
 }
 
-static void add_chunk(Running *total, const float *buffer, int64_t n, int want_abs_min) {
-    double center = isfinite(buffer[0]) ? (double)buffer[0] : 0.0; /* an infinite centre would turn +inf into NaN */
-    double shifted = 0.0, squares = 0.0, abs_sum = 0.0;
+/* A chunk's sums of the powers 1 to 4 of its values' deviations d from centre (double; shifted[k - 1]: sum of
+   d^k), and its min, max, sum of |x| and (want_abs_min) smallest non-zero |x|. Inlined for a constant
+   want_moments and want_abs_min, so that each loop computes only what is asked. */
+static inline __attribute__((always_inline)) void chunk_sums(const float *buffer, int64_t n, double center,
+                                                             const int want_moments, const int want_abs_min,
+                                                             double *shifted, double *abs_sum_out, float *extremes) {
+    double s1 = 0.0, s2 = 0.0, s3 = 0.0, s4 = 0.0, abs_sum = 0.0;
     float low = INFINITY, high = -INFINITY, abs_min = INFINITY;
-    if (want_abs_min) {
-#pragma omp simd reduction(+ : shifted, squares, abs_sum) reduction(min : low, abs_min) reduction(max : high)
-        for (int64_t i = 0; i < n; i++) {
-            float x = buffer[i], magnitude = fabsf(x);
-            double deviation = (double)x - center;
-            shifted += deviation;
-            squares += deviation * deviation;
-            abs_sum += (double)magnitude;
-            low = x < low ? x : low;
-            high = x > high ? x : high;
-            abs_min = (magnitude > 0.0f && magnitude < abs_min) ? magnitude : abs_min;
+#pragma omp simd reduction(+ : s1, s2, s3, s4, abs_sum) reduction(min : low, abs_min) reduction(max : high)
+    for (int64_t i = 0; i < n; i++) {
+        float x = buffer[i], magnitude = fabsf(x);
+        double deviation = (double)x - center, square = deviation * deviation;
+        s1 += deviation;
+        s2 += square;
+        if (want_moments) {
+            s3 += square * deviation;
+            s4 += square * square;
         }
-    } else {
-#pragma omp simd reduction(+ : shifted, squares, abs_sum) reduction(min : low) reduction(max : high)
-        for (int64_t i = 0; i < n; i++) {
-            float x = buffer[i];
-            double deviation = (double)x - center;
-            shifted += deviation;
-            squares += deviation * deviation;
-            abs_sum += (double)fabsf(x);
-            low = x < low ? x : low;
-            high = x > high ? x : high;
-        }
+        abs_sum += (double)magnitude;
+        low = x < low ? x : low;
+        high = x > high ? x : high;
+        if (want_abs_min) abs_min = (magnitude > 0.0f && magnitude < abs_min) ? magnitude : abs_min;
     }
-    double count = (double)n, m2 = squares - shifted * (shifted / count);
-    merge_moments(total, count, center + shifted / count, m2 < 0.0 ? 0.0 : m2); /* NaN stays NaN */
+    shifted[0] = s1, shifted[1] = s2, shifted[2] = s3, shifted[3] = s4;
+    *abs_sum_out = abs_sum;
+    extremes[0] = low, extremes[1] = high, extremes[2] = abs_min;
+}
+
+static void add_chunk(Running *total, const float *buffer, int64_t n, int want_abs_min, int want_moments) {
+    double center = isfinite(buffer[0]) ? (double)buffer[0] : 0.0; /* an infinite centre would turn +inf into NaN */
+    double shifted[4], abs_sum;
+    float extremes[3];
+    if (want_moments)
+        chunk_sums(buffer, n, center, 1, 1, shifted, &abs_sum, extremes);
+    else if (want_abs_min)
+        chunk_sums(buffer, n, center, 0, 1, shifted, &abs_sum, extremes);
+    else
+        chunk_sums(buffer, n, center, 0, 0, shifted, &abs_sum, extremes);
+    /* central moments about the chunk's mean, centre + d where d = s1 / n: M2 = s2 - n d^2,
+       M3 = s3 - 3 d s2 + 2 n d^3, M4 = s4 - 4 d s3 + 6 d^2 s2 - 3 n d^4 */
+    double count = (double)n, d = shifted[0] / count, chunk[3];
+    chunk[0] = shifted[1] - shifted[0] * d;
+    chunk[0] = chunk[0] < 0.0 ? 0.0 : chunk[0]; /* NaN stays NaN */
+    chunk[1] = want_moments ? shifted[2] - 3.0 * d * shifted[1] + 2.0 * count * d * d * d : 0.0;
+    chunk[2] = want_moments ? shifted[3] - 4.0 * d * shifted[2] + 6.0 * d * d * shifted[1] - 3.0 * count * d * d * d * d : 0.0;
+    chunk[2] = chunk[2] < 0.0 ? 0.0 : chunk[2];
+    merge_moments(total, count, center + d, chunk);
     total->abs_sum += abs_sum;
-    total->low = low < total->low ? low : total->low;
-    total->high = high > total->high ? high : total->high;
-    total->abs_min = abs_min < total->abs_min ? abs_min : total->abs_min;
+    total->low = extremes[0] < total->low ? extremes[0] : total->low;
+    total->high = extremes[1] > total->high ? extremes[1] : total->high;
+    if (want_abs_min) total->abs_min = extremes[2] < total->abs_min ? extremes[2] : total->abs_min;
     total->nan_seen |= abs_sum != abs_sum; /* only a NaN makes a sum of magnitudes NaN */
 }
 
@@ -185,16 +214,18 @@ static void add_chunk_quantization(Running *total, int v, const Grid *grid, cons
 /* The statistics of data[0, count) merged into the table rows slot_rows[0, slots): every row takes
    the tensor fields, and the quantization fields of the variant slot_variants[s] (-1: none). Variant
    v casts with the float32 *scales[v] on a grid of max grid_max[v], min_normal_exp[v] and
-   mantissa_bits[v]. The smallest non-zero |x| only if want_abs_min (else its identity, infinity).
-   If call_out is not NULL it receives the call's own row (tensor fields only); if amax_out is not
-   NULL, the call's max |x| as float32, NaN ignored (0 when no element is a number). One thread: in a training step torch's own threads are still
-   spinning after the previous operator, and a second thread of ours would compete with them. */
-void tensor_stats(const void *data, int64_t count, int dtype, int want_abs_min, int variants, const float *const *scales,
+   mantissa_bits[v]. The smallest non-zero |x| only if want_abs_min (else its identity, infinity); M3 and M4 only
+   if want_moments (else their identity, 0). If call_out is not NULL it receives the call's own row (tensor fields
+   only); if amax_out is not NULL, the call's max |x| as float32, NaN ignored (0 when no element is a number). One
+   thread: in a training step torch's own threads are still spinning after the previous operator, and a second
+   thread of ours would compete with them. */
+void tensor_stats(const void *data, int64_t count, int dtype, int want_abs_min, int want_moments, int variants,
+                  const float *const *scales,
                   const float *grid_max, const int *min_normal_exp, const int *mantissa_bits, int slots, const int64_t *slot_rows,
                   const int *slot_variants, double *table, double *call_out, float *amax_out) {
     float buffer[CHUNK];
     Grid grids[MAX_VARIANTS];
-    Running total = {0.0, 0.0, 0.0, INFINITY, -INFINITY, 0.0, INFINITY, 0, {0}, {0}, {0}};
+    Running total = {0.0, 0.0, {0.0, 0.0, 0.0}, INFINITY, -INFINITY, 0.0, INFINITY, 0, {0}, {0}, {0}};
     variants = variants > MAX_VARIANTS ? MAX_VARIANTS : variants;
     for (int v = 0; v < variants; v++) {
         grids[v] = (Grid){*scales[v], 1.0f / *scales[v], grid_max[v], min_normal_exp[v], mantissa_bits[v]};
@@ -202,20 +233,23 @@ void tensor_stats(const void *data, int64_t count, int dtype, int want_abs_min, 
     for (int64_t start = 0; start < count; start += CHUNK) {
         int64_t n = count - start < CHUNK ? count - start : CHUNK;
         const float *values = load_chunk(data, dtype, start, n, buffer);
-        add_chunk(&total, values, n, want_abs_min);
+        add_chunk(&total, values, n, want_abs_min, want_moments);
         for (int v = 0; v < variants; v++) add_chunk_quantization(&total, v, &grids[v], values, n);
     }
     double row[N_FIELDS];
     memcpy(row, FIELD_IDENTITY, sizeof row);
     row[F_COUNT] = total.count;
     row[F_MEAN] = total.mean;
-    row[F_M2] = total.m2;
+    row[F_M2] = total.moments[0];
+    if (want_moments) row[F_M3] = total.moments[1], row[F_M4] = total.moments[2];
     row[F_MIN] = total.low;
     row[F_MAX] = total.high;
     row[F_ABS_SUM] = total.abs_sum;
     row[F_ABS_MIN_NONZERO] = total.abs_min;
-    if (total.nan_seen)
+    if (total.nan_seen) {
         row[F_MEAN] = row[F_M2] = row[F_MIN] = row[F_MAX] = row[F_ABS_SUM] = row[F_ABS_MIN_NONZERO] = NAN;
+        if (want_moments) row[F_M3] = row[F_M4] = NAN;
+    }
     if (call_out != NULL) memcpy(call_out, row, sizeof row);
     if (amax_out != NULL) { /* NaN ignored, as an FP8 recipe's amax: low and high skip it; nothing else: 0 */
         double amax = fabs(total.low) > fabs(total.high) ? fabs(total.low) : fabs(total.high);

@@ -95,11 +95,12 @@ def torch_tensor_stats(
     want_abs_min: bool,
     call_out: torch.Tensor | None = None,
     amax_out: torch.Tensor | None = None,
+    want_moments: bool = False,
 ) -> None:
     """``kernels.tensor_stats`` (the operator's arguments, as the C kernel takes them) in torch reductions."""
     flat = x.detach().reshape(-1)
     pieces = flat.split(PIECE) if flat.numel() > 0 else ()
-    own = tensor_partials(x, want_abs_min)
+    own = tensor_partials(x, want_abs_min, want_moments)
     if call_out is not None:
         call_out.copy_(own)
     if amax_out is not None:  # NaN ignored, as an FP8 recipe's amax (0 when no element is a number)
