@@ -28,7 +28,7 @@ class Field:
     Chan's and Pébay's formulas).
     ``filled_by``: what the statistics operator fills it from: ``"tensor"`` (the values), ``"grid"``
     (counted per quantization grid), ``"scale"`` (a grid's scale_inv), ``"moments"`` (the values' higher central
-    moments, when asked: ``want_moments``; on CUDA tensors by torch reductions), or ``"feature"`` (features only, with
+    moments, when asked: ``want_moments``), or ``"feature"`` (features only, with
     ``set_fields``; the operator leaves it at its identity). ``optional``: computed only when asked."""
 
     name: str

@@ -21,8 +21,7 @@ from nvdlfw_inspect.stats.kernels import cpu
 from nvdlfw_inspect.stats.kernels.fallback import torch_tensor_stats
 
 C_SOURCE = resources.files("nvdlfw_inspect.stats.kernels").joinpath("cpu_partials.c").read_text(encoding="utf-8")
-OPERATOR_FIELDS = {*filled_by("tensor"), *filled_by("grid"), *filled_by("scale")}
-C_FIELDS = OPERATOR_FIELDS | set(filled_by("moments"))  # the C kernel computes M3 and M4 too, when asked
+OPERATOR_FIELDS = {*filled_by("tensor"), *filled_by("grid"), *filled_by("scale"), *filled_by("moments")}
 IDENTITY = {"sum": 0.0, "chan": 0.0, "min": math.inf, "max": -math.inf}
 E4M3 = (448.0, -6, 3)
 
@@ -66,7 +65,7 @@ def test_the_c_source_defines_no_layout_of_its_own():
     used = set(re.findall(r"\bF_\w+\b", code))
     assert used <= {cpu.c_name(name) for name in FIELDS}, used
     written = {name for name in FIELDS if re.search(rf"(row|own)\[{cpu.c_name(name)}\] =", code)}
-    assert written == C_FIELDS  # every field the operator fills, and no other
+    assert written == OPERATOR_FIELDS  # every field the operator fills, and no other
 
 
 @pytest.fixture
@@ -100,12 +99,12 @@ def test_the_c_kernel_merges_every_field_by_its_rule(c_kernel):
     for name in FIELDS:
         got, expected = merged[0, INDEX[name]].item(), want[INDEX[name]].item()
         assert got == pytest.approx(expected, rel=1e-12) if fields.BY_NAME[name].merge == "chan" else got == expected, name
-    assert all(fresh[0, INDEX[name]] != fields.BY_NAME[name].identity for name in C_FIELDS)  # each one filled
+    assert all(fresh[0, INDEX[name]] != fields.BY_NAME[name].identity for name in OPERATOR_FIELDS)  # each one filled
     reference = empty_partials().view(1, -1)
     torch_tensor_stats(x, reference, *args)  # the torch reductions leave the same fields alone
-    for name in set(FIELDS) - C_FIELDS:
+    for name in set(FIELDS) - OPERATOR_FIELDS:
         assert fresh[0, INDEX[name]] == reference[0, INDEX[name]] == fields.BY_NAME[name].identity, name
-    for name in C_FIELDS:
+    for name in OPERATOR_FIELDS:
         assert fresh[0, INDEX[name]].item() == pytest.approx(reference[0, INDEX[name]].item(), rel=1e-9), name
 
 
@@ -122,10 +121,11 @@ def test_the_triton_offsets_and_rules_are_the_layout():
     offsets = {name[2:].lower(): value for name, value in constants.items() if name.startswith("F_")}
     assert offsets == {name: INDEX[name] for name in OPERATOR_FIELDS}
     rules = {name[2:].lower(): value for name, value in constants.items() if name.startswith("R_")}
-    assert rules == {name: MERGE_RULES.index(fields.BY_NAME[name].merge) for name in OPERATOR_FIELDS - {"count", "mean", "m2"}}
+    chan = {name for name in OPERATOR_FIELDS if fields.BY_NAME[name].merge == "chan"}  # merged with the count
+    assert rules == {name: MERGE_RULES.index(fields.BY_NAME[name].merge) for name in OPERATOR_FIELDS - chan - {"count"}}
     assert triton.N_FIELDS.value == len(FIELDS)
     # a program's scratch row: its tensor fields, then MAX_VARIANTS values of each grid field
-    tensor, grid = filled_by("tensor"), filled_by("grid")
+    tensor, grid = filled_by("tensor") + filled_by("moments"), filled_by("grid")
     assert triton.SCRATCH_FIELDS == triton.SCRATCH_ROW.value == len(tensor) + len(grid) * triton.MAX_VARIANTS
     scratch = {name[2:].lower(): value for name, value in constants.items() if name.startswith("S_")}
     per_grid = triton.MAX_VARIANTS

@@ -25,7 +25,6 @@ calls the device implementation directly (see ``_observed``).
 from __future__ import annotations
 
 import functools
-import logging
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -165,19 +164,11 @@ def _cuda(
     want_moments: bool = False,
 ) -> None:
     kernel = _triton_kernel() if x.dtype in DTYPE_CODES else None
-    if want_moments and kernel is not None:
-        say_once(
-            "kurtosis of CUDA tensors is computed by torch reductions in float64 (a few extra reads of the tensor): "
-            "the Triton statistics kernel computes no third and fourth moments yet",
-            level=logging.INFO,
-            warning=None,
-            call_site=__name__,
-        )
-    if kernel is None or x.numel() == 0 or want_moments:
+    if kernel is None or x.numel() == 0:
         args = (rows, row_variants, scales, grid_max, grid_min_exp, grid_mantissa, want_abs_min, call_out, amax_out)
         return torch_tensor_stats(x, table, *args, want_moments)
     grids = list(zip(grid_max, grid_min_exp, grid_mantissa, strict=True))
-    kernel(_dense(x).reshape(-1), table, rows, row_variants, scales, grids, call_out, amax_out)
+    kernel(_dense(x).reshape(-1), table, rows, row_variants, scales, grids, call_out, amax_out, want_moments)
 
 
 _IMPLEMENTATIONS = {"cpu": _cpu, "cuda": _cuda}

@@ -1,8 +1,9 @@
 """The statistics of a CUDA tensor in one launch: a persistent Triton kernel that reduces within itself.
 
 A grid of at most a few programs per multiprocessor walks the tensor once; each program keeps running
-partials (count, mean and M2 merged with Chan's formula in float64, min, max, sums, and per
-quantization grid its underflows, overflows and squared error) and writes them to a scratch row. The
+partials (count, mean and M2 merged with Chan's formula in float64, when asked M3 and M4 with Pebay's, min,
+max, sums, and per quantization grid its underflows, overflows and squared error) and writes them to a scratch
+row. The
 last program to finish (an atomic counter) merges the scratch rows and merges the result into every
 requested row of the statistics table, the same rows and rules as ``cpu_partials.c``. No per-block
 rows are merged by torch ops afterwards. With ``TRITON_INTERPRET=1`` the same kernel runs on CPU
@@ -42,8 +43,8 @@ N_FIELDS = tl.constexpr(len(FIELDS))
 
 # A table row: each field's index and merge rule (RULE_*), as stats.fields lays them out.
 RULE_SUM, RULE_MIN = (tl.constexpr(MERGE_RULES.index(rule)) for rule in ("sum", "min"))
-F_COUNT, F_MEAN, F_M2, F_MIN, F_MAX, F_ABS_SUM, F_ABS_MIN_NONZERO = (
-    tl.constexpr(INDEX[name]) for name in ("count", "mean", "m2", "min", "max", "abs_sum", "abs_min_nonzero")
+F_COUNT, F_MEAN, F_M2, F_MIN, F_MAX, F_ABS_SUM, F_ABS_MIN_NONZERO, F_M3, F_M4 = (
+    tl.constexpr(INDEX[name]) for name in ("count", "mean", "m2", "min", "max", "abs_sum", "abs_min_nonzero", "m3", "m4")
 )
 F_UNDERFLOWS, F_OVERFLOWS, F_SQ_ERR, F_SCALE_INV_MIN, F_SCALE_INV_MAX = (
     tl.constexpr(INDEX[name]) for name in ("underflows", "overflows", "sq_err", "scale_inv_min", "scale_inv_max")
@@ -58,11 +59,12 @@ R_UNDERFLOWS, R_OVERFLOWS, R_SQ_ERR, R_SCALE_INV_MIN, R_SCALE_INV_MAX = (
 
 # A program's scratch row: its tensor fields (abs_sum NaN: a NaN was read), then for each grid field its
 # MAX_VARIANTS values, one per grid.
-SCRATCH_TENSOR, SCRATCH_GRID = filled_by("tensor"), filled_by("grid")
+SCRATCH_TENSOR, SCRATCH_GRID = filled_by("tensor") + filled_by("moments"), filled_by("grid")
 SCRATCH_FIELDS = len(SCRATCH_TENSOR) + len(SCRATCH_GRID) * MAX_VARIANTS
 SCRATCH_ROW = tl.constexpr(SCRATCH_FIELDS)
-S_COUNT, S_MEAN, S_M2, S_MIN, S_MAX, S_ABS_SUM, S_ABS_MIN_NONZERO = (
-    tl.constexpr(SCRATCH_TENSOR.index(name)) for name in ("count", "mean", "m2", "min", "max", "abs_sum", "abs_min_nonzero")
+S_COUNT, S_MEAN, S_M2, S_MIN, S_MAX, S_ABS_SUM, S_ABS_MIN_NONZERO, S_M3, S_M4 = (
+    tl.constexpr(SCRATCH_TENSOR.index(name))
+    for name in ("count", "mean", "m2", "min", "max", "abs_sum", "abs_min_nonzero", "m3", "m4")
 )
 S_UNDERFLOWS, S_OVERFLOWS, S_SQ_ERR = (
     tl.constexpr(len(SCRATCH_TENSOR) + SCRATCH_GRID.index(name) * MAX_VARIANTS) for name in ("underflows", "overflows", "sq_err")
@@ -101,11 +103,12 @@ def _sum_of_squares(v):
 
 
 @triton.jit
-def _moments(x, valid, count, amax):
-    """(mean, M2, sum of |x|) of one block of ``count`` values in float64, from float32 arithmetic on ``x``
-    scaled by ``amax`` (see the module docstring). The centre is the float32 value nearest the mean (the
-    float32 mean, corrected once), so a constant block has deviations of exactly zero; M2 is
-    sum d^2 - (sum d)^2 / n over the deviations d from it, and the mean is the centre plus sum d / n."""
+def _moments(x, valid, count, amax, WANT_MOMENTS: tl.constexpr):
+    """(mean, M2, sum of |x|, M3, M4) of one block of ``count`` values in float64, from float32 arithmetic on ``x``
+    scaled by ``amax`` (see the module docstring); M3 and M4 only if ``WANT_MOMENTS`` (else 0). The centre is the
+    float32 value nearest the mean (the float32 mean, corrected once), so a constant block has deviations of exactly
+    zero; over the deviations d from it and c = sum d / n, M2 = sum d^2 - n c^2, M3 = sum d^3 - 3 c sum d^2 + 2 n c^3
+    and M4 = sum d^4 - 4 c sum d^3 + 6 c^2 sum d^2 - 3 n c^4, and the mean is the centre plus c."""
     scale = _power_of_two_scale(amax)
     inverse = 1.0 / scale.to(tl.float64)
     y = x * scale
@@ -117,9 +120,40 @@ def _moments(x, valid, count, amax):
     correction = shifted / count
     finite = tl.abs(rough) < float("inf")  # else the mean is inf or NaN, and the deviations NaN
     mean = tl.where(finite, center.to(tl.float64) + correction, rough.to(tl.float64)) * inverse
-    m2 = tl.sum(deviation * deviation, axis=0).to(tl.float64) - shifted * correction
+    square = deviation * deviation
+    squares = tl.sum(square, axis=0).to(tl.float64)
+    m2 = squares - shifted * correction
     m2 = tl.where(m2 < 0.0, 0.0, m2) * inverse * inverse  # a NaN stays NaN
-    return mean, m2, tl.sum(tl.abs(y), axis=0).to(tl.float64) * inverse
+    m3 = tl.zeros((), dtype=tl.float64)
+    m4 = tl.zeros((), dtype=tl.float64)
+    if WANT_MOMENTS:
+        cubes = tl.sum(square * deviation, axis=0).to(tl.float64)
+        fourths = tl.sum(square * square, axis=0).to(tl.float64)
+        c2 = correction * correction
+        m3 = (cubes - 3.0 * correction * squares + 2.0 * count * c2 * correction) * inverse * inverse * inverse
+        m4 = fourths - 4.0 * correction * cubes + 6.0 * c2 * squares - 3.0 * count * c2 * c2
+        m4 = tl.where(m4 < 0.0, 0.0, m4) * (inverse * inverse) * (inverse * inverse)
+    return mean, m2, tl.sum(tl.abs(y), axis=0).to(tl.float64) * inverse, m3, m4
+
+
+@triton.jit
+def _pebay(count_a, m2_a, m3_a, m4_a, count_b, m2_b, m3_b, m4_b, delta):
+    """M3 and M4 of two sets of values merged (``delta``: the second's mean minus the first's), by Pebay's formulas
+    from the sets' own M2, M3 and M4 (their M2 merges by Chan's formula where this is called)."""
+    n = count_a + count_b
+    safe = tl.where(n > 0, n, 1.0)
+    product = count_a * count_b
+    d_n = delta / safe
+    d_n2 = d_n * d_n
+    m4 = (
+        m4_a
+        + m4_b
+        + delta * d_n * d_n2 * product * (count_a * count_a - product + count_b * count_b)
+        + 6.0 * d_n2 * (count_a * count_a * m2_b + count_b * count_b * m2_a)
+        + 4.0 * d_n * (count_a * m3_b - count_b * m3_a)
+    )
+    m3 = m3_a + m3_b + delta * d_n2 * product * (count_a - count_b) + 3.0 * d_n * (count_a * m2_b - count_b * m2_a)
+    return m3, m4
 
 
 @triton.jit
@@ -150,6 +184,8 @@ def _merge_into_row(
     count,
     mean,
     m2,
+    m3,
+    m4,
     low,
     high,
     abs_sum,
@@ -159,17 +195,25 @@ def _merge_into_row(
     sq_err,
     scale_ptr,
     HAS_VARIANT: tl.constexpr,
+    WANT_MOMENTS: tl.constexpr,
 ):
-    """Merge one call's fields into table row ``row``: count, mean and M2 by Chan's formula, every other
-    field by its rule in ``stats.fields``."""
+    """Merge one call's fields into table row ``row``: count, mean and M2 by Chan's formula, M3 and M4 (if
+    ``WANT_MOMENTS``) by Pebay's, every other field by its rule in ``stats.fields``."""
     base = table_ptr + row.to(tl.int64) * N_FIELDS
     old_count = tl.load(base + F_COUNT)
     old_mean = tl.load(base + F_MEAN)
+    old_m2 = tl.load(base + F_M2)
     total = old_count + count
     delta = mean - old_mean
     safe_total = tl.where(total > 0, total, 1.0)
     merged_mean = tl.where(old_count == 0, mean, _merged_mean(old_mean, delta, count / safe_total, mean))
-    merged_m2 = tl.where(old_count == 0, m2, tl.load(base + F_M2) + m2 + delta * delta * (old_count * count / safe_total))
+    merged_m2 = tl.where(old_count == 0, m2, old_m2 + m2 + delta * delta * (old_count * count / safe_total))
+    if WANT_MOMENTS:
+        old_m3 = tl.load(base + F_M3)
+        old_m4 = tl.load(base + F_M4)
+        merged_m3, merged_m4 = _pebay(old_count, old_m2, old_m3, old_m4, count, m2, m3, m4, delta)
+        tl.store(base + F_M3, tl.where(old_count == 0, m3, merged_m3))
+        tl.store(base + F_M4, tl.where(old_count == 0, m4, merged_m4))
     tl.store(base + F_COUNT, total)
     tl.store(base + F_MEAN, merged_mean)
     tl.store(base + F_M2, merged_m2)
@@ -285,6 +329,7 @@ def _tensor_stats(
     MANTISSA3: tl.constexpr,
     CALL_OUT: tl.constexpr,
     AMAX_OUT: tl.constexpr,
+    WANT_MOMENTS: tl.constexpr,
     BLOCK: tl.constexpr,
     PROGRAMS_BLOCK: tl.constexpr,
 ):
@@ -293,6 +338,8 @@ def _tensor_stats(
     count = tl.zeros((), dtype=tl.float64)
     mean = tl.zeros((), dtype=tl.float64)
     m2 = tl.zeros((), dtype=tl.float64)
+    m3 = tl.zeros((), dtype=tl.float64)
+    m4 = tl.zeros((), dtype=tl.float64)
     low = tl.full((), float("inf"), dtype=tl.float32)
     high = tl.full((), float("-inf"), dtype=tl.float32)
     abs_sum = tl.zeros((), dtype=tl.float64)
@@ -321,7 +368,7 @@ def _tensor_stats(
         block_low = tl.min(tl.where(number, x, float("inf")), axis=0)
         block_high = tl.max(tl.where(number, x, float("-inf")), axis=0)
         amax = tl.maximum(tl.abs(block_low), tl.abs(block_high))
-        block_mean, block_m2, block_abs_sum = _moments(x, valid, block_count, amax)
+        block_mean, block_m2, block_abs_sum, block_m3, block_m4 = _moments(x, valid, block_count, amax, WANT_MOMENTS)
         low = tl.minimum(low, block_low)
         high = tl.maximum(high, block_high)
         abs_sum += block_abs_sum
@@ -330,6 +377,8 @@ def _tensor_stats(
         merged = count + block_count
         delta = block_mean - mean
         share = block_count / merged
+        if WANT_MOMENTS:
+            m3, m4 = _pebay(count, m2, m3, m4, block_count, block_m2, block_m3, block_m4, delta)
         m2 += block_m2 + delta * delta * count * share
         mean = _merged_mean(mean, delta, share, block_mean)
         count = merged
@@ -361,6 +410,8 @@ def _tensor_stats(
     tl.store(own + S_MAX, high.to(tl.float64))
     tl.store(own + S_ABS_SUM, abs_sum)
     tl.store(own + S_ABS_MIN_NONZERO, abs_min.to(tl.float64))
+    tl.store(own + S_M3, m3)
+    tl.store(own + S_M4, m4)
     _store_per_grid(own + S_UNDERFLOWS, u0, u1, u2, u3)
     _store_per_grid(own + S_OVERFLOWS, o0, o1, o2, o3)
     _store_per_grid(own + S_SQ_ERR, e0, e1, e2, e3)
@@ -377,7 +428,16 @@ def _tensor_stats(
         safe = tl.where(total > 0, total, 1.0)
         t_mean = tl.sum(counts * means, axis=0) / safe
         spread = tl.where(counts > 0, counts * (means - t_mean) * (means - t_mean), 0.0)
-        t_m2 = tl.sum(tl.load(rows + S_M2, mask=mine, other=0.0, cache_modifier=".cg"), axis=0) + tl.sum(spread, axis=0)
+        program_m2 = tl.load(rows + S_M2, mask=mine, other=0.0, cache_modifier=".cg")
+        t_m2 = tl.sum(program_m2, axis=0) + tl.sum(spread, axis=0)
+        t_m3 = tl.zeros((), dtype=tl.float64)
+        t_m4 = tl.zeros((), dtype=tl.float64)
+        if WANT_MOMENTS:  # each program's moments moved to the merged mean, then added up
+            program_m3 = tl.load(rows + S_M3, mask=mine, other=0.0, cache_modifier=".cg")
+            program_m4 = tl.load(rows + S_M4, mask=mine, other=0.0, cache_modifier=".cg")
+            d = tl.where(counts > 0, means - t_mean, 0.0)
+            t_m3 = tl.sum(program_m3 + 3.0 * d * program_m2 + counts * d * d * d, axis=0)
+            t_m4 = tl.sum(program_m4 + 4.0 * d * program_m3 + 6.0 * d * d * program_m2 + counts * d * d * d * d, axis=0)
         t_low = tl.min(tl.load(rows + S_MIN, mask=mine, other=float("inf"), cache_modifier=".cg"), axis=0)
         t_high = tl.max(tl.load(rows + S_MAX, mask=mine, other=float("-inf"), cache_modifier=".cg"), axis=0)
         t_abs = tl.sum(tl.load(rows + S_ABS_SUM, mask=mine, other=0.0, cache_modifier=".cg"), axis=0)
@@ -388,6 +448,8 @@ def _tensor_stats(
             tl.store(amax_out_ptr, tl.where(t_low <= t_high, amax, 0.0).to(tl.float32))
         t_mean = tl.where(poisoned, float("nan"), t_mean)
         t_m2 = tl.where(poisoned, float("nan"), t_m2)
+        t_m3 = tl.where(poisoned, float("nan"), t_m3)
+        t_m4 = tl.where(poisoned, float("nan"), t_m4)
         t_low = tl.where(poisoned, float("nan"), t_low)
         t_high = tl.where(poisoned, float("nan"), t_high)
         t_abs_min = tl.where(poisoned, float("nan"), t_abs_min)
@@ -411,6 +473,9 @@ def _tensor_stats(
             tl.store(call_out_ptr + F_MAX, t_high)
             tl.store(call_out_ptr + F_ABS_SUM, t_abs)
             tl.store(call_out_ptr + F_ABS_MIN_NONZERO, t_abs_min)
+            if WANT_MOMENTS:
+                tl.store(call_out_ptr + F_M3, t_m3)
+                tl.store(call_out_ptr + F_M4, t_m4)
         if ROWS > 0:
             _merge_into_row(
                 table_ptr,
@@ -418,6 +483,8 @@ def _tensor_stats(
                 total,
                 t_mean,
                 t_m2,
+                t_m3,
+                t_m4,
                 t_low,
                 t_high,
                 t_abs,
@@ -427,6 +494,7 @@ def _tensor_stats(
                 _pick(ROW_VARIANT0, t_e0, t_e1, t_e2, t_e3),
                 _scale_ptr(ROW_VARIANT0, scale0_ptr, scale1_ptr, scale2_ptr, scale3_ptr),
                 ROW_VARIANT0 >= 0,
+                WANT_MOMENTS,
             )
         if ROWS > 1:
             _merge_into_row(
@@ -435,6 +503,8 @@ def _tensor_stats(
                 total,
                 t_mean,
                 t_m2,
+                t_m3,
+                t_m4,
                 t_low,
                 t_high,
                 t_abs,
@@ -444,6 +514,7 @@ def _tensor_stats(
                 _pick(ROW_VARIANT1, t_e0, t_e1, t_e2, t_e3),
                 _scale_ptr(ROW_VARIANT1, scale0_ptr, scale1_ptr, scale2_ptr, scale3_ptr),
                 ROW_VARIANT1 >= 0,
+                WANT_MOMENTS,
             )
         if ROWS > 2:
             _merge_into_row(
@@ -452,6 +523,8 @@ def _tensor_stats(
                 total,
                 t_mean,
                 t_m2,
+                t_m3,
+                t_m4,
                 t_low,
                 t_high,
                 t_abs,
@@ -461,6 +534,7 @@ def _tensor_stats(
                 _pick(ROW_VARIANT2, t_e0, t_e1, t_e2, t_e3),
                 _scale_ptr(ROW_VARIANT2, scale0_ptr, scale1_ptr, scale2_ptr, scale3_ptr),
                 ROW_VARIANT2 >= 0,
+                WANT_MOMENTS,
             )
         if ROWS > 3:
             _merge_into_row(
@@ -469,6 +543,8 @@ def _tensor_stats(
                 total,
                 t_mean,
                 t_m2,
+                t_m3,
+                t_m4,
                 t_low,
                 t_high,
                 t_abs,
@@ -478,6 +554,7 @@ def _tensor_stats(
                 _pick(ROW_VARIANT3, t_e0, t_e1, t_e2, t_e3),
                 _scale_ptr(ROW_VARIANT3, scale0_ptr, scale1_ptr, scale2_ptr, scale3_ptr),
                 ROW_VARIANT3 >= 0,
+                WANT_MOMENTS,
             )
 
 
@@ -511,6 +588,7 @@ def triton_tensor_stats(
     grids: Sequence[tuple[float, int, int]],
     call_out: torch.Tensor | None = None,
     amax_out: torch.Tensor | None = None,
+    want_moments: bool = False,
 ) -> None:
     """``kernels.tensor_stats`` for a contiguous, non-empty CUDA tensor: one launch (see module docstring)."""
     if len(rows) > MAX_ROWS or len(scales) > MAX_VARIANTS:
@@ -540,6 +618,7 @@ def triton_tensor_stats(
         **{f"MANTISSA{i}": g[2] for i, g in enumerate(padded_grids)},
         CALL_OUT=call_out is not None,
         AMAX_OUT=amax_out is not None,
+        WANT_MOMENTS=want_moments,
         BLOCK=BLOCK,
         PROGRAMS_BLOCK=MAX_PROGRAMS,
         **OPTIONS,

@@ -31,7 +31,8 @@ def kernel_signature(dtype: str) -> tuple[dict[str, str], dict]:
     signature |= {"n": "i64", **{f"row{i}": "i32" for i in range(4)}}
     signature |= {f"scale{i}_ptr": "*fp32" for i in range(4)}
     grids = [(448.0, -6, 3), (57344.0, -14, 2), (448.0, -6, 3), (0.0, 0, 0)]
-    constexprs = {"ROWS": 4, "VARIANTS": 3, "CALL_OUT": True, "AMAX_OUT": True, "BLOCK": BLOCK, "PROGRAMS_BLOCK": MAX_PROGRAMS}
+    constexprs = {"ROWS": 4, "VARIANTS": 3, "CALL_OUT": True, "AMAX_OUT": True, "WANT_MOMENTS": True}
+    constexprs |= {"BLOCK": BLOCK, "PROGRAMS_BLOCK": MAX_PROGRAMS}
     constexprs |= {f"ROW_VARIANT{i}": v for i, v in enumerate([-1, 0, 1, 2])}
     for i, (grid_max, exponent, mantissa) in enumerate(grids):
         constexprs |= {f"GRID_MAX{i}": grid_max, f"MIN_EXP{i}": exponent, f"MANTISSA{i}": mantissa}

@@ -23,10 +23,11 @@ from lowprec.formats.elements import E4M3, E5M2  # noqa: E402
 from lowprec.quant.per_tensor import quantize_with_scale  # noqa: E402
 from nvdlfw_inspect.stats.catalog import derive_stats, supported_stats  # noqa: E402
 from nvdlfw_inspect.stats.fields import FIELDS, INDEX, empty_partials, filled_by, merge_partials  # noqa: E402
-from nvdlfw_inspect.stats.kernels.fallback import torch_tensor_stats  # noqa: E402
+from nvdlfw_inspect.stats.kernels.fallback import tensor_partials, torch_tensor_stats  # noqa: E402
 from nvdlfw_inspect.stats.kernels.triton import BLOCK, triton_tensor_stats  # noqa: E402
 
 GRIDS = {E4M3: (448.0, -6, 3), E5M2: (57344.0, -14, 2)}
+CHAN = {name for name in FIELDS if name in ("mean", "m2", "m3", "m4")}
 
 
 def same(a: float, b: float, rel: float) -> bool:
@@ -97,16 +98,51 @@ def check_merge_rules(device: str, failures: list[str]) -> None:
     x = (torch.randn(3 * BLOCK + 5, generator=g) * torch.logspace(-6, 2, 3 * BLOCK + 5)).to(device)
     args = ([0], [0], [torch.tensor(10.0, device=device)], [GRIDS[E4M3]])
     fresh = empty_partials(device).view(1, -1)
-    triton_tensor_stats(x, fresh, *args)
+    triton_tensor_stats(x, fresh, *args, want_moments=True)
     before = fresh[0] * 1.5 + 0.25
     before[INDEX["count"]], before[INDEX["blockwise_dr"]] = 100.0, 3.0
     merged = before.clone().view(1, -1)
-    triton_tensor_stats(x, merged, *args)
+    triton_tensor_stats(x, merged, *args, want_moments=True)
     want = merge_partials(torch.stack([before, fresh[0]])).cpu()
-    for name in set(FIELDS) - {"m3", "m4"}:  # M3 and M4: rows that want them are fed by torch reductions only
+    for name in FIELDS:
         got, expected = merged[0, INDEX[name]].item(), want[INDEX[name]].item()
-        if not (same(got, expected, 1e-12) if name in ("mean", "m2") else got == expected):
+        if not (same(got, expected, 1e-12 if name in ("mean", "m2") else 1e-9) if name in CHAN else got == expected):
             failures.append(f"merge rule of {name}: {got} != {expected}")
+
+
+def check_moments(device: str, failures: list[str]) -> None:
+    """M3 and M4 (kurtosis) when asked: float64 torch's over one call and over calls merged into a row, heavy tails
+    and a mean far from zero included; not asked, they stay at their identity."""
+    g = torch.Generator().manual_seed(4)
+    heavy = torch.randn(6 * BLOCK + 7, generator=g) / torch.rand(6 * BLOCK + 7, generator=g)
+    tensors = [
+        *cases(device),
+        ("heavy tails", heavy.to(device)),
+        ("mean 1e4", (1e4 + torch.randn(4 * BLOCK, generator=g)).to(device)),
+    ]
+    for name, x in tensors:
+        want = tensor_partials(x.cpu(), False, want_moments=True)
+        pieces = x.reshape(-1).split(max(1, x.numel() // 3 + 1))
+        table = torch.stack([empty_partials()] * 2).to(device)
+        table[1] = one_row(x, want_moments=True)
+        for piece in pieces:
+            triton_tensor_stats(piece.contiguous(), table, [0], [-1], [], [], want_moments=True)
+        for row, how in ((table[1].cpu(), "one call"), (table[0].cpu(), f"{len(pieces)} calls")):
+            for field in ("m3", "m4"):
+                scale = want[INDEX["m2"]].item() ** (1.5 if field == "m3" else 2.0)  # M3 may be near zero
+                got, expected = row[INDEX[field]].item(), want[INDEX[field]].item()
+                if (
+                    not abs(got - expected)
+                    <= 1e-5 * (abs(expected) + scale / max(1.0, want[INDEX["count"]].item()) ** 0.5) + 1e-12
+                ):
+                    failures.append(f"{name}, {how}: {field} {got} != {expected}")
+            kurtosis = derive_stats(row, ["kurtosis"])["kurtosis"]
+            expected = derive_stats(want, ["kurtosis"])["kurtosis"]
+            if not same(kurtosis, expected, 1e-5):
+                failures.append(f"{name}, {how}: kurtosis {kurtosis} != {expected}")
+    plain = one_row(torch.randn(BLOCK + 1, generator=g).to(device))
+    if plain[INDEX["m3"]].item() != 0.0 or plain[INDEX["m4"]].item() != 0.0:
+        failures.append(f"M3 and M4 written when not asked: {plain[INDEX['m3']].item()}, {plain[INDEX['m4']].item()}")
 
 
 def check_quantization_fields(device: str, failures: list[str]) -> None:
@@ -181,6 +217,7 @@ def main() -> None:
     check_tensor_fields(device, failures)
     check_merging_into_rows(device, failures)
     check_merge_rules(device, failures)
+    check_moments(device, failures)
     check_quantization_fields(device, failures)
     check_amax_out_ignores_nan(device, failures)
     print("\n".join(failures) or f"ok: {len(cases(device))} cases, {len(FIELDS)} fields")
