@@ -12,6 +12,7 @@ import pytest
 import spawning
 import torch
 from collecting import Collect
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import nvdlfw_inspect.api as debug_api
 from nvdlfw_inspect.errors import ConfigError
@@ -161,6 +162,37 @@ def test_a_kurtosis_request_on_a_cpu_tensor_is_one_operator_call(log_dir, base_c
     assert calls == [True, True]  # one call per tensor, M3 and M4 asked of it
     assert collect.values[("layer_activation_kurtosis", 0)] == pytest.approx(reference(x)["kurtosis"], rel=1e-9)
     assert collect.values[("layer_activation_std", 0)] == pytest.approx(x.double().std().item(), rel=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_c_column_amax_is_torchs(dtype, monkeypatch):
+    """One read in C: NaN left out, infinities, negative zeros and subnormals as torch takes them, a column without
+    a number at 0; the same under a dispatch mode (which runs the torch ops instead) and without the kernel."""
+    if cpu.column_amax_kernel() is None:
+        pytest.skip("no C compiler: the kernel cannot be built")
+    x = torch.randn(300, 70, generator=torch.Generator().manual_seed(9)) * torch.logspace(-8, 4, 70)
+    x[:, 3], x[5, 6], x[7, 8], x[:, 9] = math.nan, math.inf, -math.inf, -0.0
+    x[11, 12] = torch.finfo(torch.float32).tiny / 8  # a subnormal float32
+    x = x.to(dtype)
+    magnitude = x.double().abs()
+    want = torch.where(magnitude.isnan(), 0.0, magnitude).amax(0)
+    assert torch.equal(column_amax(x), want)
+    assert torch.equal(column_amax(x[0]), magnitude[0].nan_to_num(0.0))  # a 1-D tensor: one row
+    with SeenOps() as seen:  # watched: the torch ops run, which the mode sees
+        assert torch.equal(column_amax(x), want)
+    assert "aten.amax" in seen.names
+    monkeypatch.setattr(kernels, "column_amax_kernel", lambda: None)
+    assert torch.equal(column_amax(x), want)
+
+
+class SeenOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
 
 
 def split(x: torch.Tensor, rows: list[int]) -> list[torch.Tensor]:

@@ -33,7 +33,7 @@ import torch
 
 from nvdlfw_inspect.logging import say_once
 from nvdlfw_inspect.stats.fields import FIELDS, empty_partials
-from nvdlfw_inspect.stats.kernels.cpu import DTYPE_CODES, native_kernel
+from nvdlfw_inspect.stats.kernels.cpu import DTYPE_CODES, column_amax_kernel, native_kernel
 from nvdlfw_inspect.stats.kernels.fallback import Grid, torch_tensor_stats
 
 DEVICES = ("cpu", "cuda")
@@ -124,6 +124,15 @@ def _observed() -> bool:
     Otherwise the device implementation is called directly: the dispatcher's round trip to a Python
     kernel costs about 20 us of host time, and this runs once per inspected tensor."""
     return torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling() or torch.autograd._profiler_enabled()
+
+
+def native_column_amax(x: torch.Tensor) -> torch.Tensor | None:
+    """``catalog.column_amax`` of the non-empty 2-D ``x`` by the C kernel, in one read: for a CPU tensor of a dtype it
+    reads, with the kernel built and no dispatch mode watching (which would see no torch op); else None."""
+    if x.device.type != "cpu" or x.dtype not in DTYPE_CODES or _observed():
+        return None
+    amax = column_amax_kernel()
+    return amax(_dense(x)) if amax is not None else None
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:

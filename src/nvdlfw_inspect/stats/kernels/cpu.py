@@ -100,19 +100,56 @@ def load_library(stem: str, source: str) -> ctypes.CDLL:
 
 
 @functools.cache
+def _statistics_library() -> ctypes.CDLL | None:
+    """``cpu_partials.c`` built after the partials layout, or None (said once in the log) where it cannot be."""
+    if os.environ.get("NVDLFW_INSPECT_NATIVE", "1") == "0":
+        return None
+    source = layout_header() + resources.files(__package__).joinpath("cpu_partials.c").read_text(encoding="utf-8")
+    try:
+        library = load_library("cpu_partials", source)
+        for symbol in ("tensor_stats", "column_amax"):  # a library without them fails here
+            getattr(library, symbol)
+    except (OSError, AttributeError, subprocess.SubprocessError) as error:
+        logger.info(f"statistics of CPU tensors use torch reductions: the C kernel is unavailable ({error})")
+        return None
+    return library
+
+
+def forget_library() -> None:
+    """Load (or build) the kernel anew at the next use, as after a change of ``$CC``, the cache or the switch."""
+    for loader in (_statistics_library, native_kernel, column_amax_kernel):
+        loader.cache_clear()
+
+
+@functools.cache
+def column_amax_kernel() -> Callable[[torch.Tensor], torch.Tensor | None] | None:
+    """``amax(x)``: the largest magnitude of each column of the contiguous 2-D CPU tensor ``x`` (float32, bfloat16 or
+    float16), NaN ignored, as float64 in one read (None where memory ran out); None when the kernel cannot be built."""
+    library = _statistics_library()
+    if library is None:
+        return None
+    function = library.column_amax
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+
+    def amax(x: torch.Tensor) -> torch.Tensor | None:
+        out = torch.empty(x.shape[1], dtype=torch.float64)
+        status = function(x.data_ptr(), x.shape[0], x.shape[1], DTYPE_CODES[x.dtype], out.data_ptr())
+        return out if status == 0 else None
+
+    return amax
+
+
+@functools.cache
 def native_kernel() -> Callable[..., None] | None:
     """``kernel(x, table, rows, row_variants, scales, grid_max, grid_min_exp, grid_mantissa, want_abs_min,
     call_out, amax_out, want_moments)`` (the operator's arguments): the statistics of the contiguous CPU tensor ``x``
     (float32, bfloat16 or float16) merged into rows of the float64 ``table`` (see ``kernels.tensor_stats``);
     None when the kernel cannot be built."""
-    if os.environ.get("NVDLFW_INSPECT_NATIVE", "1") == "0":
+    library = _statistics_library()
+    if library is None:
         return None
-    source = layout_header() + resources.files(__package__).joinpath("cpu_partials.c").read_text(encoding="utf-8")
-    try:
-        function = load_library("cpu_partials", source).tensor_stats
-    except (OSError, AttributeError, subprocess.SubprocessError) as error:  # AttributeError: a library without the symbol
-        logger.info(f"statistics of CPU tensors use torch reductions: the C kernel is unavailable ({error})")
-        return None
+    function = library.tensor_stats
     function.restype = None
     pointer = ctypes.c_void_p
     function.argtypes = [pointer, ctypes.c_int64, *[ctypes.c_int] * 4, *[pointer] * 4, ctypes.c_int]

@@ -22,6 +22,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { FLOAT32 = 0, BFLOAT16 = 1, FLOAT16 = 2 };
@@ -267,4 +268,35 @@ void tensor_stats(const void *data, int64_t count, int dtype, int want_abs_min, 
         }
         merge_row(table + slot_rows[s] * N_FIELDS, own);
     }
+}
+
+/* The largest magnitude of each of the cols columns of the rows x cols row-major data into out (double), NaN
+   ignored (0 for a column without a number): one read, keeping per column the largest magnitude's bits (they order as
+   the magnitudes do, NaN's above infinity's, which are left out). Returns 0, or -1 where memory ran out. */
+int column_amax(const void *data, int64_t rows, int64_t cols, int dtype, double *out) {
+    uint32_t *top = calloc(cols > 0 ? (size_t)cols : 1, sizeof *top);
+    if (top == NULL) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        if (dtype == FLOAT32) {
+            const uint32_t *x = (const uint32_t *)data + r * cols;
+            for (int64_t c = 0; c < cols; c++) {
+                uint32_t magnitude = x[c] & 0x7FFFFFFFu;
+                magnitude = magnitude > 0x7F800000u ? 0u : magnitude;
+                top[c] = magnitude > top[c] ? magnitude : top[c];
+            }
+        } else {
+            const uint16_t *x = (const uint16_t *)data + r * cols;
+            for (int64_t c = 0; c < cols; c++) {
+                float value = dtype == BFLOAT16 ? bfloat16_value(x[c]) : float16_value(x[c]);
+                uint32_t magnitude;
+                memcpy(&magnitude, &value, sizeof magnitude);
+                magnitude &= 0x7FFFFFFFu;
+                magnitude = magnitude > 0x7F800000u ? 0u : magnitude;
+                top[c] = magnitude > top[c] ? magnitude : top[c];
+            }
+        }
+    }
+    for (int64_t c = 0; c < cols; c++) out[c] = (double)from_bits(top[c]);
+    free(top);
+    return 0;
 }

@@ -20,9 +20,9 @@ needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C com
 def fresh_build(tmp_path, monkeypatch):
     """An empty kernel cache and no kernel loaded yet in this process."""
     monkeypatch.setenv("NVDLFW_INSPECT_CACHE", str(tmp_path / "cache"))
-    cpu.native_kernel.cache_clear()
+    cpu.forget_library()
     yield tmp_path / "cache"
-    cpu.native_kernel.cache_clear()
+    cpu.forget_library()
 
 
 @needs_compiler
@@ -31,7 +31,7 @@ def test_compiled_once_into_the_cache_then_reused(fresh_build):
     assert kernel is not None
     (library,) = fresh_build.glob("cpu_partials-*.so")
     built = library.stat().st_mtime_ns
-    cpu.native_kernel.cache_clear()
+    cpu.forget_library()
     assert cpu.native_kernel() is not None and library.stat().st_mtime_ns == built
     x = torch.tensor([[-3.0, 0.0, 2.0], [0.5, 4.0, -1.0]], dtype=torch.bfloat16)
     out = empty_partials()
