@@ -126,13 +126,20 @@ def _observed() -> bool:
     return torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling() or torch.autograd._profiler_enabled()
 
 
-def native_column_amax(x: torch.Tensor) -> torch.Tensor | None:
-    """``catalog.column_amax`` of the non-empty 2-D ``x`` by the C kernel, in one read: for a CPU tensor of a dtype it
-    reads, with the kernel built and no dispatch mode watching (which would see no torch op); else None."""
-    if x.device.type != "cpu" or x.dtype not in DTYPE_CODES or _observed():
+def kernel_column_amax(x: torch.Tensor) -> torch.Tensor | None:
+    """``catalog.column_amax`` of the non-empty 2-D ``x`` in one read by a kernel: the C one for a CPU tensor, the
+    Triton one for a CUDA tensor, of a dtype they read and with no dispatch mode watching (which would see no torch
+    op); else None (torch ops then)."""
+    if x.dtype not in DTYPE_CODES or _observed():
         return None
-    amax = column_amax_kernel()
-    return amax(_dense(x)) if amax is not None else None
+    if x.device.type == "cpu":
+        amax = column_amax_kernel()
+        return amax(_dense(x)) if amax is not None else None
+    if x.device.type == "cuda" and _triton_kernel() is not None:
+        from nvdlfw_inspect.stats.kernels.triton import triton_column_amax
+
+        return triton_column_amax(_dense(x))
+    return None
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:

@@ -623,3 +623,43 @@ def triton_tensor_stats(
         PROGRAMS_BLOCK=MAX_PROGRAMS,
         **OPTIONS,
     )
+
+
+COLUMN_BLOCK, ROW_BLOCK = 128, 32
+
+
+# Sizes are plain ints: a launch would make one equal to 1 a constant and compile once more for it.
+@triton.jit(do_not_specialize=["rows", "cols", "row_programs"])
+def _column_amax(x_ptr, top_ptr, rows, cols, row_programs, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+    """Each program: ``COLUMNS`` columns of the row-major ``rows`` x ``cols`` tensor, over every ``row_programs``-th
+    tile of ``ROWS`` rows; the largest magnitude's bits of each column (NaN left out: its bits lie above
+    infinity's), merged into ``top_ptr`` (int32, zeros at first) by an atomic maximum (bits order as magnitudes)."""
+    columns = tl.program_id(0) * COLUMNS + tl.arange(0, COLUMNS)
+    in_columns = columns < cols
+    top = tl.zeros([COLUMNS], dtype=tl.int32)
+    tile = tl.program_id(1).to(tl.int64)
+    while tile * ROWS < rows:  # a while loop: Triton 3.6's interpreter cannot take a tensor as a range bound
+        row = tile * ROWS + tl.arange(0, ROWS)
+        tile += row_programs
+        valid = (row < rows)[:, None] & in_columns[None, :]
+        offsets = row[:, None] * cols + columns[None, :]
+        if x_ptr.dtype.element_ty == tl.bfloat16:  # a bfloat16's bits are a float32's top half: no conversion
+            halves = tl.load(x_ptr.to(tl.pointer_type(tl.int16)) + offsets, mask=valid, other=0)
+            bits = (halves.to(tl.int32) & 0xFFFF) << 16
+        else:
+            bits = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
+        bits = bits & 0x7FFFFFFF
+        bits = tl.where(bits > 0x7F800000, 0, bits)
+        top = tl.maximum(top, tl.max(bits, axis=0))
+    tl.atomic_max(top_ptr + columns, top, mask=in_columns)
+
+
+def triton_column_amax(x: torch.Tensor) -> torch.Tensor:
+    """``catalog.column_amax`` of the contiguous, non-empty 2-D CUDA tensor ``x`` (float32, bfloat16 or float16): one
+    read of it, as float64."""
+    rows, cols = x.shape
+    top = torch.zeros(cols, dtype=torch.int32, device=x.device)
+    column_programs = triton.cdiv(cols, COLUMN_BLOCK)
+    row_programs = max(1, min(triton.cdiv(rows, ROW_BLOCK), _programs(x.device) // column_programs))
+    _column_amax[(column_programs, row_programs)](x, top, rows, cols, row_programs, ROWS=ROW_BLOCK, COLUMNS=COLUMN_BLOCK)
+    return top.view(torch.float32).double()

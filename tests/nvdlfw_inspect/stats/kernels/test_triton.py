@@ -67,6 +67,20 @@ def test_kernel_compiles_for_the_rows_a_launch_specializes(rows):
     assert "ld.global" in hopper_ptx(_tensor_stats, signature, constexprs, OPTIONS, launch_ints)
 
 
+@pytest.mark.parametrize("dtype", ["*bf16", "*fp16", "*fp32"])
+def test_column_amax_compiles_for_hopper(dtype):
+    """The channel statistics' kernel: the sizes are not specialized (1 would be a constant), the maximum is atomic."""
+    from triton_aot import hopper_ptx
+
+    from nvdlfw_inspect.stats.kernels.triton import COLUMN_BLOCK, ROW_BLOCK, _column_amax
+
+    signature = {"x_ptr": dtype, "top_ptr": "*i32", "rows": "i64", "cols": "i64", "row_programs": "i32"}
+    constexprs = {"ROWS": ROW_BLOCK, "COLUMNS": COLUMN_BLOCK}
+    signature |= dict.fromkeys(constexprs, "constexpr")
+    ptx = hopper_ptx(_column_amax, signature, constexprs, {}, {"rows": 1, "cols": 4096, "row_programs": 1})
+    assert "atom.global" in ptx and ".max" in ptx and "ld.global" in ptx
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_kernel_on_the_gpu():
     result = subprocess.run([sys.executable, str(CHECKS), "--device", "cuda"], capture_output=True, text=True, timeout=600)

@@ -24,7 +24,7 @@ from lowprec.quant.per_tensor import quantize_with_scale  # noqa: E402
 from nvdlfw_inspect.stats.catalog import derive_stats, supported_stats  # noqa: E402
 from nvdlfw_inspect.stats.fields import FIELDS, INDEX, empty_partials, filled_by, merge_partials  # noqa: E402
 from nvdlfw_inspect.stats.kernels.fallback import tensor_partials, torch_tensor_stats  # noqa: E402
-from nvdlfw_inspect.stats.kernels.triton import BLOCK, triton_tensor_stats  # noqa: E402
+from nvdlfw_inspect.stats.kernels.triton import BLOCK, triton_column_amax, triton_tensor_stats  # noqa: E402
 
 GRIDS = {E4M3: (448.0, -6, 3), E5M2: (57344.0, -14, 2)}
 CHAN = {name for name in FIELDS if name in ("mean", "m2", "m3", "m4")}
@@ -145,6 +145,24 @@ def check_moments(device: str, failures: list[str]) -> None:
         failures.append(f"M3 and M4 written when not asked: {plain[INDEX['m3']].item()}, {plain[INDEX['m4']].item()}")
 
 
+def check_column_amax(device: str, failures: list[str]) -> None:
+    """The channel statistics' per-column amax: torch's, NaN left out, infinities, negative zeros and subnormals
+    kept, across column blocks and row tiles that do not divide the tensor."""
+    g = torch.Generator().manual_seed(6)
+    for rows, cols in ((1, 1), (3, 200), (300, 129), (65, 257)):
+        x = torch.randn(rows, cols, generator=g) * torch.logspace(-8, 4, cols)
+        x[0, 0], x[-1, -1], x[rows // 2, cols // 2] = math.nan, -math.inf, -0.0
+        if cols > 3:
+            x[:, 3] = torch.finfo(torch.float32).tiny / 8  # subnormal float32
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            data = x.to(dtype)
+            magnitude = data.double().abs()
+            want = torch.where(magnitude.isnan(), 0.0, magnitude).amax(0)
+            got = triton_column_amax(data.to(device)).cpu()
+            if not torch.equal(got, want):
+                failures.append(f"column amax {rows}x{cols} {dtype}: {(got - want).abs().max().item()}")
+
+
 def check_quantization_fields(device: str, failures: list[str]) -> None:
     """Underflows and overflows equal lowprec's casts exactly; the squared error to float64 rounding."""
     g = torch.Generator().manual_seed(2)
@@ -218,6 +236,7 @@ def main() -> None:
     check_merging_into_rows(device, failures)
     check_merge_rules(device, failures)
     check_moments(device, failures)
+    check_column_amax(device, failures)
     check_quantization_fields(device, failures)
     check_amax_out_ignores_nan(device, failures)
     print("\n".join(failures) or f"ok: {len(cases(device))} cases, {len(FIELDS)} fields")
