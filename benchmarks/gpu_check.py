@@ -326,6 +326,19 @@ def read_stats_bandwidth(m: dict, why: dict) -> Reading:
     return Reading(value, cell, value >= 2.0)
 
 
+def read_moments_bandwidth(m: dict, why: dict) -> Reading:
+    value = m["moments_bandwidth_tbps"]
+    cell = (
+        f"{value:.3g} TB/s (without M3, M4: {m['stats_bandwidth_tbps']:.3g}; column amax {m['column_amax_bandwidth_tbps']:.3g})"
+    )
+    return Reading(value, cell, value >= 2.0)
+
+
+def read_early_overhead(m: dict, why: dict) -> Reading:
+    value = m["step_ratio_ours_early"]
+    return Reading(value, f"{value:.3f}x (the six alone: {m['step_ratio_ours_stats']:.3f}x)", value <= 1.05)
+
+
 def read_mlp_overhead(m: dict, why: dict) -> Reading:
     value = m["step_ratio_ours_stats"]
     reference = reference_text(m["step_ratio_reference_stats"], "x", why["reference"] or m["reference_missing_reason"])
@@ -404,6 +417,10 @@ TARGETS = [
     Target("same, host synchronizations between two step() calls, added by debugging", "0", "real_model", read_syncs),
     Target("statistics operator, 128 MiB bf16", ">= 2.0 TB/s (copy: 2.9)", "stats_overhead", read_stats_bandwidth),
     Target("stats_overhead MLP step ratio, ours (reference 0.2.2: 1.66)", "<= 1.05x", "stats_overhead", read_mlp_overhead),
+    Target("statistics operator with M3 and M4 (kurtosis), 128 MiB bf16", ">= 2.0 TB/s, as without", "stats_overhead",
+           read_moments_bandwidth),
+    Target("same MLP, the six and the early-warning statistics (kurtosis, rms, channels)", "<= 1.05x, as the six",
+           "stats_overhead", read_early_overhead),
     Target("delayed cast with transpose, 128 MiB bf16", ">= 2.2 TB/s", "engine", read_cast),
     Target("8 x Linear(4096) MLP: FP8 step vs bf16", ">= 1.3x faster", "engine", read_speedup("mlp")),
     Target("8192 layer: FP8 step vs bf16", ">= 1.3x faster", "engine", read_speedup("layer")),

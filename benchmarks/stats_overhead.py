@@ -6,10 +6,11 @@ from ``$NVDLFW_INSPECT_REFERENCE_PATH``, see ``harness.reference_python``):
   plain        no hooks, no framework
   *-no-match   hooks call debug_api.log_tensor_stats, but the config selects no layer
   *-stats      LogTensorStats (six statistics) of every layer's input on every step
+  ours-early   the same six and the early-warning ones (kurtosis, rms, outlier_channel_ratio, max_channel)
 
 Also the time spent inside the debug calls alone (``*-calls``), which varies far less between runs
 than whole step times. Then the bandwidth of our one-pass statistics on a 128 MiB bf16 tensor
-(``--bandwidth-mib``), next to a plain copy.
+(``--bandwidth-mib``), with M3 and M4 (kurtosis) and of the channel statistics' column amax, next to a plain copy.
 Defaults: on CUDA the issue's model (8 x Linear(4096), 8192 tokens, bf16); on the CPU a model sized
 for it (8 x Linear(1024), 512 tokens, fp32).
 
@@ -31,6 +32,7 @@ import torch
 from harness import Worker, device_name, interleave, print_ratio_table, reference_python, serve, synchronize, write_json
 
 SIX = ["min", "max", "mean", "std", "l1_norm", "l2_norm"]
+EARLY = ["kurtosis", "rms", "outlier_channel_ratio", "max_channel"]
 DEFAULTS = {
     "cuda": {"width": 4096, "tokens": 8192, "dtype": "bfloat16"},
     "cpu": {"width": 1024, "tokens": 512, "dtype": "float32"},
@@ -65,12 +67,12 @@ def build(width: int, depth: int, hooks: bool, device: str, dtype: torch.dtype, 
     return model
 
 
-def config(regex: str) -> dict:
+def config(regex: str, stats: list[str]) -> dict:
     return {
         "stats": {
             "enabled": True,
             "layers": {"layer_name_regex_pattern": regex},
-            "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": SIX, "freq": 1},
+            "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": stats, "freq": 1},
         }
     }
 
@@ -103,7 +105,7 @@ def run_variant(variant: str, args: argparse.Namespace, log_dir: str) -> float:
         model = build(args.width, args.depth, False, args.device, dtype, clock)
         return time_steps(model, batch, args.steps, False, clock)
     regex = "nothing_matches" if variant == "no-match" else r"layer\d+"
-    debug_api.initialize(config_file=config(regex), log_dir=log_dir)
+    debug_api.initialize(config_file=config(regex, SIX + EARLY if variant == "early" else SIX), log_dir=log_dir)
     try:
         model = build(args.width, args.depth, True, args.device, dtype, clock)
         step_seconds = time_steps(model, batch, args.steps, True, clock)
@@ -124,20 +126,28 @@ def seconds_per_call(fn: Callable[[], object], device: str, repeats: int = 20) -
     return statistics.median(samples)
 
 
-def print_bandwidth(device: str, mib: int) -> tuple[float, float]:
-    """Bytes per second of ``compute_partials`` reading a ``mib`` MiB bf16 tensor, and of a copy (read +
-    write) of it."""
+def print_bandwidth(device: str, mib: int) -> dict[str, float]:
+    """Bytes per second read by ``compute_partials`` of a ``mib`` MiB bf16 tensor, with M3 and M4 too, by the
+    channel statistics' ``column_amax`` of it (4096 columns), and moved by a copy (read + write) of it."""
+    from nvdlfw_inspect.stats.catalog import column_amax
     from nvdlfw_inspect.stats.kernels import compute_partials
 
     x = torch.randn(mib * 2**19, device=device, dtype=torch.bfloat16)
     size = x.numel() * x.element_size()
-    stats = seconds_per_call(lambda: compute_partials(x), device)
-    copy = seconds_per_call(lambda: x.clone(), device)
+    work = {
+        "compute_partials": (lambda: compute_partials(x), size),
+        "compute_partials + M3, M4": (lambda: compute_partials(x, {"m3", "m4"}), size),
+        "column_amax": (lambda: column_amax(x.view(-1, 4096)), size),
+        "copy (read + write)": (lambda: x.clone(), 2 * size),
+    }
     print(f"\nstatistics pass on a {mib} MiB bf16 tensor ({device})")
-    print(f"{'kernel':<24} {'ms':>9} {'GB/s':>9}")
-    print(f"{'compute_partials':<24} {stats * 1e3:>9.2f} {size / stats / 1e9:>9.1f}")
-    print(f"{'copy (read + write)':<24} {copy * 1e3:>9.2f} {2 * size / copy / 1e9:>9.1f}")
-    return size / stats, 2 * size / copy
+    print(f"{'kernel':<28} {'ms':>9} {'GB/s':>9}")
+    rates = {}
+    for label, (fn, moved) in work.items():
+        seconds = seconds_per_call(fn, device)
+        rates[label] = moved / seconds
+        print(f"{label:<28} {seconds * 1e3:>9.2f} {moved / seconds / 1e9:>9.1f}")
+    return rates
 
 
 def print_overhead_ratio(fastest: dict[str, float], calls: dict[str, float]) -> None:
@@ -183,7 +193,7 @@ def main() -> None:
 
     ours = Worker(sys.executable, Path(__file__), shape)
     plan = [("plain", ours, "plain"), ("ours-no-match", ours, "no-match"), ("ours-stats", ours, "stats")]
-    plan += [("ours-calls", ours, "stats-calls")]
+    plan += [("ours-early", ours, "early"), ("ours-calls", ours, "stats-calls")]
     missing = {}
     ref_python, reason = reference_python()
     workers = [ours]
@@ -204,18 +214,21 @@ def main() -> None:
     calls = {label: fastest.pop(label) for label in ("ours-calls", "reference-calls") if label in fastest}
     print_ratio_table(title, fastest, "plain", missing)
     print_overhead_ratio(fastest, calls)
-    stats_rate, copy_rate = print_bandwidth(args.device, args.bandwidth_mib)
+    rates = print_bandwidth(args.device, args.bandwidth_mib)
     if args.json:
         reference = fastest.get("reference-stats")
         measures = {
             "model": title,
             "ms_per_step": {label: seconds * 1e3 for label, seconds in fastest.items()},
             "step_ratio_ours_stats": fastest["ours-stats"] / fastest["plain"],
+            "step_ratio_ours_early": fastest["ours-early"] / fastest["plain"],
             "step_ratio_reference_stats": reference / fastest["plain"] if reference is not None else None,
             "reference_missing_reason": missing.get("reference-stats"),
             "bandwidth_mib": args.bandwidth_mib,
-            "stats_bandwidth_tbps": stats_rate / 1e12,
-            "copy_bandwidth_tbps": copy_rate / 1e12,
+            "stats_bandwidth_tbps": rates["compute_partials"] / 1e12,
+            "moments_bandwidth_tbps": rates["compute_partials + M3, M4"] / 1e12,
+            "column_amax_bandwidth_tbps": rates["column_amax"] / 1e12,
+            "copy_bandwidth_tbps": rates["copy (read + write)"] / 1e12,
         }
         write_json(args.json, "stats_overhead", device_name(args.device), measures)
 

@@ -193,8 +193,11 @@ for _device, _implementation in _IMPLEMENTATIONS.items():
 
 
 def compute_partials(tensor: torch.Tensor, fields: Iterable[str] = ()) -> torch.Tensor:
-    """Partials of ``tensor`` (any dtype, any shape) as one row. Optional fields (``fields.OPTIONAL_FIELDS``)
-    are computed only when named."""
+    """Partials of ``tensor`` (any dtype, any shape) as one row. Optional fields (``fields.OPTIONAL_FIELDS``) and
+    the higher moments (``m3``, ``m4``) are computed only when named."""
     row = empty_partials(tensor.device)
-    tensor_stats(tensor.detach(), row.view(1, -1), [0], want_abs_min="abs_min_nonzero" in set(fields))
+    named = set(fields)
+    tensor_stats(
+        tensor.detach(), row.view(1, -1), [0], want_abs_min="abs_min_nonzero" in named, want_moments=bool(named & {"m3", "m4"})
+    )
     return row
