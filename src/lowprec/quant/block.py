@@ -222,7 +222,8 @@ class BlockQuantizer:
         dtype: torch.dtype,
     ) -> BlockScaledData:
         """:meth:`_orientation` by the C kernel (``kernels.cpu_cast``) from contiguous CPU ``x`` of fp32, bf16 or fp16,
-        in one pass (the Hadamard transform in another, in the kernel where ``cpu_cast.transforms``, else in torch)."""
+        in one pass (a columnwise Hadamard transform inside it, after a pass for the transformed tensor's amax, where
+        ``cpu_cast.transforms``; else by torch first)."""
         rows, cols = x.shape
         signs = None
         if hadamard_seed is not None and cpu_cast.transforms(x, self.block):

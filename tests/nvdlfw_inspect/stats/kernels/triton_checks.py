@@ -114,12 +114,10 @@ def check_moments(device: str, failures: list[str]) -> None:
     """M3 and M4 (kurtosis) when asked: float64 torch's over one call and over calls merged into a row, heavy tails
     and a mean far from zero included; not asked, they stay at their identity."""
     g = torch.Generator().manual_seed(4)
-    heavy = torch.randn(6 * BLOCK + 7, generator=g) / torch.rand(6 * BLOCK + 7, generator=g)
-    tensors = [
-        *cases(device),
-        ("heavy tails", heavy.to(device)),
-        ("mean 1e4", (1e4 + torch.randn(4 * BLOCK, generator=g)).to(device)),
-    ]
+    heavy = torch.randn(3 * BLOCK + 7, generator=g) / torch.rand(3 * BLOCK + 7, generator=g)
+    far = 1e4 + torch.randn(2 * BLOCK + 5, generator=g)
+    few = [(name, x) for name, x in cases(device) if x.numel() <= 3 * BLOCK + 123 and "float16" not in name]
+    tensors = [*few, ("heavy tails", heavy.to(device)), ("mean 1e4", far.to(device))]  # a subset: the interpreter is slow
     for name, x in tensors:
         want = tensor_partials(x.cpu(), False, want_moments=True)
         pieces = x.reshape(-1).split(max(1, x.numel() // 3 + 1))
