@@ -2,8 +2,9 @@
 
 It reads the tensor once and merges its statistics straight into rows of a per-step table on the
 tensor's device: the tensor fields (count, mean, M2, min, max, sum and smallest non-zero of |x|; with
-``want_moments`` M3 and M4 too, for kurtosis) and, per quantization grid ("variant": a scale tensor and an FP8-like grid ``(max, exponent of the
-smallest normal, mantissa bits)``), the values that underflow to zero, overflow the range, the
+``want_moments`` M3 and M4 too, for kurtosis) and, per quantization grid ("variant": a scale tensor and
+an FP8-like grid ``(max, exponent of the smallest normal, mantissa bits)``), the values that underflow
+to zero, overflow the range, the
 squared error of the dequantized values and the scale_inv. Each table row takes the tensor fields and
 the fields of at most one variant (``row_variants``, -1 for none).
 
