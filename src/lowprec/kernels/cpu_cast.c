@@ -311,8 +311,8 @@ static inline float block_scale(const Cast *k, float amax, int has_nan, void *sc
 
 /* The multipliers of n NVFP4 blocks of amaxes[b] (NaN ignored), their E4M3 scale bytes stored in scales: a loop the
    compiler vectorizes, divisions included, where one block at a time would wait on each division. */
-static NOT_SPECIALIZED void nvfp4_scales(const Cast *k, const float *restrict amaxes, int64_t n, uint8_t *restrict scales,
-                         float *restrict multipliers) {
+static NOT_SPECIALIZED void nvfp4_scales(const Cast *k, const float *restrict amaxes, int64_t n,
+                                         uint8_t *restrict scales, float *restrict multipliers) {
     const Element e4m3 = k->scale_element;
     const float factor = k->block_factor, inverse = k->encode_inverse;
     for (int64_t b = 0; b < n; b++) {
@@ -347,6 +347,35 @@ static void encode_run(const Cast *k, const float *restrict values, const float 
     }
 }
 
+/* Rows top .. top + height - 1 of the logical matrix (element (i, j) at x[i * row_stride + j * col_stride]; its
+   first real_rows of them real, each cols long) into a panel whose rows lie stride floats apart, zeros in the
+   padding up to padded_cols: a rowwise cast's rows are copied; a columnwise cast's (x's columns) are gathered in
+   8 x 8 blocks of x (8 of its rows at a time), each transposed in vector registers. */
+static void gather_panel(const void *x, int dtype, int64_t top, int64_t height, int64_t real_rows, int64_t cols,
+                         int64_t padded_cols, int64_t row_stride, int64_t col_stride, float *panel, int64_t stride) {
+    for (int64_t r = 0; r < real_rows && cols < padded_cols; r++)
+        memset(panel + r * stride + cols, 0, sizeof(float) * (padded_cols - cols));
+    if (real_rows < height) memset(panel + real_rows * stride, 0, sizeof(float) * (height - real_rows) * stride);
+    if (col_stride == 1) {
+        for (int64_t r = 0; r < real_rows; r++)
+            for (int64_t c = 0; c < cols; c++) panel[r * stride + c] = load(x, dtype, (top + r) * row_stride + c);
+        return;
+    }
+    for (int64_t band = 0; band < cols; band += 8) {
+        int64_t end = cols - band < 8 ? cols : band + 8, r = 0;
+        if (end - band == 8 && row_stride == 1)
+            for (; r + 8 <= real_rows; r += 8) {
+                f32x8 block[8], columns[8];
+                for (int i = 0; i < 8; i++) load_8(x, dtype, (band + i) * col_stride + top + r, &block[i]);
+                transpose_8x8(block, columns);
+                for (int j = 0; j < 8; j++) memcpy(panel + (r + j) * stride + band, &columns[j], sizeof columns[j]);
+            }
+        for (; r < real_rows; r++) /* the edges, value by value */
+            for (int64_t c = band; c < end; c++)
+                panel[r * stride + c] = load(x, dtype, (top + r) * row_stride + c * col_stride);
+    }
+}
+
 /* The codes and block scales of the logical rows x columns matrix whose element (i, j) is x[i * row_stride + j *
    col_stride] (the rowwise cast: x itself; the columnwise one: its transpose), padded with zeros to whole
    block_h x block_w blocks. codes: uint8, padded rows x padded columns; scales: one per block, row-major, E8M0 or E4M3
@@ -372,9 +401,9 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
     int gathered = col_stride == 1 ? PANEL : TRANSPOSED_PANEL;
     int panel_rows = (gathered + block_h - 1) / block_h * block_h;
     int64_t stride = padded_cols + PANEL_PAD;
-    /* then a row of block multipliers, then (columnwise transform) a tile of 16 transformed rows of x */
+    /* the panel, then a row of block multipliers, (a columnwise transform) a tile of 16 of x's rows, and each block's
+       amax and multiplier in a row of blocks */
     int64_t tile_stride = (panel_rows + 7) / 8 * 8 + 8; /* rows not a power of two apart */
-    /* then each block's amax and multiplier in a row of blocks */
     float *panel = malloc(sizeof(float) * (panel_rows * stride + padded_cols + (transform ? 16 * tile_stride : 0) +
                                            2 * blocks_per_row));
     if (!panel) return -1;
@@ -396,9 +425,9 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
                 }
             amax = bits_float((uint32_t)amax_bits) * 0.25f; /* the largest value's own scaling and rounding */
             if (dtype == DT_BF16) amax = round_bf16(amax);
-        }
-        else
+        } else {
             amax = tensor_amax(x, dtype, rows * cols); /* x holds exactly the logical matrix's elements */
+        }
         float ratio = 448.0f * 6.0f / amax;
         encode_scale = ratio > FP32_MAX ? FP32_MAX : ratio;
         if (amax == 0.0f || encode_scale == 0.0f) encode_scale = 1.0f;
@@ -408,34 +437,12 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
     for (int64_t top = 0; top < padded_rows; top += panel_rows) {
         int64_t height = padded_rows - top < panel_rows ? padded_rows - top : panel_rows;
         int64_t real_rows = rows - top < height ? rows - top : height;
-        if (!transform) { /* the padding the gathers below leave: past the last column, and whole rows past the last */
-            for (int64_t r = 0; r < real_rows && cols < padded_cols; r++)
-                memset(panel + r * stride + cols, 0, sizeof(float) * (padded_cols - cols));
-            if (real_rows < height) memset(panel + real_rows * stride, 0, sizeof(float) * (height - real_rows) * stride);
-        }
-        if (transform) { /* each 16 of x's rows transformed together, then written down the panel */
+        if (transform) /* each 16 of x's rows transformed together, then written down the panel (its padding too) */
             for (int64_t first = 0; first < padded_cols; first += 16)
                 hadamard_tile(x, dtype, cols, rows, col_stride, first, top, height, signs, tile, tile_stride,
                               panel + first, stride, NULL);
-        } else if (col_stride == 1) {
-            for (int64_t r = 0; r < real_rows; r++)
-                for (int64_t c = 0; c < cols; c++) panel[r * stride + c] = load(x, dtype, (top + r) * row_stride + c);
-        } else { /* transposed: 8 x 8 blocks of x (8 of its rows at a time), each transposed in vector registers */
-            for (int64_t band = 0; band < cols; band += 8) {
-                int64_t end = cols - band < 8 ? cols : band + 8, r = 0;
-                if (end - band == 8 && row_stride == 1)
-                    for (; r + 8 <= real_rows; r += 8) {
-                        f32x8 block[8], columns[8];
-                        for (int i = 0; i < 8; i++) load_8(x, dtype, (band + i) * col_stride + top + r, &block[i]);
-                        transpose_8x8(block, columns);
-                        for (int j = 0; j < 8; j++)
-                            memcpy(panel + (r + j) * stride + band, &columns[j], sizeof columns[j]);
-                    }
-                for (; r < real_rows; r++) /* the edges, value by value */
-                    for (int64_t c = band; c < end; c++)
-                        panel[r * stride + c] = load(x, dtype, (top + r) * row_stride + c * col_stride);
-            }
-        }
+        else
+            gather_panel(x, dtype, top, height, real_rows, cols, padded_cols, row_stride, col_stride, panel, stride);
         for (int64_t block_top = 0; block_top < height; block_top += block_h) {
             int64_t first_block = (top + block_top) / block_h * blocks_per_row;
             const float *block_row = panel + block_top * stride;
