@@ -4,9 +4,8 @@ It reads the tensor once and merges its statistics straight into rows of a per-s
 tensor's device: the tensor fields (count, mean, M2, min, max, sum and smallest non-zero of |x|; with
 ``want_moments`` M3 and M4 too, for kurtosis) and, per quantization grid ("variant": a scale tensor and
 an FP8-like grid ``(max, exponent of the smallest normal, mantissa bits)``), the values that underflow
-to zero, overflow the range, the
-squared error of the dequantized values and the scale_inv. Each table row takes the tensor fields and
-the fields of at most one variant (``row_variants``, -1 for none).
+to zero, overflow the range, the squared error of the dequantized values and the scale_inv. Each table
+row takes the tensor fields and the fields of at most one variant (``row_variants``, -1 for none).
 
 CUDA tensors take the Triton kernel (``triton``), CPU tensors the C kernel (``cpu``); without them, and
 for dtypes they do not read (float64, integers, bool, FP8), torch reductions (``fallback``) compute the
