@@ -3,11 +3,10 @@
 A grid of at most a few programs per multiprocessor walks the tensor once; each program keeps running
 partials (count, mean and M2 merged with Chan's formula in float64, when asked M3 and M4 with Pebay's, min,
 max, sums, and per quantization grid its underflows, overflows and squared error) and writes them to a scratch
-row. The
-last program to finish (an atomic counter) merges the scratch rows and merges the result into every
-requested row of the statistics table, the same rows and rules as ``cpu_partials.c``. No per-block
-rows are merged by torch ops afterwards. With ``TRITON_INTERPRET=1`` the same kernel runs on CPU
-tensors, which is how the tests check it without a GPU.
+row. The last program to finish (an atomic counter) merges the scratch rows and merges the result into every
+requested row of the statistics table, the same rows and rules as ``cpu_partials.c``. No per-block rows are
+merged by torch ops afterwards. With ``TRITON_INTERPRET=1`` the same kernel runs on CPU tensors, which is how
+the tests check it without a GPU. ``_column_amax`` reads a tensor once more for the channel statistics.
 
 Within a block the arithmetic stays in float32 (float64 is slow on many GPUs), on values scaled by a
 power of two that brings the block's largest magnitude to [2, 4): no sum or square overflows or
