@@ -3,8 +3,10 @@
 The plan comes from the routing calls (``*_enabled``) of the ``transformer_engine`` namespace. Each
 answer ``(enabled, next_iteration)`` holds for its iteration; until ``next_iteration`` the question
 takes its default answer (the one a layer gets when no feature serves it), and from then on it is
-asked again (None: never). So a layer asks, at an iteration, only the questions that are due: with
-statistics every step, the inspection questions of the inspected tensors, not all 24. Each input
+asked again (None: never). An ``EveryIteration`` answer holds at every later iteration: it is never
+asked again in the session. So a layer asks, at an iteration, only the questions that are due: with
+statistics every few steps, the inspection questions of the inspected tensors, not all 24; with
+statistics or the guard every step, none. Each input
 tensor gets a precision for each of its two GEMMs, each output tensor whether it is modified; any
 tensor may be inspected.
 """
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.features.api import TEDefaultFeatures, normalize_answer
+from lowprec.debug.features.api import EveryIteration, TEDefaultFeatures, normalize_answer
 from lowprec.debug.names import GEMMS, INPUT_TENSORS, ROUTING_ORDER, TENSOR_GEMMS
 from lowprec.plan.recipes import spec_of
 from lowprec.recipe import Recipe
@@ -155,21 +157,24 @@ DEFAULT_ANSWERS = {
 
 @dataclass
 class Memory:
-    """What a layer remembers between iterations: each routing question's last answer, and the plan each
-    combination of answers gave (the plan depends on nothing else)."""
+    """What a layer remembers between iterations: each routing question's last answer, the questions answered for
+    every iteration (``EveryIteration``), and the plan each combination of answers gave (the plan depends on nothing
+    else)."""
 
     answers: dict[Question, Answer] = field(default_factory=dict)
+    every_iteration: set[Question] = field(default_factory=set)
     plans: dict[frozenset, dict[str, TensorPlan]] = field(default_factory=dict)
 
 
 class _Asker:
     """Answers the routing questions of one layer at one iteration, asking only those that are due
-    (``answers`` holds the layer's earlier answers and is updated)."""
+    (``memory`` holds the layer's earlier answers and is updated)."""
 
-    def __init__(self, layer_name: str, iteration: int, answers: dict[Question, Answer]):
+    def __init__(self, layer_name: str, iteration: int, memory: Memory):
         self.layer_name = layer_name
         self.iteration = iteration
-        self.answers = answers
+        self.answers = memory.answers
+        self.every_iteration = memory.every_iteration
 
     def _answer(self, call: str, tensor: str | None = None, gemm: str | None = None) -> bool:
         question = (call, tensor, gemm)
@@ -178,12 +183,17 @@ class _Asker:
             enabled, upcoming, asked_at = known
             if asked_at == self.iteration:
                 return enabled
+            if question in self.every_iteration:  # answered for this iteration too, without asking
+                self.answers[question] = (enabled, self.iteration + 1, self.iteration)
+                return enabled
             if upcoming is None or self.iteration < upcoming:
                 return DEFAULT_ANSWERS[call]
         kwargs = {"tensor_name": tensor} if tensor is not None else {}
         if gemm is not None:
             kwargs["gemm"] = gemm
         answer = getattr(debug_api.transformer_engine, call)(layer_name=self.layer_name, iteration=self.iteration, **kwargs)
+        if isinstance(answer, EveryIteration):
+            self.every_iteration.add(question)
         enabled, upcoming = normalize_answer(answer, self.iteration)
         self.answers[question] = (enabled, upcoming, self.iteration)
         return enabled
@@ -227,7 +237,7 @@ def build_plan(layer_name: str, iteration: int, fp8: bool | GemmFormats, memory:
     before, their plan is reused without walking every question."""
     formats = fp8 if isinstance(fp8, GemmFormats) else GemmFormats.uniform(fp8)
     memory = Memory() if memory is None else memory
-    ask = _Asker(layer_name, iteration, memory.answers)
+    ask = _Asker(layer_name, iteration, memory)
     if memory.answers:
         ask.ask_due()
         tensors = memory.plans.get(ask.in_effect())

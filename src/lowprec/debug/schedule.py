@@ -29,3 +29,14 @@ def next_enabled_iter(
         if candidate <= end:
             return runs, candidate
     return runs, None
+
+
+def every_iteration_from(
+    start_step: int | None, end_step: int | None, start_end_list: list[list[int]] | None, freq: int, iteration: int
+) -> bool:
+    """Whether the schedule runs at ``iteration`` and at every iteration after it (``freq`` 1, in a window with no
+    end): its answer need not be asked again."""
+    if freq != 1:
+        return False
+    windows = start_end_list or [[start_step or 0, end_step]]
+    return any((start or 0) <= iteration and end in (-1, None) for start, end in windows)

@@ -588,9 +588,9 @@ class _OneLaunch:
         buffers = self.buffers
         try:
             buffers._launch = self.outer
-            if error_type is None:
-                tensor = self.launch.tensor
-                self.launch.run(buffers._table(tensor.device).rows)
+            launch = self.launch
+            if error_type is None and (launch.rows or launch.amax_outs):  # else no feature fed it: nothing to run
+                launch.run(buffers._table(launch.tensor.device).rows)
         finally:
             buffers._lock.release()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from debugrun import make_linear, section, start, train_step
@@ -9,7 +11,8 @@ from debugrun import make_linear, section, start, train_step
 import lowprec
 import lowprec.debug.layer_state as layer_state
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.features.api import TransformerEngineAPI, normalize_answer
+from lowprec.debug.features.api import EveryIteration, TransformerEngineAPI, normalize_answer
+from lowprec.debug.features.nonfinite_guard import NonfiniteGuard
 from lowprec.debug.quantizer import DebugProcessing
 from lowprec.modules.linear_function import LinearFunction
 from nvdlfw_inspect.errors import ConfigError
@@ -93,6 +96,50 @@ def test_new_session_starts_fresh(log_dir, counters):
 )
 def test_answers_of_several_features_combine(api, outputs, expected):
     assert TransformerEngineAPI().handle_multi_feature_output(api, outputs, {}, iteration=5) == expected
+
+
+@pytest.mark.parametrize(
+    ("api", "outputs", "every_iteration", "expected"),
+    [
+        ("inspect_tensor_enabled", [(False, 7), EveryIteration(5)], True, (True, 6)),  # one feature every iteration
+        ("inspect_tensor_enabled", [(True, 6), (True, 6)], False, (True, 6)),  # the same pair, but asked again
+        ("fp8_gemm_enabled", [EveryIteration(5), (False, 9)], False, (False, 6)),  # not for a vote that can be lost
+    ],
+)
+def test_an_every_iteration_answer_combines(api, outputs, every_iteration, expected):
+    answer = TransformerEngineAPI().handle_multi_feature_output(api, outputs, {}, iteration=5)
+    assert answer == expected and isinstance(answer, EveryIteration) is every_iteration
+
+
+def test_an_every_iteration_answer_is_asked_once_a_session(log_dir, monkeypatch):
+    """The guard enables its tensors at every iteration: each question is asked at the first step only, and the
+    layer still takes its debug path (and the guard sees a NaN) at later steps; a new session asks again."""
+    asked = []
+    original = NonfiniteGuard.inspect_tensor_enabled
+
+    def counted(self, config, layer_name, tensor_name, iteration):
+        asked.append((tensor_name, iteration))
+        return original(self, config, layer_name, tensor_name, iteration)
+
+    counted.is_api = True  # still an API of the feature when a session loads the features
+    monkeypatch.setattr(NonfiniteGuard, "inspect_tensor_enabled", counted)
+    layer = make_linear()
+    for _session in range(2):
+        start(section({"NonfiniteGuard": {"enabled": True}}), log_dir)
+        for step in range(4):
+            x = X.clone()
+            if step == 3:
+                x[1, 2] = float("nan")
+            train_step(layer, x, DY)
+            with (
+                pytest.warns(RuntimeWarning, match="at step 3: first in layer lin, tensor activation")
+                if step == 3
+                else contextlib.nullcontext()
+            ):
+                debug_api.step()
+        debug_api.end_debug()
+        assert sorted(asked) == sorted((t, 0) for t in ("activation", "weight", "output", "gradient", "dgrad", "wgrad"))
+        asked.clear()
 
 
 def test_normalize_answer():

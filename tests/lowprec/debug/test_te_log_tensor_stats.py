@@ -13,7 +13,9 @@ from statref import reference_stats
 
 import lowprec
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.schedule import next_enabled_iter
+from lowprec.debug.features.api import EveryIteration
+from lowprec.debug.features.log_tensor_stats import schedule
+from lowprec.debug.schedule import every_iteration_from, next_enabled_iter
 from nvdlfw_inspect.errors import ConfigError
 
 ALL_STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
@@ -121,6 +123,29 @@ def test_schedule_and_the_layer_sleeps_in_between(log_dir, window, iterations, m
 )
 def test_next_enabled_iter(args, expected):
     assert next_enabled_iter(*args) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((None, None, None, 1, 0), True),  # no window keys: every iteration
+        ((3, None, None, 1, 2), False),  # not yet
+        ((3, -1, None, 1, 3), True),
+        ((0, 9, None, 1, 4), False),  # the window ends
+        ((0, None, None, 2, 4), False),  # every other iteration
+        ((None, None, [[0, 2], [5, -1]], 1, 6), True),  # in the window with no end
+        ((None, None, [[0, 2], [5, -1]], 1, 1), False),
+    ],
+)
+def test_every_iteration_from(args, expected):
+    assert every_iteration_from(*args) is expected
+    runs, upcoming = next_enabled_iter(*args)
+    if expected:  # the same answer as the schedule's, for this iteration and every later one
+        assert all(next_enabled_iter(*args[:4], it) == (True, it + 1) for it in range(args[4], args[4] + 50))
+    start_step, end_step, windows, freq, iteration = args
+    config = {"start_step": start_step, "end_step": end_step, "start_end_list": windows, "freq": freq}
+    answer = schedule({k: v for k, v in config.items() if v is not None}, iteration)
+    assert answer == (runs, upcoming) and isinstance(answer, EveryIteration) is expected
 
 
 def test_stats_of_a_transformer_layer_by_type(log_dir):

@@ -26,6 +26,15 @@ from nvdlfw_inspect.registry import Registry, api_method
 Answer = tuple[bool, int | None]
 
 
+class EveryIteration(tuple):
+    """The routing answer ``(True, iteration + 1)`` of a feature that is also enabled at every later iteration of the
+    session (no schedule, or every step with no end): a layer answers the question from memory from then on instead
+    of asking each step. Any other reader sees the plain pair."""
+
+    def __new__(cls, iteration: int) -> EveryIteration:
+        return super().__new__(cls, (True, iteration + 1))
+
+
 class TEConfigAPIMapper(BaseConfigAPIMapper):
     """Selects GEMMs and tensors:
 
@@ -261,10 +270,14 @@ class TransformerEngineAPI(BaseNamespaceAPI):
         self, api_name: str, multi_feature_outputs: list, features_to_invoke: dict, **kwargs: Any
     ) -> Any:
         """Routing answers combine: enabled if any feature enables (for ``fp8_gemm_enabled``: FP8 only if no
-        feature disables it); the next iteration is the earliest any feature names."""
+        feature disables it); the next iteration is the earliest any feature names; one feature's ``EveryIteration``
+        (not for ``fp8_gemm_enabled``) is the combined answer."""
         if "enabled" not in api_name:
             return super().handle_multi_feature_output(api_name, multi_feature_outputs, features_to_invoke, **kwargs)
-        answers = [normalize_answer(out, kwargs.get("iteration", 0)) for out in multi_feature_outputs]
+        iteration = kwargs.get("iteration", 0)
+        if api_name != "fp8_gemm_enabled" and any(isinstance(out, EveryIteration) for out in multi_feature_outputs):
+            return EveryIteration(iteration)  # enabled by one feature at every iteration: by all of them together
+        answers = [normalize_answer(out, iteration) for out in multi_feature_outputs]
         flags = [flag for flag, _ in answers]
         enabled = all(flags) if api_name == "fp8_gemm_enabled" else any(flags)
         upcoming = [nxt for _, nxt in answers if nxt is not None]

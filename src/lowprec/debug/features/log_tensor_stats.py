@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import torch
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.features.api import TEConfigAPIMapper
-from lowprec.debug.schedule import next_enabled_iter
+from lowprec.debug.features.api import EveryIteration, TEConfigAPIMapper
+from lowprec.debug.schedule import every_iteration_from, next_enabled_iter
 from lowprec.quant.protocol import QuantizedTensor
 from nvdlfw_inspect.debug_features.generic_feature_api import PerConfig
 from nvdlfw_inspect.debug_features.log_tensor_stats import WINDOW_KEYS, stats_list, validate_window, window_key
@@ -35,10 +35,12 @@ BLOCKWISE_KEYS = {"block_size": "a positive integer (default 32)", "dims": "1 or
 
 
 def schedule(config: dict, iteration: int) -> tuple[bool, int | None]:
-    """The feature's window keys applied at ``iteration`` (see ``next_enabled_iter``)."""
-    return next_enabled_iter(
-        config.get("start_step"), config.get("end_step"), config.get("start_end_list"), config.get("freq", 1), iteration
-    )
+    """The feature's window keys applied at ``iteration`` (see ``next_enabled_iter``); an ``EveryIteration`` when
+    they run at every iteration from this one on."""
+    window = (config.get("start_step"), config.get("end_step"), config.get("start_end_list"), config.get("freq", 1))
+    if every_iteration_from(*window, iteration):
+        return EveryIteration(iteration)
+    return next_enabled_iter(*window, iteration)
 
 
 def stats_reduction(tensor_name: str, tp_group: Any, tp_size: int) -> dict[str, Any]:

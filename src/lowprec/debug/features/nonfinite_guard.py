@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 import nvdlfw_inspect.api as debug_api
-from lowprec.debug.features.api import TEConfigAPIMapper
+from lowprec.debug.features.api import EveryIteration, TEConfigAPIMapper
 from lowprec.debug.features.dump_tensors import dump_path
 from lowprec.debug.names import BACKWARD_TENSORS, TENSOR_GEMMS, TENSORS
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, NonFiniteError
@@ -31,8 +30,7 @@ MODES = ("warn", "raise")
 _NONE = 2**62  # no non-finite tensor yet: larger than any position
 
 
-@dataclass(frozen=True)
-class _Call:
+class _Call(NamedTuple):  # a tuple: one is made per inspected tensor
     layer: str
     tensor: str
     micro_batch: int
@@ -85,7 +83,7 @@ class NonfiniteGuard(TEConfigAPIMapper):
     # --- the step ----------------------------------------------------------------------------------
     @api_method
     def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int) -> tuple[bool, int]:
-        return True, iteration + 1
+        return EveryIteration(iteration)
 
     @api_method
     def inspect_tensor(
