@@ -11,9 +11,11 @@ when debugging, ``debug_api.step()``. Variants, timed interleaved in one process
 Printed per variant: the step time (fastest of ``--repeats`` interleaved rounds of ``--steps`` steps) and its
 ratio to no debug (target for guard only: at most 1.02x); the ops dispatched per step (aten ops, counted exactly
 with ``harness.count_ops``, a ``TorchDispatchMode``, over whole steps) and the ops beyond the no-debug step per
-guarded tensor; the host synchronizations per step in the training work (forward, backward, optimizer) and
-inside ``debug_api.step()`` (on CUDA the warnings of ``torch.cuda.set_sync_debug_mode``, on the CPU the ops that
-would synchronize on a GPU: ``.item()``, host data into a tensor); and the host reads inside ``debug_api.step()``
+guarded tensor; the host's Python work as function calls per step (Python and builtin,
+``harness.count_python_calls``: exact where timings drift) and those beyond the no-debug step per guarded tensor;
+the host synchronizations per step in the training work (forward, backward, optimizer) and inside
+``debug_api.step()`` (on CUDA the warnings of ``torch.cuda.set_sync_debug_mode``, on the CPU the ops that would
+synchronize on a GPU: ``.item()``, host data into a tensor); and the host reads inside ``debug_api.step()``
 (``Tensor.item``, ``tolist``, ``cpu``, ``numpy`` and the conversions to Python numbers, with the values they read):
 the guard's one read of its flag. Then the ops the guard adds, by name. The tables are Markdown, with the machine,
 torch version, date and commit.
@@ -36,6 +38,7 @@ import torch
 from harness import (
     InProcess,
     count_ops,
+    count_python_calls,
     count_syncs,
     debug_session,
     device_name,
@@ -149,6 +152,7 @@ def measure_variant(bench: Bench, variant: str, log_dir: str) -> dict:
         ops: Counter[str] = Counter()
         for _ in range(COUNTED_STEPS):
             ops.update(count_ops(step))
+        python_calls = sum(count_python_calls(step) for _ in range(COUNTED_STEPS))
         syncs_train = syncs_step = 0
         reads: Counter[str] = Counter()
         for _ in range(COUNTED_STEPS):
@@ -161,6 +165,7 @@ def measure_variant(bench: Bench, variant: str, log_dir: str) -> dict:
                 reads.update(step_reads)
     return {
         "ops": {name: count / COUNTED_STEPS for name, count in ops.items()},
+        "python_calls": python_calls / COUNTED_STEPS,
         "syncs_train": syncs_train / COUNTED_STEPS,
         "syncs_in_step": syncs_step / COUNTED_STEPS if debug else None,
         "reads_in_step": reads["calls"] / COUNTED_STEPS if debug else None,
@@ -172,6 +177,7 @@ def markdown(args: argparse.Namespace, bench: Bench, fastest: dict[str, float], 
     cuda = bench.device.type == "cuda"
     machine = torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()}), {torch.get_num_threads()} threads"
     base_ops = sum(measured["no debug"]["ops"].values())
+    base_calls = measured["no debug"]["python_calls"]
     sync_label = "syncs" if cuda else "sync ops*"
     lines = [
         f"NonfiniteGuard cost: {args.depth} x lowprec.Linear({args.width}), {args.tokens} tokens, {args.dtype}, FP8 "
@@ -180,19 +186,23 @@ def markdown(args: argparse.Namespace, bench: Bench, fastest: dict[str, float], 
         f"step, mean of steps {WARMUP_STEPS}-{WARMUP_STEPS + COUNTED_STEPS - 1}; {bench.guarded} guarded tensors per "
         f"step ({args.depth} layers x {GUARDED_PER_LAYER}, less the first layer's dgrad)",
         "",
-        f"| variant | ms/step | ratio | ops/step | extra ops | extra ops per guarded tensor | {sync_label}/step "
-        f"(training) | {sync_label} in step() | host reads in step() (values) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| variant | ms/step | ratio | ops/step | extra ops | extra ops per guarded tensor | Python calls/step | extra "
+        f"Python calls per guarded tensor | {sync_label}/step (training) | {sync_label} in step() | host reads in step() "
+        "(values) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for variant in VARIANTS:
         m, seconds = measured[variant], fastest[variant]
         ops = sum(m["ops"].values())
-        per_guarded = f"{(ops - base_ops) / bench.guarded:.1f}" if variant == "guard only" else "-"
+        guard = variant == "guard only"
+        per_guarded = f"{(ops - base_ops) / bench.guarded:.1f}" if guard else "-"
+        calls = m["python_calls"]
+        calls_per_guarded = f"{(calls - base_calls) / bench.guarded:.1f}" if guard else "-"
         in_step = "-" if m["syncs_in_step"] is None else f"{m['syncs_in_step']:g}"
         reads = "-" if m["reads_in_step"] is None else f"{m['reads_in_step']:g} ({m['values_read_in_step']:g})"
         lines.append(
             f"| {variant} | {seconds * 1e3:.2f} | {seconds / fastest['no debug']:.3f} | {ops:.0f} | {ops - base_ops:+.0f} "
-            f"| {per_guarded} | {m['syncs_train']:g} | {in_step} | {reads} |"
+            f"| {per_guarded} | {calls:.0f} | {calls_per_guarded} | {m['syncs_train']:g} | {in_step} | {reads} |"
         )
     if not cuda:
         lines.append(
@@ -215,6 +225,8 @@ def json_measures(args: argparse.Namespace, bench: Bench, fastest: dict[str, flo
         "ops_per_step": ops,
         "guarded_tensors_per_step": bench.guarded,
         "extra_ops_per_guarded_tensor": (ops["guard only"] - ops["no debug"]) / bench.guarded,
+        "extra_python_calls_per_guarded_tensor": (measured["guard only"]["python_calls"] - measured["no debug"]["python_calls"])
+        / bench.guarded,
         "syncs_method": "CUDA sync debug mode warnings" if bench.device.type == "cuda" else "CPU proxy",
         "syncs_train_per_step": {variant: measured[variant]["syncs_train"] for variant in VARIANTS},
         "syncs_in_step_per_step": {variant: measured[variant]["syncs_in_step"] for variant in VARIANTS},

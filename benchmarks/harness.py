@@ -131,6 +131,25 @@ def count_ops(fn: Callable[[], object]) -> Counter[str]:
     return counter.counts
 
 
+def count_python_calls(fn: Callable[[], object]) -> int:
+    """The function calls made while ``fn()`` runs, Python functions and builtins alike (``sys.setprofile``'s
+    ``call`` and ``c_call`` events): an exact count of the host's Python work, where timings on a shared
+    machine drift by more than the difference sought."""
+    calls = 0
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        if event == "call" or (event == "c_call" and arg is not sys.setprofile):  # not the call that ends counting
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
 # Ops that make the host wait for a GPU (``.item()``, host data into a tensor): the CPU's stand-in for syncs.
 SYNC_PROXY_OPS = ("aten::_local_scalar_dense", "aten::lift_fresh", "aten::lift_fresh_copy")
 

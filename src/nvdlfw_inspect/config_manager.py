@@ -439,6 +439,8 @@ class ConfigManager:
         """Declare type names of a layer that ``layer_types`` selectors also match (e.g. its class)."""
         if not isinstance(layer_name, str) or not all(isinstance(t, str) for t in types):
             raise TypeError(f"set_layer_types needs a layer name and type names as strings, got {layer_name!r}, {types!r}")
+        if cls.layer_types.get(layer_name) == types:  # layers declare theirs at each routing round
+            return
         cls.layer_types[layer_name] = tuple(types)
         cls.layer_name_to_config_cache.pop(layer_name, None)
 

@@ -28,7 +28,7 @@ TABLE_LINES = {
     "engine": ["lowprec FP8 current compiled", "delayed cast + transpose"],
     "formats": ["training step per recipe", "GB/s read"],
     "host_cost": ["log_tensor_stats"],
-    "guard_cost": ["guard only", "extra ops per guarded tensor"],
+    "guard_cost": ["guard only", "extra ops per guarded tensor", "extra Python calls per guarded tensor"],
 }
 
 

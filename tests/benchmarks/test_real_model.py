@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from harness import count_ops  # noqa: E402
+from harness import count_ops, count_python_calls  # noqa: E402
 
 TINY = {"hidden": 64, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 128, "vocab": 128, "batch": 1, "seq": 16}
 
@@ -19,6 +19,18 @@ TINY = {"hidden": 64, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 12
 @torch.library.custom_op("lowprec_benchmark_test::twice", mutates_args=())
 def twice(x: torch.Tensor) -> torch.Tensor:
     return x.mul(2).add(0)
+
+
+def test_count_python_calls_counts_python_functions_and_builtins():
+    def inner() -> int:
+        return len([])
+
+    def outer() -> None:
+        inner()
+        inner()
+
+    assert count_python_calls(outer) == 5  # outer, inner twice, len twice
+    assert count_python_calls(lambda: None) == 1
 
 
 def test_count_ops_counts_each_dispatched_op():

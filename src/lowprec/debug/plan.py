@@ -20,7 +20,7 @@ from enum import Enum
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import EveryIteration, TEDefaultFeatures, normalize_answer
-from lowprec.debug.names import GEMMS, INPUT_TENSORS, ROUTING_ORDER, TENSOR_GEMMS
+from lowprec.debug.names import INPUT_TENSORS, ROUTING_ORDER, TENSOR_GEMMS
 from lowprec.plan.recipes import spec_of
 from lowprec.recipe import Recipe
 
@@ -42,6 +42,10 @@ class GemmFormats:
     labels: tuple[tuple[str, str, str | None], ...]  # (tensor, GEMM, label), in INPUT_TENSORS and TENSOR_GEMMS order
     recipes: tuple[tuple[str, Recipe], ...] = ()  # (GEMM, its recipe)
     rule: str | None = None
+    quantized_gemms: frozenset[str] = field(init=False, repr=False, compare=False)  # asked at every routing round
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "quantized_gemms", frozenset(g for _, g, label in self.labels if label is not None))
 
     @classmethod
     def of(
@@ -70,11 +74,7 @@ class GemmFormats:
 
     def quantizes(self, gemm: str) -> bool:
         """Whether ``gemm`` runs a recipe (both its operands come from it)."""
-        return any(label is not None for _, g, label in self.labels if g == gemm)
-
-    @property
-    def quantized_gemms(self) -> frozenset[str]:
-        return frozenset(gemm for gemm in GEMMS if self.quantizes(gemm))
+        return gemm in self.quantized_gemms
 
     @property
     def any(self) -> bool:

@@ -11,7 +11,6 @@ of the guard in a step.
 from __future__ import annotations
 
 import os
-from collections import Counter
 from typing import Any, NamedTuple
 
 import torch
@@ -61,7 +60,7 @@ class NonfiniteGuard(TEConfigAPIMapper):
     def _reset(self) -> None:
         self._extrema: list[torch.Tensor] = []  # device scalars: each call's minimum and maximum, in call order
         self._calls: list[_Call] = []
-        self._seen: Counter[tuple[str, str]] = Counter()
+        self._seen: dict[tuple[str, str], int] = {}
         self._anchor: tuple[str, str] | None = None  # the step's first forward call: each repeat is a micro-batch
         self._micro_batch = 0
         self._layer_forwards: dict[str, tuple[str, list[int]]] = {}  # layer -> (its first forward tensor, micro-batches)
@@ -126,8 +125,8 @@ class NonfiniteGuard(TEConfigAPIMapper):
         forward it belongs to, the k-th backward the k-th forward (so an expert no token reached in some micro-batch
         keeps the micro-batch's number); without a guarded forward of its layer, its call count."""
         key = (layer, tensor_name)
-        count = self._seen[key]
-        self._seen[key] += 1
+        count = self._seen.get(key, 0)
+        self._seen[key] = count + 1
         if tensor_name in BACKWARD_TENSORS:
             forwards = self._layer_forwards.get(layer, ("", []))[1]
             return forwards[count] if count < len(forwards) else count
