@@ -156,8 +156,13 @@ class _Launch:
         self.want_abs_min |= buffer.want_abs_min
         self.want_moments |= buffer.want_moments
 
+    @property
+    def fed(self) -> bool:
+        """Whether a request or an amax wants this tensor's operator call."""
+        return bool(self.rows or self.amax_outs)
+
     def run(self, table: torch.Tensor, call_out: torch.Tensor | None = None) -> None:
-        if self.rows or call_out is not None or self.amax_outs:
+        if self.fed or call_out is not None:
             scales = [scale for scale, _ in self.quantizations]
             grids = [grid for _, grid in self.quantizations]
             amax_out = self.amax_outs[0] if self.amax_outs else None
@@ -589,7 +594,7 @@ class _OneLaunch:
         try:
             buffers._launch = self.outer
             launch = self.launch
-            if error_type is None and (launch.rows or launch.amax_outs):  # else no feature fed it: nothing to run
+            if error_type is None and launch.fed:  # else no feature fed it: no table to look up
                 launch.run(buffers._table(launch.tensor.device).rows)
         finally:
             buffers._lock.release()
