@@ -21,8 +21,12 @@ from nvdlfw_inspect.reading import Statistic, iter_statistics
 from nvdlfw_inspect.report import report_data
 
 #: steps between the first iteration of a growth finding and the divergence of the loss, at least (measured: 11
-#: for the growing channel, by a loss x100 its start; 15 for the attention logits, by a loss no longer finite)
+#: for the growing channel, by a loss x100 its start; 13 to 15 for the attention logits, by a loss no longer finite)
 CHANNEL_LEAD, ATTENTION_LEAD = 8, 12
+#: steps between the first step whose diagnosis (of the statistics logged before it) names the attention's growth
+#: and the first loss no longer finite, at least (measured: 10)
+ATTENTION_WARNING = 8
+QK_LAYERS = ("model.attn.q_proj", "model.attn.k_proj")
 
 
 def before(log_dir, step: int):
@@ -74,12 +78,17 @@ def test_the_report_lists_the_growth_findings_and_names_their_kinds(channel):
 
 def test_attention_logits_that_grow_under_a_high_learning_rate_are_flagged_before_the_loss_diverges(tmp_path):
     losses = attention_run(tmp_path)
+    # the run is chaotic once it blows up: the step of its first non-finite loss moves with the CPU's matmul
+    # kernels (29 and 27 on the two CPUs it has run on), so the leads below are measured from the step it happened
     diverged = diverged_at(losses, math.inf)  # the first loss that is not finite
-    assert diverged == 29 and diverged_at(losses) == 15
+    assert 24 <= diverged <= 30 and diverged_at(losses) < diverged
     found = growths(before(tmp_path, diverged))
-    qk = {key: f for key, f in found.items() if key[1] in ("model.attn.q_proj", "model.attn.k_proj")}
+    qk = {key: f for key, f in found.items() if key[1] in QK_LAYERS}
     assert {kind for kind, _, _ in qk} == set(GROWTH_KINDS)
     assert diverged - min(f.first_iteration for f in qk.values()) >= ATTENTION_LEAD
+    # and the warning itself: the first step at which diagnose, given what was logged before it, names the growth
+    warned = next(step for step in range(diverged + 1) if any(key[1] in QK_LAYERS for key in growths(before(tmp_path, step))))
+    assert diverged - warned >= ATTENTION_WARNING
     drift = qk[("scale_drift", "model.attn.q_proj", "weight")]
     assert drift.stat == "scale_inv_max" and "arXiv 2309.14322" in drift.message
     # no routing records name its recipe, so a delayed scale that would lag it may be the run's
