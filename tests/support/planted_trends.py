@@ -6,8 +6,9 @@ each step (an outlier feature that grows); SGD diverges once that channel's curv
 loss at step 17, NaN from step 20). ``growth=1``: the same run, healthy.
 ``attention_run``: one attention head (q, k, v projections) fit to a fixed teacher with SGD; a too-high ``lr`` (13.5)
 makes the query and key weights, and so the attention logits, grow until the loss blows up (x100 at step 14 or 15) and
-is no longer finite (inf at step 27 or 29: chaotic, it moves with the CPU's matmul kernels); ``lr=2``: healthy, and so is Adam at ``lr=0.1`` (80 steps), whose key output's
-kurtosis doubles as the attention sharpens while the loss falls.
+is no longer finite (inf at step 27 or 29: chaotic, it moves with the CPU's matmul kernels); ``lr=2``: healthy, and
+so is Adam at ``lr=0.1`` (80 steps), whose key output's kurtosis doubles as the attention sharpens while the loss
+falls.
 Both log kurtosis, rms, outlier_channel_ratio, max_channel and cur_amax of every GEMM tensor (``LogTensorStats``)
 and scale_inv_max of the cast ones (``LogFp8TensorStats``); with ``guard=True`` also ``NonfiniteGuard`` (warn), which
 names the first tensor of a step that holds NaN or inf in the debug log.

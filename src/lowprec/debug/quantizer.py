@@ -81,7 +81,7 @@ class DebugProcessing:
         gemms = TENSOR_GEMMS[tensor_name]
         first, second = gemms
         pair = self.quantizers.pair(tensor_name)
-        tensor = tensor.detach()
+        tensor = tensor.detach() if tensor.requires_grad else tensor  # a detach is a dispatched op
         iteration = _iteration()
         casts = self._casts(tensor, plan, gemms, pair, transpose)
         operands: dict[str, Operand] = {}
@@ -179,7 +179,7 @@ class DebugProcessing:
                 iteration=iteration,
             )
         if plan.inspect and tensor_name in self.inspected:
-            self._inspect(tensor_name, tensor.detach(), iteration, None, None, None)
+            self._inspect(tensor_name, tensor.detach() if tensor.requires_grad else tensor, iteration, None, None, None)
         return tensor
 
     def _inspect(

@@ -96,25 +96,47 @@ static inline float uniform(uint32_t low, uint32_t high, uint32_t key_low, uint3
     return (float)(int32_t)(mixed >> 8) * 0x1p-24f;
 }
 
-/* The NaN-ignoring amax of n contiguous values (an NVFP4 tensor's, for its per-tensor scale), as the largest
-   magnitude's bits below NaN's (magnitudes' bits order as their values). */
-static float tensor_amax(const void *x, int dtype, int64_t n) {
-    int32_t amax = 0;
+/* The NaN-ignoring amax of n contiguous values (TE's fmaxf keeps infinities and drops NaN), as the largest magnitude's
+   bits below NaN's (magnitudes' bits order as their values), and in *nonfinite whether any value is NaN or infinite:
+   the largest magnitude's bits at or above infinity's. */
+static float scan_amax(const void *x, int dtype, int64_t n, int *nonfinite) {
+    int32_t amax = 0, top = 0; /* signed, so that the compiler vectorizes the two maxima */
     if (dtype == DT_F32) {
-        const float *values = x;
+        const int32_t *bits = x;
         for (int64_t i = 0; i < n; i++) {
-            int32_t bits = (int32_t)(float_bits(values[i]) & 0x7FFFFFFFu);
-            bits = bits <= 0x7F800000 ? bits : 0;
-            amax = bits > amax ? bits : amax;
+            int32_t magnitude = bits[i] & 0x7FFFFFFF;
+            top = magnitude > top ? magnitude : top;
+            magnitude = magnitude <= 0x7F800000 ? magnitude : 0;
+            amax = magnitude > amax ? magnitude : amax;
         }
-    } else {
-        for (int64_t i = 0; i < n; i++) {
-            int32_t bits = (int32_t)(float_bits(load(x, dtype, i)) & 0x7FFFFFFFu);
-            bits = bits <= 0x7F800000 ? bits : 0;
-            amax = bits > amax ? bits : amax;
-        }
+        *nonfinite = top >= 0x7F800000;
+        return bits_float((uint32_t)amax);
     }
-    return bits_float((uint32_t)amax);
+    /* bf16 and fp16 alike: their own bits order as their magnitudes, so only the largest is converted */
+    const int16_t *bits = x;
+    int32_t infinity = dtype == DT_BF16 ? 0x7F80 : 0x7C00;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t magnitude = bits[i] & 0x7FFF;
+        top = magnitude > top ? magnitude : top;
+        magnitude = magnitude <= infinity ? magnitude : 0;
+        amax = magnitude > amax ? magnitude : amax;
+    }
+    *nonfinite = top >= infinity;
+    return dtype == DT_BF16 ? bits_float((uint32_t)amax << 16) : half_to_float((uint16_t)amax);
+}
+
+/* An NVFP4 tensor's amax, for its per-tensor scale. */
+static float tensor_amax(const void *x, int dtype, int64_t n) {
+    int nonfinite;
+    return scan_amax(x, dtype, n, &nonfinite);
+}
+
+/* A per-tensor FP8 cast's amax (NaN ignored) and, from the same read, its non-finite probe: 0 when every value is
+   finite, NaN otherwise (what NonfiniteGuard takes instead of reading the tensor again). */
+void amax_and_probe(const void *x, int dtype, int64_t n, float *amax, float *probe) {
+    int nonfinite;
+    *amax = scan_amax(x, dtype, n, &nonfinite);
+    *probe = nonfinite ? NAN : 0.0f;
 }
 
 /* fp32 v rounded to bf16 (nearest even; NaN to the canonical NaN, as torch's conversion) and back. */

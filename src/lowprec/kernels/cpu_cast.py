@@ -40,7 +40,7 @@ def _library() -> ctypes.CDLL | None:
     source = resources.files(__package__).joinpath("cpu_cast.c").read_text(encoding="utf-8")
     try:
         library = load_library("cpu_cast", source)
-        cast, decode = library.block_cast, library.block_decode
+        cast, decode, scan = library.block_cast, library.block_decode, library.amax_and_probe
     except (OSError, AttributeError, subprocess.SubprocessError) as error:  # AttributeError: a library without the symbol
         logger.warning(
             f"lowprec: CPU block casts use torch operations, several times slower: the C kernel is unavailable ({error}); "
@@ -52,6 +52,8 @@ def _library() -> ctypes.CDLL | None:
     cast.argtypes = [pointer, i32, *[i64] * 4, *[i32] * 5, f32, i32, i32, f32, *[i32] * 3, ctypes.c_uint64, *[pointer] * 4]
     decode.restype = None
     decode.argtypes = [pointer, i64, i64, i32, i32, pointer, pointer, i32, f32, pointer]
+    scan.restype = None
+    scan.argtypes = [pointer, i32, i64, pointer, pointer]
     return library
 
 
@@ -159,6 +161,19 @@ def decodes(data: torch.Tensor) -> bool:
         and not torch.compiler.is_compiling()
         and _library() is not None
     )
+
+
+def scans(x: torch.Tensor) -> bool:
+    """Whether :func:`amax_and_probe` reads ``x``: a contiguous CPU tensor of fp32, bf16 or fp16 the kernel serves."""
+    return x.dtype in DTYPE_CODES and x.is_contiguous() and decodes(x)
+
+
+def amax_and_probe(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(amax, probe)`` of ``x`` (:func:`scans` it) in one read, both 0-dim fp32: the amax NaN ignored, as
+    ``per_tensor.amax_of``; the probe 0 when every value is finite, NaN when one is NaN or infinite."""
+    amax, probe = torch.empty((), dtype=torch.float32), torch.empty((), dtype=torch.float32)
+    _library().amax_and_probe(x.data_ptr(), DTYPE_CODES[x.dtype], x.numel(), amax.data_ptr(), probe.data_ptr())
+    return amax, probe
 
 
 def decode(

@@ -7,6 +7,11 @@ before the cast, so that and one tiny kernel that updates the amax history and t
 (``fp8_scales.delayed_scaling_update``) are the whole quantization. With current scaling
 ``fp8_scales.current_scaling`` reads the tensor once more first for its amax and scale.
 
+Amax partials are fp32 of shape ``(2, P)``: row 0 one NaN-ignoring partial amax per program (their max is
+the amax), row 1 per program 1.0 where it read a NaN or an infinity, else 0.0. The flags cost no read of
+their own, so the scale kernels turn them into a probe (0, or NaN where the tensor held a non-finite
+value) that a NaN/inf guard can check instead of reading the tensor again.
+
 The bytes, amaxes and scales equal the CPU emulation's exactly: each value is first rounded to the
 format's grid (round to nearest even, the format's subnormals included) with float arithmetic, so
 the hardware conversion that follows only re-encodes an exactly representable value; every NaN
@@ -80,6 +85,8 @@ def _cast_tile(
     if RECORD_AMAX:
         program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         tl.store(amax_ptr + program, _masked_amax(x, inside))
+        tiles = tl.num_programs(0) * tl.num_programs(1)
+        tl.store(amax_ptr + tiles + program, tl.max(nonfinite(x)))  # row 1 of the (2, tiles) partials
 
 
 @triton.jit
@@ -102,6 +109,13 @@ def _masked_amax(x, inside):
 
 
 @triton.jit
+def nonfinite(x):
+    """1.0 where ``x`` is NaN or +-inf, else 0.0 (``|x| < inf`` is False for both); the padding, loaded
+    as 0, never counts."""
+    return tl.where(tl.abs(x) < float("inf"), 0.0, 1.0)
+
+
+@triton.jit
 def nan_ignoring_max(values):
     """The largest of non-negative ``values``, NaN ignored as TE's ``fmaxf`` ignores it (0 if all are NaN)."""
     return tl.max(tl.where(values == values, values, 0.0))
@@ -109,37 +123,41 @@ def nan_ignoring_max(values):
 
 @triton.jit
 def _amax_blocks(x_ptr, amax_ptr, n, BLOCK: tl.constexpr):
-    """Each program folds every ``num_programs``-th block into one partial amax (few programs, so
-    the partials stay few and no atomics contend)."""
+    """Each program folds every ``num_programs``-th block into one partial amax and one non-finite
+    flag (few programs, so the partials stay few and no atomics contend)."""
     block_start = tl.program_id(0).to(tl.int64) * BLOCK
     step = tl.num_programs(0).to(tl.int64) * BLOCK
     running = tl.zeros((BLOCK,), dtype=tl.float32)
+    flagged = tl.zeros((BLOCK,), dtype=tl.float32)
     while block_start < n:  # not ``for``: see the module docstring
         offsets = block_start + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0).to(tl.float32)
         magnitude = tl.abs(x)
         running = tl.where(magnitude > running, magnitude, running)  # False for NaN: ignored
+        flagged = tl.where(magnitude < float("inf"), flagged, 1.0)  # False for NaN and inf: flagged
         block_start += step
     tl.store(amax_ptr + tl.program_id(0), tl.max(running))
+    tl.store(amax_ptr + tl.num_programs(0) + tl.program_id(0), tl.max(flagged))  # row 1 of the (2, P) partials
 
 
 def amax_partials(tensor: torch.Tensor) -> torch.Tensor:
-    """Partial ``max |tensor|`` values (fp32, at most ``AMAX_PROGRAMS``) whose max is the amax, in one
-    read, NaN ignored."""
+    """Amax partials of ``tensor`` (fp32, shape ``(2, P)``, ``P`` at most ``AMAX_PROGRAMS``) in one read:
+    row 0 partial ``max |tensor|`` values, NaN ignored, whose max is the amax; row 1 each program's
+    non-finite flag (see the module docstring)."""
     x = tensor.detach().reshape(-1)
     if not x.is_contiguous():
         x = x.contiguous()
     if x.numel() == 0:
-        return torch.zeros(1, dtype=torch.float32, device=x.device)
+        return torch.zeros((2, 1), dtype=torch.float32, device=x.device)
     programs = min(triton.cdiv(x.numel(), AMAX_BLOCK), AMAX_PROGRAMS)
-    partials = torch.empty(programs, dtype=torch.float32, device=x.device)
+    partials = torch.empty((2, programs), dtype=torch.float32, device=x.device)
     _amax_blocks[(programs,)](x, partials, x.numel(), BLOCK=AMAX_BLOCK, **OPTIONS)
     return partials
 
 
 def amax_of(tensor: torch.Tensor) -> torch.Tensor:
     """``per_tensor.amax_of(tensor)`` (NaN ignored) as a 0-dim fp32 tensor, in one read."""
-    return amax_partials(tensor).amax()
+    return amax_partials(tensor)[0].amax()
 
 
 def cast_fp8(
@@ -147,16 +165,16 @@ def cast_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``(bytes, transposed bytes, amax partials)``: the FP8 bytes of ``tensor * scale`` (a 2-D
     tensor, any strides), those of its transpose (contiguous) if ``transpose``, and if
-    ``record_amax`` one partial ``max |tensor|`` per tile (fp32; their max is the amax, see
-    ``kernels.fp8_scales``); what is not asked for is None."""
+    ``record_amax`` the amax partials of shape ``(2, tiles)``, one column per tile (see the module
+    docstring), read from the same tile as the cast; what is not asked for is None."""
     rows, cols = tensor.shape
     out = torch.empty((rows, cols), dtype=fmt.dtype, device=tensor.device)
     out_t = torch.empty((cols, rows), dtype=fmt.dtype, device=tensor.device) if transpose else None
     if tensor.numel() == 0:
-        partials = torch.zeros(1, dtype=torch.float32, device=tensor.device) if record_amax else None
+        partials = torch.zeros((2, 1), dtype=torch.float32, device=tensor.device) if record_amax else None
         return out, out_t, partials
     grid = (triton.cdiv(rows, TILE), triton.cdiv(cols, TILE))
-    partials = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=tensor.device) if record_amax else None
+    partials = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=tensor.device) if record_amax else None
     _cast_tile[grid](
         tensor,
         scale.reshape(1).float(),

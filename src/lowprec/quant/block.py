@@ -93,7 +93,7 @@ class BlockQuantizer:
 
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> BlockScaledTensor:
         """``tensor`` viewed as 2-D (``[-1, last_dim]``), rowwise and, with ``transpose``, columnwise."""
-        tensor = tensor.detach()
+        tensor = tensor.detach() if tensor.requires_grad else tensor  # a detach is a dispatched op
         x = tensor.reshape(math.prod(tensor.shape[:-1]), tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
         offset = None
         if self.rounding is not None:

@@ -17,6 +17,7 @@ import torch
 from lowprec import kernels
 from lowprec.formats.elements import FP8Format
 from lowprec.formats.scales import scale_from_amax
+from lowprec.kernels import cpu_cast
 from lowprec.quant.protocol import CastState, Float8Tensor, Quantizer
 
 DELAYED_LABEL, CURRENT_LABEL = "fp8_delayed_scaling", "fp8_current_scaling"
@@ -58,13 +59,21 @@ def amax_of(tensor: torch.Tensor) -> torch.Tensor:
     """Largest magnitude as a 0-dim fp32 tensor, NaN ignored (0 for an empty or all-NaN tensor): Transformer
     Engine's amax kernels reduce with ``fmaxf`` / ``__hmax``, which drop NaN (``recipe/current_scaling.cu``), so
     a NaN element leaves the scale of the others as it was."""
+    return amax_and_probe(tensor)[0]
+
+
+def amax_and_probe(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`amax_of` and, where the read that finds it also tells it (the C kernel on a CPU), the tensor's
+    non-finite probe (``Float8Tensor.nonfinite_probe``); else None: finding it would take another read."""
     if tensor.numel() == 0:
-        return torch.zeros((), dtype=torch.float32, device=tensor.device)
+        return torch.zeros((), dtype=torch.float32, device=tensor.device), None
     if kernels.runs_on(tensor):
         from lowprec.kernels import fp8_cast
 
-        return fp8_cast.amax_of(tensor)
-    return nan_ignoring_amax(tensor.detach().abs())
+        return fp8_cast.amax_of(tensor), None
+    if cpu_cast.scans(tensor):
+        return cpu_cast.amax_and_probe(tensor)
+    return nan_ignoring_amax(tensor.detach().abs()), None
 
 
 def nan_ignoring_amax(magnitudes: torch.Tensor) -> torch.Tensor:
@@ -94,14 +103,19 @@ class CurrentScalingQuantizer:
         return scale_from_amax(amax_of(tensor), self.format, self.margin)
 
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
-        """On the fused path: one pass for the amax, a tiny kernel for the scale, one for the cast."""
-        tensor = tensor.detach()
+        """On the fused path: one pass for the amax (and the non-finite probe), a tiny kernel for the scale, one for
+        the cast."""
+        tensor = tensor.detach() if tensor.requires_grad else tensor  # a detach is a dispatched op
         if kernels.runs_on(tensor):
             from lowprec.kernels import fp8_scales
 
-            scale, scale_inv = fp8_scales.current_scaling(tensor, self.format, self.margin)
-            return quantize_with_scale(tensor, scale, self.format, transpose, scale_inv)
-        return quantize_with_scale(tensor, self.scale_for(tensor), self.format, transpose)
+            scale, scale_inv, probe = fp8_scales.current_scaling(tensor, self.format, self.margin)
+            quantized = quantize_with_scale(tensor, scale, self.format, transpose, scale_inv)
+        else:
+            amax, probe = amax_and_probe(tensor)
+            quantized = quantize_with_scale(tensor, scale_from_amax(amax, self.format, self.margin), self.format, transpose)
+        quantized.nonfinite_probe = probe
+        return quantized
 
     def replaying(self, state: CastState) -> Quantizer:
         return self if state is None else FixedScaleQuantizer(self.format, *state, label=self.label)
@@ -162,17 +176,18 @@ class DelayedScalingQuantizer:
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
         """On the fused path: one pass casts (and transposes if asked) and records the amax; a tiny
         kernel then updates the history and the scales."""
-        tensor = tensor.detach()
+        tensor = tensor.detach() if tensor.requires_grad else tensor  # a detach is a dispatched op
         with outside_inference_mode():
             scale = self.scale_for(tensor)
             quantized, partials = _cast(tensor, scale, self.format, transpose, self.scale_inv, record_amax=True)
             if partials is None:
-                self.record_amax(amax_of(tensor))
+                amax, quantized.nonfinite_probe = amax_and_probe(tensor)
+                self.record_amax(amax)
             else:
                 from lowprec.kernels import fp8_scales
 
                 use_max = self.recipe.amax_compute_algo == "max"
-                self.amax_history, self.scale, self.scale_inv = fp8_scales.delayed_scaling_update(
+                self.amax_history, self.scale, self.scale_inv, quantized.nonfinite_probe = fp8_scales.delayed_scaling_update(
                     partials, self.amax_history, scale, self.format, self.recipe.margin, use_max
                 )
         return quantized
@@ -184,7 +199,7 @@ class DelayedScalingQuantizer:
                 from lowprec.kernels import fp8_scales
 
                 use_max = self.recipe.amax_compute_algo == "max"
-                self.amax_history, self.scale, self.scale_inv = fp8_scales.delayed_scaling_update(
+                self.amax_history, self.scale, self.scale_inv, _ = fp8_scales.delayed_scaling_update(
                     amax.reshape(1), self.amax_history, self.scale, self.format, self.recipe.margin, use_max
                 )
                 return

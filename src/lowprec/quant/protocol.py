@@ -89,7 +89,9 @@ class Float8Tensor(QuantizedTensor):
     ``other_layout``, when present, holds the same values in the other memory order (a column-major
     view when ``data`` is row-major), made by the fused cast so that GEMMs wanting that order need no
     copy. ``scale``, when known, is the scale the cast multiplied by (statistics recompute the cast
-    from it: its reciprocal ``scale_inv`` does not always give it back exactly).
+    from it: its reciprocal ``scale_inv`` does not always give it back exactly). ``nonfinite_probe``, when the
+    cast's own read of the source told it: a 0-dim fp32 tensor, 0 if every source value was finite, NaN if one was
+    NaN or infinite (``NonfiniteGuard`` takes it instead of reading the source again); not part of the saved state.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class Float8Tensor(QuantizedTensor):
         dtype: torch.dtype,
         other_layout: torch.Tensor | None = None,
         scale: torch.Tensor | None = None,
+        nonfinite_probe: torch.Tensor | None = None,
     ):
         self.data = data
         self.scale_inv = scale_inv
@@ -107,6 +110,7 @@ class Float8Tensor(QuantizedTensor):
         self.dtype = dtype
         self.other_layout = other_layout
         self.scale = scale
+        self.nonfinite_probe = nonfinite_probe
 
     @property
     def shape(self) -> torch.Size:
@@ -119,7 +123,7 @@ class Float8Tensor(QuantizedTensor):
     def t(self) -> Float8Tensor:
         """The transpose (views of the same bytes)."""
         other = self.other_layout.t() if self.other_layout is not None else None
-        return Float8Tensor(self.data.t(), self.scale_inv, self.format, self.dtype, other, self.scale)
+        return Float8Tensor(self.data.t(), self.scale_inv, self.format, self.dtype, other, self.scale, self.nonfinite_probe)
 
     def row_major(self) -> torch.Tensor:
         """The values in row-major order: a stored layout if one is, else a copy."""

@@ -33,7 +33,7 @@ class Net(torch.nn.Module):
         return self.fc2(torch.relu(y))
 
 
-def run(log_dir, mode=None, steps=3, poison_at=(1, 1), guard=True):
+def run(log_dir, mode=None, steps=3, poison_at=(1, 1), guard=True, recipe=MXFP8):
     """``steps`` steps of 2 micro-batches, the NaN planted at (step, micro-batch) ``poison_at``; what each step did."""
     options = {} if mode is None else {"on_nonfinite": mode}
     start(section({"NonfiniteGuard": {"enabled": True, **options}}), log_dir)
@@ -46,7 +46,7 @@ def run(log_dir, mode=None, steps=3, poison_at=(1, 1), guard=True):
     outcomes = []
     for step in range(steps):
         for micro_batch in range(2):
-            with lowprec.autocast(recipe=MXFP8):
+            with lowprec.autocast(recipe=recipe):
                 out = model(x, poison=(step, micro_batch) == poison_at)
             out.float().pow(2).mean().backward()
         before = [p.detach().clone() for p in model.parameters()]
@@ -206,10 +206,52 @@ def test_each_tensor_costs_one_op_and_the_first_nan_or_infinity_is_found_across_
         ("d", torch.tensor([float("nan"), 1.0])),
     ]
     for layer, tensor in tensors:
-        ops = count_ops(lambda layer=layer, tensor=tensor: guard._record(layer, "activation", tensor, "warn"))
+        ops = count_ops(lambda layer=layer, tensor=tensor: guard._record(layer, "activation", tensor, None, "warn"))
         assert sum(ops.values()) <= 1, ops  # torch.aminmax, none for the empty tensor
     error, mode = guard.verdict(step=5, group=None)
     assert (error.layer, error.tensor, error.step, mode) == ("c", "activation", 5, "warn")
     guard.reset()
-    guard._record("a", "activation", finite, "warn")
+    guard._record("a", "activation", finite, None, "warn")
     assert guard.verdict(step=6, group=None) is None
+    # a cast's probe stands for the tensor: no op of the guard's own, and its verdict (not the tensor's) counts
+    guard.reset()
+    for layer, probe in (("a", torch.tensor(0.0)), ("b", torch.tensor(float("nan")))):
+        ops = count_ops(lambda layer=layer, probe=probe: guard._record(layer, "activation", finite, probe, "warn"))
+        assert sum(ops.values()) == 0, ops
+    error, _ = guard.verdict(step=7, group=None)
+    assert (error.layer, error.step) == ("b", 7)
+
+
+@pytest.mark.parametrize("recipe", [lowprec.DelayedScaling(), lowprec.Float8CurrentScaling()], ids=["delayed", "current"])
+def test_operands_cast_per_tensor_are_checked_by_the_casts_own_read(tmp_path, recipe):
+    """The C kernel that finds a per-tensor cast's amax also tells whether the tensor held NaN or inf: the guard reads
+    only the GEMM outputs itself, and names the same first tensor as when it reads every tensor (torch casts)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    from harness import count_ops
+
+    verdicts, reads = {}, {}
+    for kernels in ("auto", "emulated"):
+        previous = lowprec.kernels.set_kernel_mode(kernels)
+        try:
+            outcomes = run(tmp_path / kernels, "raise", recipe=recipe)
+            debug_api.end_debug()
+            start(section({"NonfiniteGuard": {"enabled": True}}), tmp_path / f"{kernels}-ops")
+            model, x = Net(), torch.randn(16, 32)
+            debug_api.infer_and_assign_layer_names(model)
+
+            def micro_batch(model=model, x=x):
+                with lowprec.autocast(recipe=recipe):
+                    out = model(x)
+                out.float().pow(2).mean().backward()  # sum()'s gradient is expanded: not contiguous, read by torch
+
+            micro_batch()  # the first call routes the questions
+            reads[kernels] = count_ops(micro_batch)["aten::aminmax"]
+            debug_api.end_debug()
+        finally:
+            lowprec.kernels.set_kernel_mode(previous)
+        error, unchanged = outcomes[1]
+        assert isinstance(error, NonFiniteError) and unchanged
+        verdicts[kernels] = (error.layer, error.gemm, error.tensor, error.micro_batch, error.step)
+    assert verdicts["auto"] == verdicts["emulated"] == ("model.fc1", "dgrad", "gradient", 1, 1)  # a cast operand
+    # fc1: activation, weight, gradient, output, wgrad (no dgrad: x needs no gradient); fc2: the six
+    assert (reads["emulated"], reads["auto"]) == (11, 5)  # the outputs only: fc1's output, wgrad; fc2's output, dgrad, wgrad

@@ -8,8 +8,15 @@
 2. The amaxes equal ``x.abs().amax()`` with NaN ignored (as TE's ``fmaxf``), over several loop rounds.
 3. The scales of current scaling and the history and scales of delayed scaling, each from one tiny
    kernel, equal ``scale_from_amax`` and ``DelayedScalingQuantizer.record_amax`` exactly: zero, NaN,
-   infinite and tiny amaxes (scale overflow), margins, both amax algorithms, several history lengths;
-   and TE's correctly rounded quotient by hand (448 / 903.6708984375 -> 0x3efdd3b1).
+   infinite and tiny amaxes (scale overflow), margins, both amax algorithms, several history lengths,
+   partials of shape (2, P) and 1-D ones alike; and TE's correctly rounded quotient by hand
+   (448 / 903.6708984375 -> 0x3efdd3b1).
+3b. The non-finite flags (row 1 of the partials) of the amax pass and of the cast equal, program by program
+   and tile by tile, torch's ``~isfinite`` of the same elements, and the probes of both scalings are NaN
+   exactly when the tensor holds a NaN or +-inf, 0 otherwise: one NaN, +inf or -inf anywhere, at the last
+   row and column of ragged tiles (65 x 257, 3 x 200), none (ragged shapes' padding never flags), the
+   largest finite values, bf16, fp16 and fp32, E4M3 and E5M2; 1-D partials give no probe and the same
+   history and scales.
 4. A ``lowprec.Linear`` trained with the kernels standing in for CUDA's gives bit-identical outputs,
    gradients and amax histories to the torch path, and its operands carry the transposed layout.
 5. With ``torch._scaled_mm`` (it runs on the CPU too) standing in for the GPU's, all three GEMMs of a
@@ -80,7 +87,7 @@ def check_casts(failures: list[str]) -> int:
         count += 1
         want = bits(fmt.cast(x.float() * scale))
         data, data_t, partials = fp8_cast.cast_fp8(x, scale, fmt, transpose=True, record_amax=True)
-        amax = partials.amax()
+        amax = partials[0].amax()
         if not torch.equal(bits(data), want):
             wrong = (bits(data) != want).nonzero()[:3].tolist()
             failures.append(f"{name}: bytes differ at {wrong}")
@@ -92,8 +99,10 @@ def check_casts(failures: list[str]) -> int:
         if not torch.equal(bits(alone), want) or none_t is not None or no_partials is not None:
             failures.append(f"{name}: cast without transpose and amax differs")
     data, data_t, partials = fp8_cast.cast_fp8(torch.zeros(0, 5), torch.tensor(1.0), E4M3, True, True)
-    if data.shape != (0, 5) or data_t.shape != (5, 0) or partials.amax().item() != 0.0:
+    if data.shape != (0, 5) or data_t.shape != (5, 0) or not torch.equal(partials, torch.zeros(2, 1)):
         failures.append("empty tensor")
+    if not torch.equal(fp8_cast.amax_partials(torch.zeros(0, 5)), torch.zeros(2, 1)):
+        failures.append("empty tensor's amax partials")
     return count
 
 
@@ -147,10 +156,12 @@ def check_scales(failures: list[str]) -> None:
     }
     for name, x in tensors.items():
         for fmt, margin in ((E4M3, 0), (E5M2, 3)):
-            scale, scale_inv = fp8_scales.current_scaling(x, fmt, margin)
+            scale, scale_inv, probe = fp8_scales.current_scaling(x, fmt, margin)
             want = scale_from_amax(reference_amax(x), fmt, margin)
             if not (torch.equal(scale, want) and torch.equal(scale_inv, want.reciprocal())):
                 failures.append(f"current scale {name} {fmt.name}: {scale.item()}, {scale_inv.item()} != {want.item()}")
+            if not right_probe(probe, x):
+                failures.append(f"current scale {name} {fmt.name}: probe {probe}")
     amaxes = [3.0, 0.0, 250.0, math.nan, 1e-3, math.inf, 7.5, 1e-44, 2.0]
     for length, algo, margin in ((1, "max", 0), (5, "max", 1), (4, "most_recent", 0), (1024, "max", 2)):
         recipe = lowprec.DelayedScaling(amax_history_len=length, amax_compute_algo=algo, margin=margin)
@@ -158,7 +169,12 @@ def check_scales(failures: list[str]) -> None:
         history, scale = reference.amax_history.clone(), reference.scale.clone()
         for amax in amaxes:
             partials = torch.tensor([amax / 2, amax, 0.0])
-            history, scale, scale_inv = fp8_scales.delayed_scaling_update(partials, history, scale, E4M3, margin, algo == "max")
+            flags = (~partials.isfinite()).float()  # what a cast of such values flags
+            update = fp8_scales.delayed_scaling_update(partials, history, scale, E4M3, margin, algo == "max")
+            with_flags = fp8_scales.delayed_scaling_update(
+                torch.stack([partials, flags]), history, scale, E4M3, margin, algo == "max"
+            )
+            history, scale, scale_inv, probe = update
             reference.record_amax(reference_amax(partials))  # the partials' max, NaN ignored
             same = torch.equal(history.nan_to_num(-1), reference.amax_history.nan_to_num(-1))
             if not (same and torch.equal(scale, reference.scale) and torch.equal(scale_inv, reference.scale_inv)):
@@ -166,20 +182,136 @@ def check_scales(failures: list[str]) -> None:
                     f"delayed {length} {algo} margin {margin}, amax {amax}: {scale.item()} != {reference.scale.item()}"
                 )
                 break
+            if probe is not None or not same_update(with_flags[:3], update[:3]) or not right_probe(with_flags[3], partials):
+                failures.append(f"delayed {length} {algo} margin {margin}, amax {amax}: (2, P) partials {with_flags}")
+                break
 
 
 def check_te_quotient(failures: list[str]) -> None:
     """Transformer Engine's ``__fdiv_rn(448, amax)``: 448 / 903.6708984375 = 0.49575570130 -> fp32 0x3efdd3b1
     (reciprocal-then-multiply gives 0x3efdd3b2); with margin 1, 224 / amax -> 0x3e7dd3b1. A NaN is ignored."""
     x = torch.tensor([[903.6708984375, math.nan, -2.0]])
-    scale, _ = fp8_scales.current_scaling(x, E4M3, 0)
+    scale, _, _ = fp8_scales.current_scaling(x, E4M3, 0)
     if scale.view(torch.int32).item() != 0x3EFDD3B1:
         failures.append(f"current scale of amax 903.6708984375: {hex(scale.view(torch.int32).item())}, not 0x3efdd3b1")
     history, scale = torch.zeros(2), torch.ones(())
     partials = fp8_cast.cast_fp8(x, scale, E4M3, transpose=False, record_amax=True)[2]
-    history, scale, _ = fp8_scales.delayed_scaling_update(partials, history, scale, E4M3, 1, True)
+    history, scale, _, _ = fp8_scales.delayed_scaling_update(partials, history, scale, E4M3, 1, True)
     if history.tolist() != [903.6708984375, 0.0] or scale.view(torch.int32).item() != 0x3E7DD3B1:
         failures.append(f"delayed update: history {history.tolist()}, scale {hex(scale.view(torch.int32).item())}")
+
+
+def right_probe(probe: torch.Tensor | None, x: torch.Tensor) -> bool:
+    """A 0-dim fp32 probe on ``x``'s device: NaN if ``x`` holds a NaN or an infinity, else 0."""
+    if probe is None or probe.shape != () or probe.dtype != torch.float32 or probe.device != x.device:
+        return False
+    return math.isnan(probe.item()) if not x.isfinite().all() else probe.item() == 0.0
+
+
+def same_update(a, b) -> bool:
+    """The same ``(history, scale, scale_inv)``, bit for bit."""
+    return all(torch.equal(bits(s.reshape(-1)), bits(t.reshape(-1))) for s, t in zip(a, b, strict=True))
+
+
+def program_references(x: torch.Tensor, programs: int) -> torch.Tensor:
+    """What ``amax_partials(x)`` should hold, in torch: program ``p`` reads blocks ``p, p + programs, ...`` of
+    ``AMAX_BLOCK`` elements of the flattened tensor, zeros beyond its end."""
+    flat = x.reshape(-1).float()
+    blocks = -(-flat.numel() // fp8_cast.AMAX_BLOCK)
+    flat = torch.cat([flat, flat.new_zeros(blocks * fp8_cast.AMAX_BLOCK - flat.numel())])
+    rounds = -(-blocks // programs)
+    flat = torch.cat([flat, flat.new_zeros((rounds * programs - blocks) * fp8_cast.AMAX_BLOCK)])
+    per_program = flat.reshape(rounds, programs, fp8_cast.AMAX_BLOCK).transpose(0, 1).reshape(programs, -1)
+    return torch.stack([per_program.abs().nan_to_num(nan=0.0, posinf=math.inf).amax(1), (~per_program.isfinite()).any(1).float()])
+
+
+def tile_references(x: torch.Tensor) -> torch.Tensor:
+    """What ``cast_fp8(x, ..., record_amax=True)`` should return as partials, in torch: column ``r * tile_cols
+    + c`` from the tile of rows ``r * TILE ...`` and columns ``c * TILE ...`` (of the real elements only)."""
+    tile = fp8_cast.TILE
+    columns = [x[r : r + tile, c : c + tile].float() for r in range(0, x.shape[0], tile) for c in range(0, x.shape[1], tile)]
+    amaxes = [reference_amax(t) for t in columns]
+    flags = [(~t.isfinite()).any().float() for t in columns]
+    return torch.stack([torch.stack(amaxes), torch.stack(flags)])
+
+
+def nonfinite_cases():
+    """``(name, x)``: tensors without and with one NaN, +inf or -inf, in ragged tiles too."""
+    g = torch.Generator().manual_seed(3)
+    for rows, cols in ((65, 257), (3, 200), (64, 128), (130, 70)):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            base = torch.randn(rows, cols, generator=g).to(dtype)
+            yield f"{rows}x{cols} {dtype} finite", base
+            largest = base.clone()
+            largest[0, 0], largest[-1, -1] = torch.finfo(dtype).max, -torch.finfo(dtype).max
+            yield f"{rows}x{cols} {dtype} largest finite", largest
+            at = [(rows - 1, cols - 1)]  # the last row and column of a ragged tile
+            at += [(rows // 2, cols // 3), (0, 0), (rows - 1, 0)] if dtype == torch.float32 else []
+            for value in (math.nan, math.inf, -math.inf):
+                for i, j in at:
+                    x = base.clone()
+                    x[i, j] = value
+                    yield f"{rows}x{cols} {dtype} {value} at ({i}, {j})", x
+    x = torch.randn(257, 65, generator=g)
+    x[256, 3] = math.inf
+    yield "transposed view 65x257 inf", x.t()
+    x = torch.randn(65, 257, generator=g)
+    x[64, 200], x[1, 256] = -math.inf, math.nan
+    yield "65x257 NaN and -inf", x
+
+
+def check_nonfinite_flags(failures: list[str]) -> int:
+    """Row 1 of the partials and the probes, against torch on the same tensors."""
+    saved = fp8_cast.AMAX_PROGRAMS
+    count = 0
+    try:
+        for name, x in nonfinite_cases():
+            for programs in (1024, 2):  # one block per program, and several rounds of the loop
+                fp8_cast.AMAX_PROGRAMS = programs
+                partials = fp8_cast.amax_partials(x)
+                want = program_references(x, partials.shape[1])
+                if partials.shape != (2, min(-(-x.numel() // fp8_cast.AMAX_BLOCK), programs)):
+                    failures.append(f"{name}: amax partials of shape {tuple(partials.shape)}")
+                elif not torch.equal(partials, want):
+                    failures.append(f"{name}, {programs} programs: amax partials {partials.tolist()} != {want.tolist()}")
+                if not same_amax(fp8_cast.amax_of(x), reference_amax(x)):
+                    failures.append(f"{name}: amax_of {fp8_cast.amax_of(x).item()}")
+            fmt, margin = ((E4M3, 0), (E5M2, 1))[count % 2]  # the formats in turn, case by case
+            count += 1
+            scale = torch.tensor(0.75)
+            data, data_t, partials = fp8_cast.cast_fp8(x, scale, fmt, transpose=True, record_amax=True)
+            want_bytes = bits(fmt.cast(x.float() * scale))
+            if not (torch.equal(bits(data), want_bytes) and torch.equal(bits(data_t), want_bytes.t().contiguous())):
+                failures.append(f"{name} {fmt.name}: bytes differ")
+            if not torch.equal(partials, tile_references(x)):
+                failures.append(f"{name} {fmt.name}: cast partials {partials.tolist()} != {tile_references(x).tolist()}")
+            current = fp8_scales.current_scaling(x, fmt, margin)
+            if not right_probe(current[2], x):
+                failures.append(f"{name} {fmt.name}: current scaling probe {current[2]}")
+            want = scale_from_amax(reference_amax(x), fmt, margin)
+            if not same_update(current[:2], (want, want.reciprocal())):
+                failures.append(f"{name} {fmt.name}: current scale {current[0].item()} != {want.item()}")
+            history, old_scale = torch.tensor([5.0, 0.0, 7.0]), torch.tensor(2.0)
+            with_probe = fp8_scales.delayed_scaling_update(partials, history, old_scale, fmt, margin, True)
+            if not right_probe(with_probe[3], x):
+                failures.append(f"{name} {fmt.name}: delayed scaling probe {with_probe[3]}")
+            from_amax_pass = fp8_scales.delayed_scaling_update(fp8_cast.amax_partials(x), history, old_scale, fmt, margin, True)
+            if not right_probe(from_amax_pass[3], x) or not same_update(from_amax_pass[:3], with_probe[:3]):
+                failures.append(f"{name} {fmt.name}: delayed update from amax_partials {from_amax_pass}")
+            for amaxes in (partials[0], partials[0].amax().reshape(1)):  # 1-D: the amaxes alone
+                alone = fp8_scales.delayed_scaling_update(amaxes, history, old_scale, fmt, margin, True)
+                if alone[3] is not None or not same_update(alone[:3], with_probe[:3]):
+                    failures.append(f"{name} {fmt.name}: 1-D partials {alone} != {with_probe}")
+            reference = per_tensor.DelayedScalingQuantizer(
+                fmt, lowprec.DelayedScaling(amax_history_len=3, amax_compute_algo="max", margin=margin)
+            )
+            reference.amax_history, reference.scale = history, old_scale
+            reference.record_amax(reference_amax(x))
+            if not same_update(with_probe[:3], (reference.amax_history, reference.scale, reference.scale_inv)):
+                failures.append(f"{name} {fmt.name}: delayed update {with_probe[:3]} != the quantizer's")
+    finally:
+        fp8_cast.AMAX_PROGRAMS = saved
+    return count
 
 
 def train(fused: bool, recipe) -> dict[str, torch.Tensor]:
@@ -221,6 +353,13 @@ def check_training(failures: list[str]) -> None:
             or cast.column_major().data_ptr() != cast.other_layout.data_ptr()
         ):
             failures.append("the fused cast's other layout is not used as the column-major operand")
+        poisoned = torch.randn(20, 36)
+        poisoned[19, 35] = math.inf
+        delayed = per_tensor.DelayedScalingQuantizer(E4M3, lowprec.DelayedScaling())
+        for quantizer in (per_tensor.CurrentScalingQuantizer(E4M3), delayed):  # the probe the guard takes
+            for x in (poisoned, poisoned.nan_to_num(posinf=1.0)):
+                if not right_probe(quantizer.quantize(x, transpose=True).nonfinite_probe, x):
+                    failures.append(f"{type(quantizer).__name__}: the cast's probe misses what the tensor holds")
     finally:
         kernels.runs_on = original
 
@@ -277,10 +416,11 @@ def main() -> None:
     check_nan_bytes(failures)
     check_amax(failures)
     check_scales(failures)
+    flag_count = check_nonfinite_flags(failures)
     check_te_quotient(failures)
     check_training(failures)
     check_scaled_mm_layouts(failures)
-    print("\n".join(failures) or f"ok: {count} cast cases (Triton {triton.__version__})")
+    print("\n".join(failures) or f"ok: {count} cast cases, {flag_count} non-finite flag cases (Triton {triton.__version__})")
     sys.exit(1 if failures else 0)
 
 

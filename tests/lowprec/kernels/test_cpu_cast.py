@@ -183,3 +183,31 @@ def test_the_switch_turns_the_kernel_off(monkeypatch):
         monkeypatch.delenv("LOWPREC_NATIVE")
         cpu_cast._library.cache_clear()
     assert cpu_cast.runs_on(torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_per_tensor_amax_and_its_nonfinite_probe_come_from_one_read(dtype):
+    """``per_tensor.amax_and_probe`` on a CPU: the C kernel's amax equals the torch emulation's (NaN ignored, infinity
+    kept, subnormals, the format's largest value) and its probe is NaN exactly when the tensor holds NaN or inf."""
+    from lowprec.quant.per_tensor import amax_and_probe, nan_ignoring_amax
+
+    g = torch.Generator().manual_seed(0)
+    tiny, largest = torch.finfo(dtype).smallest_normal / 4, torch.finfo(dtype).max
+    for shape in ((1,), (3, 5), (65, 257)):
+        base = (torch.randn(shape, generator=g) * 100).to(dtype)
+        for planted in (None, math.nan, math.inf, -math.inf, -largest):
+            x = base.clone()
+            if planted is not None:
+                x.view(-1)[x.numel() // 2] = planted
+            for tensor in (x, torch.full(shape, tiny, dtype=dtype), torch.full(shape, math.nan, dtype=dtype)):
+                amax, probe = amax_and_probe(tensor)
+                assert torch.equal(amax, nan_ignoring_amax(tensor.abs())), (shape, planted)
+                assert probe.shape == () and probe.dtype == torch.float32
+                assert math.isnan(probe) == (not tensor.isfinite().all()) and (math.isnan(probe) or probe == 0)
+    previous = kernels.set_kernel_mode("emulated")  # torch's path: the same amax, no probe (it would take a read)
+    try:
+        amax, probe = amax_and_probe(base)
+        assert torch.equal(amax, nan_ignoring_amax(base.abs())) and probe is None
+    finally:
+        kernels.set_kernel_mode(previous)
+    assert amax_and_probe(base.t())[1] is None  # a non-contiguous tensor: torch's path

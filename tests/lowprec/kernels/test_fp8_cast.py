@@ -86,6 +86,7 @@ def test_amax_kernel_compiles_for_hopper():
     signature = {"x_ptr": "*bf16", "amax_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"}
     ptx = hopper_ptx(fp8_cast._amax_blocks, signature, {"BLOCK": fp8_cast.AMAX_BLOCK}, fp8_cast.OPTIONS)
     assert "max" in ptx and "atom" not in ptx  # partials, no contended atomics
+    assert ptx.count("st.global") == 2  # row 0 (the partial amax) and row 1 (the non-finite flag) of the partials
 
 
 def test_scale_kernels_compile_for_hopper_with_exact_division():
@@ -94,17 +95,22 @@ def test_scale_kernels_compile_for_hopper_with_exact_division():
     from lowprec.kernels import fp8_scales
 
     common = {"SCALED_MAX": 224.0, "BLOCK": fp8_scales.PARTIALS_BLOCK}
-    current = {"partials_ptr": "*fp32", "n": "i32", "scale_ptr": "*fp32", "scale_inv_ptr": "*fp32"}
+    current = {"partials_ptr": "*fp32", "n": "i32", "scale_ptr": "*fp32", "scale_inv_ptr": "*fp32", "probe_ptr": "*fp32"}
     current |= dict.fromkeys(common, "constexpr")
     delayed = {"partials_ptr": "*fp32", "n": "i32", "history_ptr": "*fp32", "new_history_ptr": "*fp32"}
-    delayed |= {"scale_ptr": "*fp32", "new_scale_ptr": "*fp32", "new_scale_inv_ptr": "*fp32"}
-    delayed |= dict.fromkeys(["HISTORY", "HISTORY_BLOCK", "USE_MAX", *common], "constexpr")
+    delayed |= {"scale_ptr": "*fp32", "new_scale_ptr": "*fp32", "new_scale_inv_ptr": "*fp32", "probe_ptr": "*fp32"}
+    delayed |= dict.fromkeys(["HISTORY", "HISTORY_BLOCK", "USE_MAX", "PROBE", *common], "constexpr")
+    delayed_constexprs = common | {"HISTORY": 1000, "HISTORY_BLOCK": 1024, "USE_MAX": True}
+    stores = []
     for kernel, signature, constexprs in (
         (fp8_scales._current_scale, current, common),
-        (fp8_scales._delayed_update, delayed, common | {"HISTORY": 1000, "HISTORY_BLOCK": 1024, "USE_MAX": True}),
+        (fp8_scales._delayed_update, delayed, delayed_constexprs | {"PROBE": True}),
+        (fp8_scales._delayed_update, delayed, delayed_constexprs | {"PROBE": False}),  # 1-D partials
     ):
         ptx = hopper_ptx(kernel, signature, constexprs, fp8_scales.OPTIONS)
         assert "div.rn.f32" in ptx and "div.full" not in ptx and "div.approx" not in ptx
+        stores.append(ptx.count("st.global"))
+    assert stores[0] == 3 and stores[1] == stores[2] + 1  # the probe is written only from (2, P) partials
 
 
 def test_cpu_tensors_keep_the_torch_path():

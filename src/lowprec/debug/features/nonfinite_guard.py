@@ -1,11 +1,14 @@
 """``NonfiniteGuard``: find the first NaN or inf among a step's GEMM tensors without waiting for the device.
 
-Each inspected tensor adds one device operation, a reduction to its minimum and maximum (``torch.aminmax``: one read
-of the tensor, nothing written but two scalars), which are NaN or infinite exactly when the tensor holds a NaN or an
-infinity. The host keeps, per position in the step's order of calls, the layer, tensor and micro-batch.
+An operand that a per-tensor FP8 cast read comes with that read's verdict (the quantized tensor's
+``nonfinite_probe``: 0, or NaN when the tensor held a NaN or an infinity; the C kernel on a CPU, the Triton kernels
+on a GPU): the guard adds no device work for it. Every other inspected tensor (GEMM outputs, operands kept in high
+precision or cast per block) adds one device operation, a reduction to its minimum and maximum (``torch.aminmax``:
+one read of the tensor, nothing written but two scalars), which are NaN or infinite exactly when the tensor holds a
+NaN or an infinity. The host keeps, per position in the step's order of calls, the layer, tensor and micro-batch.
 ``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which comes first) stacks the step's
-extrema, finds the first position holding a non-finite one on the device, and reads that one scalar: the one host read
-of the guard in a step.
+values, finds the first position holding a non-finite one on the device, and reads that one scalar: the one host
+read of the guard in a step.
 """
 
 from __future__ import annotations
@@ -91,20 +94,23 @@ class NonfiniteGuard(TEConfigAPIMapper):
         if tensor is None:
             return
         try:
-            self._record(layer_name, tensor_name, tensor, config.get("on_nonfinite", "warn"))
+            probe = _probe(kwargs.get("rowwise_quantized_tensor"), kwargs.get("columnwise_quantized_tensor"))
+            self._record(layer_name, tensor_name, tensor, probe, config.get("on_nonfinite", "warn"))
         except Exception as error:  # the guard's own failure must not stop training
             say_once(f"NonfiniteGuard could not check {layer_name} {tensor_name}: {type(error).__name__}: {error}")
 
-    def _record(self, layer: str, tensor_name: str, tensor: torch.Tensor, mode: str) -> None:
+    def _record(self, layer: str, tensor_name: str, tensor: torch.Tensor, probe: torch.Tensor | None, mode: str) -> None:
         manager = debug_api.DEBUG_MANAGER
         if manager is not None:
             manager.guard = self
         micro_batch = self._micro_batch_of(layer, tensor_name)
         if tensor.numel() == 0:  # nothing to check (and no extrema to take)
             return
-        if tensor.requires_grad:
-            tensor = tensor.detach()
-        extrema = torch.aminmax(tensor)  # NaN propagates into both; an infinity is one of them
+        if probe is not None:
+            extrema = (probe, probe)  # the cast's read found it: non-finite exactly when the tensor is
+        else:
+            checked = tensor.detach() if tensor.requires_grad else tensor
+            extrema = torch.aminmax(checked)  # NaN propagates into both; an infinity is one of them
         if self._extrema and tensor.device != self._extrema[0].device:  # kept on the step's first device, for one stack
             extrema = [value.to(self._extrema[0].device) for value in extrema]
         self._extrema.extend(extrema)
@@ -177,6 +183,16 @@ class NonfiniteGuard(TEConfigAPIMapper):
     def reset(self) -> None:
         """A new step: nothing seen yet."""
         self._reset()
+
+
+def _probe(*casts: Any) -> torch.Tensor | None:
+    """The non-finite probe a per-tensor cast of the tensor took from its own read (``Float8Tensor.nonfinite_probe``),
+    if one did: the GEMM operand it made is non-finite exactly when that is."""
+    for cast in casts:
+        probe = getattr(cast, "nonfinite_probe", None)
+        if probe is not None:
+            return probe
+    return None
 
 
 def _dump_note(step: int, call: _Call) -> str:
