@@ -156,7 +156,7 @@ def quantize_table(args: argparse.Namespace, device: str, side: int) -> dict[str
         print(f"\n{'format':<12} {'rowwise':>8} {'both':>8}   ours / torchao")
         for label in ("MXFP8", "NVFP4"):
             ratios = [seconds[f"{label}{part}"] / seconds[f"{label}{part} (torchao)"] for part in ("", " both")]
-            print(f"{label:<12} {ratios[0]:>8.2f} {ratios[1]:>8.2f}")
+            print(f"{label:<12} {ratios[0]:>8.3g} {ratios[1]:>8.3g}")  # 3 digits: a ratio under 0.005 is no 0.00
     return seconds
 
 

@@ -114,9 +114,9 @@ def variant_config(variant: str) -> dict | None:
     return None if regex is None else guard_config(regex)
 
 
-def time_variant(bench: Bench, variant: str, steps: int, log_dir: str) -> float:
+def time_variant(bench: Bench, variant: str, steps: int, log_dir: str, cpu_seconds: list[float]) -> float:
     with debug_session(variant_config(variant), log_dir) as debug:
-        return mean_seconds(bench.step_fn(debug), steps, bench.device)
+        return mean_seconds(bench.step_fn(debug), steps, bench.device, cpu_seconds)
 
 
 @contextlib.contextmanager
@@ -173,7 +173,9 @@ def measure_variant(bench: Bench, variant: str, log_dir: str) -> dict:
     }
 
 
-def markdown(args: argparse.Namespace, bench: Bench, fastest: dict[str, float], measured: dict[str, dict]) -> str:
+def markdown(
+    args: argparse.Namespace, bench: Bench, fastest: dict[str, float], cpu: dict[str, float], measured: dict[str, dict]
+) -> str:
     cuda = bench.device.type == "cuda"
     machine = torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()}), {torch.get_num_threads()} threads"
     base_ops = sum(measured["no debug"]["ops"].values())
@@ -182,15 +184,21 @@ def markdown(args: argparse.Namespace, bench: Bench, fastest: dict[str, float], 
     lines = [
         f"NonfiniteGuard cost: {args.depth} x lowprec.Linear({args.width}), {args.tokens} tokens, {args.dtype}, FP8 "
         f"delayed scaling, {machine}; torch {torch.__version__}, {datetime.date.today()}, commit {git_commit()}",
-        f"step time: fastest of {args.repeats} interleaved rounds of {args.steps} steps; ops: aten ops dispatched per "
+        f"step time: fastest of {args.repeats} interleaved rounds of {args.steps} steps (CPU time ratio: the same "
+        "rounds' least process CPU time per step, which other load on a shared machine does not stretch); ops: aten "
+        "ops dispatched per "
         f"step, mean of steps {WARMUP_STEPS}-{WARMUP_STEPS + COUNTED_STEPS - 1}; {bench.guarded} guarded tensors per "
         f"step ({args.depth} layers x {GUARDED_PER_LAYER}, less the first layer's dgrad)",
         "",
-        f"| variant | ms/step | ratio | ops/step | extra ops | extra ops per guarded tensor | Python calls/step | extra "
-        f"Python calls per guarded tensor | {sync_label}/step (training) | {sync_label} in step() | host reads in step() "
-        "(values) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| variant | ms/step | ratio | CPU time ratio | ops/step | extra ops | extra ops per guarded tensor | "
+        f"Python calls/step | extra Python calls per guarded tensor | {sync_label}/step (training) | {sync_label} in "
+        "step() | host reads in step() (values) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def cpu_ratio(variant: str) -> str:  # the host's work only on a GPU: not the step's cost there
+        return "-" if cuda else f"{cpu[variant] / cpu['no debug']:.3f}"
+
     for variant in VARIANTS:
         m, seconds = measured[variant], fastest[variant]
         ops = sum(m["ops"].values())
@@ -201,7 +209,8 @@ def markdown(args: argparse.Namespace, bench: Bench, fastest: dict[str, float], 
         in_step = "-" if m["syncs_in_step"] is None else f"{m['syncs_in_step']:g}"
         reads = "-" if m["reads_in_step"] is None else f"{m['reads_in_step']:g} ({m['values_read_in_step']:g})"
         lines.append(
-            f"| {variant} | {seconds * 1e3:.2f} | {seconds / fastest['no debug']:.3f} | {ops:.0f} | {ops - base_ops:+.0f} "
+            f"| {variant} | {seconds * 1e3:.2f} | {seconds / fastest['no debug']:.3f} | {cpu_ratio(variant)} | {ops:.0f} "
+            f"| {ops - base_ops:+.0f} "
             f"| {per_guarded} | {calls:.0f} | {calls_per_guarded} | {m['syncs_train']:g} | {in_step} | {reads} |"
         )
     if not cuda:
@@ -216,12 +225,17 @@ def markdown(args: argparse.Namespace, bench: Bench, fastest: dict[str, float], 
     return "\n".join(lines)
 
 
-def json_measures(args: argparse.Namespace, bench: Bench, fastest: dict[str, float], measured: dict[str, dict]) -> dict:
+def json_measures(
+    args: argparse.Namespace, bench: Bench, fastest: dict[str, float], cpu: dict[str, float], measured: dict[str, dict]
+) -> dict:
     ops = {variant: sum(measured[variant]["ops"].values()) for variant in VARIANTS}
     return {
         "model": f"{args.depth} x lowprec.Linear({args.width}), {args.tokens} tokens, {args.dtype}",
         "ms_per_step": {variant: fastest[variant] * 1e3 for variant in VARIANTS},
         "step_ratio": {variant: fastest[variant] / fastest["no debug"] for variant in VARIANTS},
+        "cpu_time_ratio": None
+        if bench.device.type == "cuda"
+        else {variant: cpu[variant] / cpu["no debug"] for variant in VARIANTS},
         "ops_per_step": ops,
         "guarded_tensors_per_step": bench.guarded,
         "extra_ops_per_guarded_tensor": (ops["guard only"] - ops["no debug"]) / bench.guarded,
@@ -254,14 +268,17 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     bench = Bench(args)
     with tempfile.TemporaryDirectory() as log_dir:
-        worker = InProcess(lambda variant: time_variant(bench, variant, args.steps, log_dir))
+        cpu_samples: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+        worker = InProcess(lambda variant: time_variant(bench, variant, args.steps, log_dir, cpu_samples[variant]))
         fastest = interleave([(variant, worker, variant) for variant in VARIANTS], args.repeats)
+        cpu = {variant: min(samples) for variant, samples in cpu_samples.items()}
         measured = {variant: measure_variant(bench, variant, log_dir) for variant in VARIANTS}
-    print(markdown(args, bench, fastest, measured))
+    print(markdown(args, bench, fastest, cpu, measured))
     ratio = fastest["guard only"] / fastest["no debug"]
-    print(f"\nguard only: step ratio to no debug {ratio:.3f} (target: at most {TARGET_RATIO})")
+    on_cpu = "" if bench.device.type == "cuda" else f", CPU time ratio {cpu['guard only'] / cpu['no debug']:.3f}"
+    print(f"\nguard only: step ratio to no debug {ratio:.3f}{on_cpu} (target: at most {TARGET_RATIO})")
     if args.json:
-        write_json(args.json, "guard_cost", device_name(args.device), json_measures(args, bench, fastest, measured))
+        write_json(args.json, "guard_cost", device_name(args.device), json_measures(args, bench, fastest, cpu, measured))
 
 
 if __name__ == "__main__":

@@ -187,14 +187,20 @@ def debug_session(config: dict | None, log_dir: str) -> Iterator[bool]:
         debug_api.end_debug()
 
 
-def mean_seconds(fn: Callable[[], object], steps: int, device: str | torch.device) -> float:
-    """Seconds per call of ``fn`` over ``steps`` calls, after one warm-up call."""
+def mean_seconds(
+    fn: Callable[[], object], steps: int, device: str | torch.device, cpu_seconds: list[float] | None = None
+) -> float:
+    """Seconds per call of ``fn`` over ``steps`` calls, after one warm-up call. ``cpu_seconds`` gets the same calls'
+    process CPU time per call: the work done, which a shared machine's other load does not stretch as it stretches
+    the wall clock (on a GPU it counts the host's work only)."""
     fn()
     synchronize(device)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(steps):
         fn()
     synchronize(device)
+    if cpu_seconds is not None:
+        cpu_seconds.append((time.process_time() - cpu_start) / steps)
     return (time.perf_counter() - start) / steps
 
 
