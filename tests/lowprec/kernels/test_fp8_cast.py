@@ -134,6 +134,9 @@ def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(fmt, dtype, make):
         assert torch.equal(cuda.other_layout.cpu().view(torch.uint8), cpu.data.view(torch.uint8))
         assert cuda.other_layout.t().is_contiguous()
         assert torch.equal(cuda.scale_inv.cpu(), cpu.scale_inv)
+        assert cuda.nonfinite_probe.isnan() and cpu.nonfinite_probe.isnan()  # the cast's read saw the NaN and inf
+    finite = x.nan_to_num(nan=0.0, posinf=0.0)
+    assert cuda_quantizer.quantize(finite.cuda()).nonfinite_probe.item() == 0 == cpu_quantizer.quantize(finite).nonfinite_probe
 
 
 @needs_cuda
