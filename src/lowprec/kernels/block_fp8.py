@@ -12,6 +12,11 @@ bits, clamped to [-127, 127]; ``Float8BlockScaleRule``'s ``fp8_max / amax`` (IEE
 dtype's largest finite value for an overflow (``scales.overflow_scale``), 1 for an amax of 0 or inf,
 truncated to a power of two by clearing its mantissa, stored as its IEEE reciprocal. The cast is
 ``fp8_cast.fp8_bytes`` of ``x * multiplier``. With ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors.
+
+Each program also writes one non-finite flag of its tile: 0.0, or NaN where it read a NaN or an infinity
+(the padding, read as zeros, never counts). The flags cost no read of their own, and ``flags.amax()`` (which
+propagates NaN) is the probe a NaN/inf guard checks instead of reading the tensor again, as with
+``fp8_cast``'s flag row.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import triton.language as tl
 from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E4M3, E5M2, ElementFormat, FP8Format
 from lowprec.formats.scales import NVIDIA, Float8BlockScaleRule, MXScaleRule, ScaleRule, overflow_scale
-from lowprec.kernels.fp8_cast import OPTIONS, fp8_bytes, fp32, load_tile
+from lowprec.kernels.fp8_cast import OPTIONS, fp8_bytes, fp32, load_tile, nonfinite
 
 E8M0, FP32_POWER_OF_2, FP32 = 0, 1, 2  # the kernel's SCALE_KIND: how block amaxes become scales
 BLOCK_WIDTHS = (32, 64, 128)  # tiles the kernel handles (BLOCK x BLOCK, a power of two)
@@ -69,12 +74,20 @@ def _scales(amax, FP8_MAX: tl.constexpr, INV_FP8_MAX: tl.constexpr, SCALE_KIND: 
 
 
 @triton.jit
+def tile_flag(x):
+    """NaN if the 2-D tile ``x`` holds a NaN or an infinity, else 0.0 (its 0/1 flags reduced first: a
+    GPU's ``max`` drops NaN)."""
+    return tl.where(tl.max(tl.max(nonfinite(x), axis=1), axis=0) > 0.0, float("nan"), 0.0)
+
+
+@triton.jit
 def _block_fp8_tile(
     x_ptr,
     out_ptr,
     scales_ptr,
     out_t_ptr,
     scales_t_ptr,
+    flags_ptr,
     rows,
     cols,
     stride_row,
@@ -93,6 +106,7 @@ def _block_fp8_tile(
     row, col, x = load_tile(x_ptr, rows, cols, stride_row, stride_col, BLOCK, BLOCK)
     blocks_r, blocks_c = tl.cdiv(rows, BLOCK), tl.cdiv(cols, BLOCK)
     magnitude = tl.where(x == x, tl.abs(x), 0.0)  # block amaxes ignore NaN
+    tl.store(flags_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tile_flag(x))
 
     if SQUARE:  # one scale for the tile, whose padded rows are stored too
         multiplier, stored = _scales(tl.max(tl.max(magnitude, axis=1), axis=0), FP8_MAX, INV_FP8_MAX, SCALE_KIND, OVERFLOW_SCALE)
@@ -135,11 +149,12 @@ def supports(rule: ScaleRule, element: ElementFormat, block: tuple[int, int]) ->
 
 def quantize_block_fp8(
     tensor: torch.Tensor, rule: MXScaleRule | Float8BlockScaleRule, block: tuple[int, int], columnwise: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """``(data, scales, data_t, scales_t)`` of a 2-D tensor (any float dtype and strides) cast with
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """``(data, scales, data_t, scales_t, flags)`` of a 2-D tensor (any float dtype and strides) cast with
     ``rule`` in ``block``s (see :func:`supports`): the rowwise bytes (``rule.element.dtype``, padded as
     the emulation pads) and scales (E8M0 ``float8_e8m0fnu`` or fp32 inverse scales), and with
-    ``columnwise`` those of the transpose, else None. ``tensor``'s dtype bounds an overflowing FP8 block scale."""
+    ``columnwise`` those of the transpose, else None. ``tensor``'s dtype bounds an overflowing FP8 block scale.
+    ``flags``: fp32, one per tile in row-major order (a single 0 when empty), see the module docstring."""
     if not supports(rule, rule.element, block):
         raise LowprecValueError(
             f"the fused block kernel casts 1 x B or B x B blocks, B in {BLOCK_WIDTHS}, got {block} with {rule}"
@@ -156,13 +171,17 @@ def quantize_block_fp8(
     if columnwise:
         data_t = torch.empty((blocks_c * width if square else cols, blocks_r * width), dtype=torch.uint8, device=device)
         scales_t = torch.empty((blocks_c if square else cols, blocks_r), dtype=scale_dtype, device=device)
-    if tensor.numel():
+    if tensor.numel() == 0:
+        flags = torch.zeros(1, dtype=torch.float32, device=device)
+    else:
+        flags = torch.empty(blocks_r * blocks_c, dtype=torch.float32, device=device)
         _block_fp8_tile[(blocks_r, blocks_c)](
             tensor,
             data,
             scales,
             data_t if columnwise else data,
             scales_t if columnwise else scales,
+            flags,
             rows,
             cols,
             tensor.stride(0),
@@ -182,5 +201,5 @@ def quantize_block_fp8(
         )
     stored_dtype = torch.float8_e8m0fnu if kind == E8M0 else torch.float32
     if not columnwise:
-        return data.view(fmt.dtype), scales.view(stored_dtype), None, None
-    return data.view(fmt.dtype), scales.view(stored_dtype), data_t.view(fmt.dtype), scales_t.view(stored_dtype)
+        return data.view(fmt.dtype), scales.view(stored_dtype), None, None, flags
+    return data.view(fmt.dtype), scales.view(stored_dtype), data_t.view(fmt.dtype), scales_t.view(stored_dtype), flags

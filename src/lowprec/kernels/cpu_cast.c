@@ -280,10 +280,11 @@ typedef struct {
     uint64_t key;
 } Cast;
 
-/* The amax (NaN ignored) of the block whose first value is block in a panel whose rows are padded_cols apart, and
-   whether it holds a NaN. Inlined with a constant block_w at each call, so that its loops have a fixed length. */
+/* The amax (NaN ignored) of the block whose first value is block in a panel whose rows are padded_cols apart,
+   whether it holds a NaN, and (or-ed into *nonfinite) whether it holds a NaN or an infinity. Inlined with a constant
+   block_w at each call, so that its loops have a fixed length. */
 static inline __attribute__((always_inline)) float block_amax(const float *block, int64_t padded_cols, int block_h,
-                                                              const int block_w, int *has_nan) {
+                                                              const int block_w, int *has_nan, int *nonfinite) {
     int32_t amax_bits = 0, top_bits = 0; /* magnitudes' bits order as their values, NaN's above all */
     for (int r = 0; r < block_h; r++) {
         const float *restrict values = block + r * padded_cols;
@@ -295,6 +296,7 @@ static inline __attribute__((always_inline)) float block_amax(const float *block
         }
     }
     *has_nan = top_bits > 0x7F800000;
+    *nonfinite |= top_bits >= 0x7F800000;
     return bits_float((uint32_t)amax_bits);
 }
 
@@ -405,18 +407,22 @@ static void gather_panel(const void *x, int dtype, int64_t top, int64_t height, 
    fp32(1 / element max); MX OCP: the element's emax; FP8 block: the input dtype's largest value (an overflowing
    scale's); NVFP4: fp32(1 / 6). key: the noise key of stochastic rounding (stochastic != 0). signs: the 16 signs of
    the Hadamard transform the rows go through first (a columnwise cast's only, row_stride 1; block_w 16; an fp32 or
-   bf16 x), NULL for none. Returns 0, or -1 where memory ran out. */
+   bf16 x), NULL for none. probe (NULL: not wanted; meaningful without signs): 0 when every value of x is finite, NaN
+   when one is NaN or infinite, from the same read. Returns 0, or -1 where memory ran out. */
 int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
                int block_h, int block_w, int rule, int mantissa_bits, int first_exponent, float element_max,
                int sign_bit, int nan_code, float element_param, int power_2, int marks_nan, int stochastic,
-               uint64_t key, const float *signs, uint8_t *codes, void *scales, float *tensor_scale_inv) {
+               uint64_t key, const float *signs, uint8_t *codes, void *scales, float *tensor_scale_inv,
+               float *probe) {
     Element el = {mantissa_bits, first_exponent, ldexpf(1.0f, first_exponent), element_max, sign_bit, nan_code};
     int64_t padded_rows = (rows + block_h - 1) / block_h * block_h;
     int64_t padded_cols = (cols + block_w - 1) / block_w * block_w, blocks_per_row = padded_cols / block_w;
+    if (probe) *probe = 0.0f;
     if (padded_rows == 0 || padded_cols == 0) { /* an empty tensor: no block, an amax of 0 */
         if (rule == RULE_NVFP4) *tensor_scale_inv = 0.0f;
         return 0;
     }
+    int nonfinite = 0;
     int transform = signs != NULL;
     /* A columnwise panel gathers whole cache lines of x's rows (TRANSPOSED_PANEL values each); its rows lie
        PANEL_PAD floats more than a power of two apart, so that the gather's writes spread over cache sets. */
@@ -471,7 +477,7 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
             if (rule == RULE_NVFP4) { /* every block's amax, then every scale (NaN needs no mark: block_w 16) */
                 int has_nan;
                 for (int64_t bc = 0; bc < blocks_per_row; bc++)
-                    block_amaxes[bc] = block_amax(block_row + bc * 16, stride, block_h, 16, &has_nan);
+                    block_amaxes[bc] = block_amax(block_row + bc * 16, stride, block_h, 16, &has_nan, &nonfinite);
                 nvfp4_scales(&k, block_amaxes, blocks_per_row, (uint8_t *)scales + first_block, block_multipliers);
                 for (int64_t bc = 0; bc < blocks_per_row; bc++)
                     for (int c = 0; c < 16; c++) multipliers[bc * 16 + c] = block_multipliers[bc];
@@ -479,8 +485,8 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
                 for (int64_t bc = 0; bc < blocks_per_row; bc++) {
                     const float *block = block_row + bc * block_w;
                     int has_nan;
-                    float amax = block_w == 32 ? block_amax(block, stride, block_h, 32, &has_nan)
-                                               : block_amax(block, stride, block_h, block_w, &has_nan);
+                    float amax = block_w == 32 ? block_amax(block, stride, block_h, 32, &has_nan, &nonfinite)
+                                               : block_amax(block, stride, block_h, block_w, &has_nan, &nonfinite);
                     float multiplier = block_scale(&k, amax, has_nan, scales, first_block + bc);
                     for (int c = 0; c < block_w; c++) multipliers[bc * block_w + c] = multiplier;
                 }
@@ -492,6 +498,7 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         }
     }
     free(panel);
+    if (probe) *probe = nonfinite ? NAN : 0.0f;
     return 0;
 }
 

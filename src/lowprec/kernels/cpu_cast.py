@@ -49,7 +49,7 @@ def _library() -> ctypes.CDLL | None:
         return None
     i64, i32, f32, pointer = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
     cast.restype = i32
-    cast.argtypes = [pointer, i32, *[i64] * 4, *[i32] * 5, f32, i32, i32, f32, *[i32] * 3, ctypes.c_uint64, *[pointer] * 4]
+    cast.argtypes = [pointer, i32, *[i64] * 4, *[i32] * 5, f32, i32, i32, f32, *[i32] * 3, ctypes.c_uint64, *[pointer] * 5]
     decode.restype = None
     decode.argtypes = [pointer, i64, i64, i32, i32, pointer, pointer, i32, f32, pointer]
     scan.restype = None
@@ -87,12 +87,14 @@ def quantize(
     columnwise: bool,
     key: int | None = None,
     signs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(data, scales, tensor_scale_inv)`` of ``BlockScaledData``: the rowwise (``columnwise``: the columnwise, stored
-    as ``x.t()``'s rows) cast of contiguous 2-D CPU ``x`` in ``block``s, made from values of a tensor of ``dtype``;
-    ``key``: stochastic rounding's noise key (``RoundingStream.key``), None for round to nearest; ``signs``: the fp32
-    sign vector of the Hadamard transform the blocks go through first (``hadamard.random_signs``; a columnwise cast's
-    16-wide blocks of an fp32 or bf16 ``x``: :func:`transforms`), None for none."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(data, scales, tensor_scale_inv, nonfinite_flags)`` of ``BlockScaledData``: the rowwise (``columnwise``: the
+    columnwise, stored as ``x.t()``'s rows) cast of contiguous 2-D CPU ``x`` in ``block``s, made from values of a tensor
+    of ``dtype``; ``key``: stochastic rounding's noise key (``RoundingStream.key``), None for round to nearest;
+    ``signs``: the fp32 sign vector of the Hadamard transform the blocks go through first (``hadamard.random_signs``; a
+    columnwise cast's 16-wide blocks of an fp32 or bf16 ``x``: :func:`transforms`), None for none. The flags: a 0-dim
+    fp32 from the cast's own read, 0 when ``x`` is all finite, NaN when it holds NaN or inf (None with ``signs``: the
+    blocks then hold the transformed values, not ``x``'s)."""
     if signs is not None and not columnwise:
         raise ValueError("the CPU cast applies the Hadamard transform to columnwise casts only (as the NVFP4 recipe does)")
     rows, cols = x.shape
@@ -115,6 +117,7 @@ def quantize(
         code, param = RULE_NVFP4, 1.0 / E2M1.max
         scales = torch.empty(shape, dtype=torch.uint8)
         tensor_scale_inv = torch.empty((), dtype=torch.float32)
+    probe = torch.empty((), dtype=torch.float32) if signs is None else None  # transformed values: not x's
     status = _library().block_cast(
         x.data_ptr(),
         DTYPE_CODES[x.dtype],
@@ -134,6 +137,7 @@ def quantize(
         data.data_ptr(),
         scales.data_ptr(),
         None if tensor_scale_inv is None else tensor_scale_inv.data_ptr(),
+        None if probe is None else probe.data_ptr(),
     )
     if status != 0:
         raise MemoryError(f"lowprec's CPU block cast of a {rows} x {cols} tensor could not allocate its work buffers")
@@ -143,7 +147,7 @@ def quantize(
         scales = scales.view(torch.float8_e8m0fnu)
     elif isinstance(rule, NVFP4ScaleRule):
         scales = scales.view(torch.float8_e4m3fn)
-    return data, scales, tensor_scale_inv
+    return data, scales, tensor_scale_inv, probe
 
 
 def transforms(x: torch.Tensor, block: tuple[int, int]) -> bool:

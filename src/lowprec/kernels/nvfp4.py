@@ -19,6 +19,10 @@ codes (one per ``uint8``, bit 3 the sign) round to nearest even, or stochastical
 of 2**-24), with ``noise.uniform``'s counter-based hash of the element's row-major index in that
 orientation's padded shape, in uint32 arithmetic (wrapping as the torch version's ``& MASK32`` does).
 With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors.
+
+The amax pass, which reads every element, also writes one non-finite flag per tile (0.0, or NaN where it read
+a NaN or an infinity; the padding never counts), as ``block_fp8``'s cast does: ``flags.amax()`` is the probe a
+NaN/inf guard checks instead of reading the tensor again.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from lowprec.errors import LowprecValueError
 from lowprec.formats.elements import E2M1, E4M3
 from lowprec.formats.noise import HASH_MULTIPLIERS, MASK32, NOISE_BITS
 from lowprec.formats.scales import NVFP4_BLOCK, nvfp4_tensor_scales
+from lowprec.kernels.block_fp8 import tile_flag
 from lowprec.kernels.fp8_cast import FP32_MAX_CONSTEXPR, OPTIONS, fp8_bytes, load_tile
 from nvdlfw_inspect.stats.kernels.triton import round_to_grid
 
@@ -109,11 +114,15 @@ def _cast_blocks(
 
 
 @triton.jit
-def _amax_tile(x_ptr, partials_ptr, rows, cols, stride_row, stride_col, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr):
-    """One partial ``max |x|`` per tile, NaN ignored (as the emulation's block amaxes)."""
+def _amax_tile(
+    x_ptr, partials_ptr, flags_ptr, rows, cols, stride_row, stride_col, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr
+):
+    """One partial ``max |x|`` per tile, NaN ignored (as the emulation's block amaxes), and its non-finite flag."""
     _, _, x = load_tile(x_ptr, rows, cols, stride_row, stride_col, TILE_ROWS, TILE_COLS)
     partial = tl.max(tl.max(tl.where(x == x, tl.abs(x), 0.0), axis=1), axis=0)
-    tl.store(partials_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), partial)
+    program = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    tl.store(partials_ptr + program, partial)
+    tl.store(flags_ptr + program, tile_flag(x))
 
 
 @triton.jit(do_not_specialize=["key_lo", "key_hi", "key_t_lo", "key_t_hi"])
@@ -197,17 +206,19 @@ def _nvfp4_tile(
         )
 
 
-def tensor_amax(tensor: torch.Tensor) -> torch.Tensor:
-    """``max |tensor|`` of a 2-D tensor ignoring NaN (fp32, 0-dim, on its device; 0 when empty), from one
-    read: a partial per tile, then torch's ``amax`` of the partials (no host sync)."""
-    rows, cols = tensor.shape
+def amax_and_flags(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(amax, flags)`` of a 2-D tensor from one read, no host sync: ``max |tensor|`` ignoring NaN (fp32,
+    0-dim, on its device; 0 when empty), torch's ``amax`` of one partial per tile, and the tiles' non-finite
+    flags (fp32, one per tile in row-major order, a single 0 when empty; see the module docstring)."""
+    rows, cols, device = *tensor.shape, tensor.device
     if tensor.numel() == 0:
-        return torch.zeros((), dtype=torch.float32, device=tensor.device)
+        return torch.zeros((), dtype=torch.float32, device=device), torch.zeros(1, dtype=torch.float32, device=device)
     grid = (triton.cdiv(rows, AMAX_TILE_ROWS), triton.cdiv(cols, AMAX_TILE_COLS))
-    partials = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=tensor.device)
+    partials, flags = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=device)
     _amax_tile[grid](
         tensor,
         partials,
+        flags,
         rows,
         cols,
         tensor.stride(0),
@@ -216,20 +227,26 @@ def tensor_amax(tensor: torch.Tensor) -> torch.Tensor:
         TILE_COLS=AMAX_TILE_COLS,
         **OPTIONS,
     )
-    return partials.amax()
+    return partials.amax(), flags
+
+
+def tensor_amax(tensor: torch.Tensor) -> torch.Tensor:
+    """``max |tensor|`` of a 2-D tensor ignoring NaN (fp32, 0-dim, on its device; 0 when empty), from one read."""
+    return amax_and_flags(tensor)[0]
 
 
 def quantize_nvfp4(
     tensor: torch.Tensor, block_height: int, columnwise: bool, keys: tuple[int, int] | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """``(data, scales, tensor_scale_inv, data_t, scales_t, tensor_scale_inv_t)`` of a 2-D tensor (any float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """``(data, scales, tensor_scale_inv, data_t, scales_t, tensor_scale_inv_t, flags)`` of a 2-D tensor (any float
     dtype and strides) cast to NVFP4 in blocks of ``block_height`` (1 or 16) x 16, as
     ``BlockQuantizer(NVFP4ScaleRule(), E2M1, (block_height, 16), E4M3)`` stores its ``rowwise`` and, with
-    ``columnwise``, its ``columnwise`` quantization (else the last three are None), without a Hadamard
+    ``columnwise``, its ``columnwise`` quantization (else the three ``_t`` are None), without a Hadamard
     transform: E2M1 codes (``uint8``, padded as the emulation pads), E4M3 block scales
     (``float8_e4m3fn``) and the 0-dim fp32 per-tensor decode scale. ``keys``: None for round to nearest
     even, else ``(rowwise_key, columnwise_key)`` (``RoundingStream.key(offset, "rowwise")`` and
-    ``key(offset, "columnwise")``) for stochastic rounding with that cast's noise."""
+    ``key(offset, "columnwise")``) for stochastic rounding with that cast's noise. ``flags``: the amax pass's
+    non-finite flags of ``tensor`` (see :func:`amax_and_flags`)."""
     if tensor.dim() != 2:
         raise LowprecValueError(f"quantize_nvfp4 takes a 2-D tensor, got shape {tuple(tensor.shape)}")
     if block_height not in BLOCK_HEIGHTS:
@@ -244,7 +261,8 @@ def quantize_nvfp4(
     if columnwise:
         data_t = torch.empty((padded_cols if square else cols, padded_rows), dtype=torch.uint8, device=device)
         scales_t = torch.empty((data_t.shape[0] // block_height, padded_rows // 16), dtype=torch.uint8, device=device)
-    encode, decode = nvfp4_tensor_scales(tensor_amax(tensor))
+    amax, flags = amax_and_flags(tensor)
+    encode, decode = nvfp4_tensor_scales(amax)
     if tensor.numel():
         factors = torch.stack([encode * (1.0 / E2M1.max), encode.reciprocal()])  # fp32(1/6) and 1 / S_enc, as the rule
         key, key_t = keys if keys is not None else (0, 0)
@@ -272,5 +290,5 @@ def quantize_nvfp4(
         )
     scales = scales.view(E4M3.dtype)
     if not columnwise:
-        return data, scales, decode, None, None, None
-    return data, scales, decode, data_t, scales_t.view(E4M3.dtype), decode.clone()
+        return data, scales, decode, None, None, None, flags
+    return data, scales, decode, data_t, scales_t.view(E4M3.dtype), decode.clone(), flags

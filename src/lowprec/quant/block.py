@@ -141,8 +141,9 @@ class BlockQuantizer:
             return BlockScaledTensor(rowwise, columnwise, self.format, dtype, offset)
         from lowprec.kernels import block_fp8
 
-        data, scales, data_t, scales_t = block_fp8.quantize_block_fp8(x, self.rule, self.block, transpose)
-        rowwise = BlockScaledData(data, scales, None, BlockLayout(self.element, self.block, tuple(x.shape)))
+        data, scales, data_t, scales_t, flags = block_fp8.quantize_block_fp8(x, self.rule, self.block, transpose)
+        layout = BlockLayout(self.element, self.block, tuple(x.shape))
+        rowwise = BlockScaledData(data, scales, None, layout, nonfinite_flags=flags)
         columnwise = None
         if transpose:
             columnwise = BlockScaledData(data_t, scales_t, None, BlockLayout(self.element, self.block, tuple(x.t().shape)))
@@ -157,8 +158,9 @@ class BlockQuantizer:
 
         keys = None if offset is None else (self.rounding.key(offset, "rowwise"), self.rounding.key(offset, "columnwise"))
         both = transpose and self.hadamard_seed is None
-        data, scales, inv, data_t, scales_t, inv_t = nvfp4.quantize_nvfp4(x, self.block[0], both, keys)
-        rowwise = BlockScaledData(data, scales, inv, BlockLayout(self.element, self.block, tuple(x.shape)))
+        data, scales, inv, data_t, scales_t, inv_t, flags = nvfp4.quantize_nvfp4(x, self.block[0], both, keys)
+        layout = BlockLayout(self.element, self.block, tuple(x.shape))
+        rowwise = BlockScaledData(data, scales, inv, layout, nonfinite_flags=flags)  # flags: x's own, never transformed
         if not transpose:
             return rowwise, None
         if not both:  # transformed down x's columns in its own layout (contiguous rows), then read transposed
@@ -231,9 +233,9 @@ class BlockQuantizer:
         elif hadamard_seed is not None:
             x = self._padded(x.float(), hadamard_seed, dtype, columnwise).contiguous()
         key = None if offset is None else self.rounding.key(offset, "columnwise" if columnwise else "rowwise")
-        data, scales, scale_inv = cpu_cast.quantize(x, self.rule, self.element, self.block, dtype, columnwise, key, signs)
+        data, scales, scale_inv, flags = cpu_cast.quantize(x, self.rule, self.element, self.block, dtype, columnwise, key, signs)
         layout = BlockLayout(self.element, self.block, (cols, rows) if columnwise else (rows, cols), hadamard_seed)
-        return BlockScaledData(data, scales, scale_inv, layout)
+        return BlockScaledData(data, scales, scale_inv, layout, nonfinite_flags=flags if hadamard_seed is None else None)
 
 
 def transposed(rowwise: BlockScaledData) -> BlockScaledData:

@@ -183,6 +183,10 @@ class BlockScaledData:
     kept: dict[bool, torch.Tensor] | None = dataclasses.field(default=None, compare=False, repr=False)
     """Where :meth:`gemm_operand` keeps what it computed (None: it keeps nothing); a cached weight's cast has one,
     so a GEMM decodes the unchanged weight once, not at every micro-batch."""
+    nonfinite_flags: torch.Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
+    """What the cast's own read of the source found: fp32 values (one, or one per kernel program), all 0 when every
+    source value was finite, one NaN where a value was NaN or infinite; None where the cast did not keep them (see
+    :attr:`BlockScaledTensor.nonfinite_probe`). Not part of the saved state."""
 
     def gemm_operand(self, transformed: bool) -> torch.Tensor:
         """What an emulated GEMM multiplies (read-only): :meth:`values` (``transformed``: both operands went through
@@ -259,6 +263,16 @@ class BlockScaledTensor(QuantizedTensor):
                 "with transpose=True to have it as a GEMM's right operand"
             )
         return self.rowwise
+
+    @property
+    def nonfinite_probe(self) -> torch.Tensor | None:
+        """As ``Float8Tensor.nonfinite_probe`` (0, or NaN: the source held NaN or inf), from an orientation's
+        ``nonfinite_flags`` (several: one reduction on the device, only when asked); None if neither kept them."""
+        for part in (self.rowwise, self.columnwise):
+            if part is not None and part.nonfinite_flags is not None:
+                flags = part.nonfinite_flags
+                return flags if flags.dim() == 0 else flags.amax()  # amax propagates NaN
+        return None
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The represented values (rowwise, else columnwise) in ``dtype`` (default: the tensor's)."""

@@ -222,10 +222,15 @@ def test_each_tensor_costs_one_op_and_the_first_nan_or_infinity_is_found_across_
     assert (error.layer, error.step) == ("b", 7)
 
 
-@pytest.mark.parametrize("recipe", [lowprec.DelayedScaling(), lowprec.Float8CurrentScaling()], ids=["delayed", "current"])
-def test_operands_cast_per_tensor_are_checked_by_the_casts_own_read(tmp_path, recipe):
-    """The C kernel that finds a per-tensor cast's amax also tells whether the tensor held NaN or inf: the guard reads
-    only the GEMM outputs itself, and names the same first tensor as when it reads every tensor (torch casts)."""
+@pytest.mark.parametrize(
+    "recipe",
+    [lowprec.DelayedScaling(), lowprec.Float8CurrentScaling(), MXFP8, lowprec.NVFP4BlockScaling()],
+    ids=["delayed", "current", "mxfp8", "nvfp4"],
+)
+def test_operands_a_cast_reads_are_checked_by_the_casts_own_read(tmp_path, recipe):
+    """The C kernels that cast (a per-tensor cast's amax pass, a block cast) also tell whether the tensor held NaN or
+    inf: the guard reads only the GEMM outputs itself, and names the same first tensor as when it reads every tensor
+    (torch casts)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     from harness import count_ops
 

@@ -9,7 +9,11 @@ process where ``TRITON_INTERPRET=1`` (set before Triton loads) makes it run on C
    infinities, fp32 subnormals, amaxes so small that ``fp8_max / amax`` overflows (bf16 and fp32 input: the
    input dtype's largest value stands in, as in TE), shapes not divisible by the block, strided views,
    fp32/bf16/fp16 inputs, E4M3 and E5M2; and that overflow by hand (bf16: scale 0x7f7f0000).
-2. ``BlockQuantizer`` uses the kernel where ``kernels.runs_on`` holds (and only there, never for
+2. The non-finite flags equal, tile by tile, torch's ``~isfinite`` of the same elements (NaN where a tile held
+   one, else 0) for every case above (empty tensors: a single 0), and for a NaN, a +inf and a -inf each alone
+   in a tile, at the last row or column of ragged tiles and inside whole ones, beside finite ragged tiles
+   (the padding never flags): fp32 and bf16, rowwise only and with columnwise.
+3. ``BlockQuantizer`` uses the kernel where ``kernels.runs_on`` holds (and only there, never for
    NVFP4), and a Linear trained under MXFP8 and under FP8 block scaling gives bit-identical results with it.
 """
 
@@ -125,7 +129,9 @@ def check_cases(failures: list[str]) -> int:
     for name, rule, block, x in cases():
         count += 1
         want = emulation(rule, block).quantize(x, transpose=True)
-        data, scales, data_t, scales_t = block_fp8.quantize_block_fp8(x, rule, block, columnwise=True)
+        data, scales, data_t, scales_t, flags = block_fp8.quantize_block_fp8(x, rule, block, columnwise=True)
+        if wrong := flag_failure(flags, x, (block[1], block[1])):
+            failures.append(f"{name}: {wrong}")
         pairs = {
             "rowwise bytes": (data, want.rowwise.data),
             "rowwise scales": (scales, want.rowwise.scales),
@@ -136,6 +142,69 @@ def check_cases(failures: list[str]) -> int:
             if got.dtype != expected.dtype or got.shape != expected.shape or not torch.equal(bits(got), bits(expected)):
                 where = (bits(got) != bits(expected)).nonzero()[:3].tolist() if got.shape == expected.shape else got.shape
                 failures.append(f"{name}: {part} differ at {where}")
+    return count
+
+
+def flag_failure(flags: torch.Tensor, x: torch.Tensor, tile: tuple[int, int]) -> str | None:
+    """What is wrong with ``flags``, a kernel's fp32 non-finite flags of ``x`` in ``tile``s (row-major, one per
+    program): each NaN where its tile of ``x`` (as fp32) holds a NaN or an infinity, else 0; a single 0 for an
+    empty ``x``. None if nothing."""
+    if x.numel() == 0:
+        expected = torch.zeros(1, dtype=torch.bool)
+    else:
+        rows, cols = x.shape
+        padded = torch.zeros(-(-rows // tile[0]) * tile[0], -(-cols // tile[1]) * tile[1])
+        padded[:rows, :cols] = x.float()
+        tiles = padded.reshape(padded.shape[0] // tile[0], tile[0], padded.shape[1] // tile[1], tile[1])
+        expected = (~tiles.isfinite()).any(dim=3).any(dim=1).reshape(-1)
+    if flags.dtype != torch.float32 or flags.shape != expected.shape or flags.device != x.device:
+        return f"flags {flags.dtype} {tuple(flags.shape)} on {flags.device}, expected fp32 {tuple(expected.shape)}"
+    if not (torch.equal(flags.isnan(), expected) and torch.all(flags[~expected] == 0)):
+        return f"flags {flags.tolist()} where tiles {expected.int().tolist()} held NaN or inf"
+    if flags.amax().isnan() != (not x.isfinite().all()):
+        return f"flags.amax() is {flags.amax()}"
+    return None
+
+
+def planted(shape: tuple[int, int], dtype: torch.dtype, spots: dict[tuple[int, int], float], g: torch.Generator):
+    """Random finite values of ``shape``, the last column near fp32's and bf16's largest, with ``spots`` set."""
+    x = torch.randn(*shape, generator=g) * torch.logspace(-20, 20, shape[1])
+    x[:, -1] = 3.0e38
+    for (row, col), value in spots.items():
+        x[row, col] = value
+    return x.to(dtype)
+
+
+def check_nonfinite_flags(failures: list[str]) -> int:
+    """A NaN, a +inf and a -inf each alone in its tile: at the last row and the last column of ragged tiles and
+    inside whole ones, beside finite tiles (ragged ones too); and a finite ragged tensor."""
+    g = torch.Generator().manual_seed(6)
+    count = 0
+    inf = math.inf
+    for rule, block, dtype, columnwise in (
+        (MXScaleRule(E4M3), (1, 32), torch.float32, False),
+        (MXScaleRule(E5M2), (32, 32), torch.bfloat16, True),
+        (Float8BlockScaleRule(E4M3), (1, 128), torch.bfloat16, False),
+    ):
+        width = block[1]
+        rows, cols = 2 * width + 5, 2 * width + 3  # 3 x 3 tiles, the last row and column of them ragged
+        last_row, last_col = rows - 1, cols - 1
+        spots = {  # tile (row, col): what it holds
+            (last_row, last_col): math.nan,  # (2, 2): the ragged corner's last element
+            (last_row, 3): -inf,  # (2, 0): the ragged tile row's last row
+            (7, last_col): inf,  # (0, 2): the ragged tile column's last column
+            (width + 4, width + 9): -inf,  # (1, 1): inside a whole tile
+            (width - 1, 2 * width - 1): math.nan,  # (0, 1): a whole tile's last element
+        }
+        for name, x in (
+            ("planted", planted((rows, cols), dtype, spots, g)),
+            ("finite ragged", planted((rows - 2, cols - 1), dtype, {}, g)),
+        ):
+            count += 1
+            got = block_fp8.quantize_block_fp8(x, rule, block, columnwise)
+            if wrong := flag_failure(got[4], x, (width, width)):
+                label = f"{type(rule).__name__} {rule.element.name} {block} {dtype} columnwise={columnwise}"
+                failures.append(f"{label} {name}: {wrong}")
     return count
 
 
@@ -167,9 +236,11 @@ def check_rowwise_only(failures: list[str]) -> None:
         if not (
             torch.equal(bits(alone[0]), bits(both[0]))
             and torch.equal(bits(alone[1]), bits(both[1]))
-            and alone[2:] == (None, None)
+            and alone[2:4] == (None, None)
         ):
             failures.append(f"{rule} {block}: the rowwise-only cast differs")
+        if wrong := flag_failure(alone[4], x, (block[1], block[1])):
+            failures.append(f"{type(rule).__name__} {block} rowwise only: {wrong}")
 
 
 def check_wiring(failures: list[str]) -> None:
@@ -226,11 +297,15 @@ def main() -> None:
     index_as_triton_36()
     failures: list[str] = []
     count = check_cases(failures)
+    flag_count = check_nonfinite_flags(failures)
     check_te_overflow(failures)
     check_rowwise_only(failures)
     check_wiring(failures)
     check_training(failures)
-    print("\n".join(failures[:40]) or f"ok: {count} FP8 block cases (Triton {triton.__version__})")
+    print(
+        "\n".join(failures[:40])
+        or f"ok: {count} FP8 block cases, {flag_count} non-finite flag cases (Triton {triton.__version__})"
+    )
     sys.exit(1 if failures else 0)
 
 

@@ -13,6 +13,10 @@
    the emulation's 4-D noise is ``uniform`` over the padded 2-D shape in row-major order; the kernel's
    noise equals ``uniform``'s formula at element indices beyond 2**32 too.
 3. The rowwise-only cast equals the rowwise part of the rowwise + columnwise one; the amax pass ignores NaN.
+   Its non-finite flags equal, tile by tile, torch's ``~isfinite`` of the same elements for every case above,
+   stochastic ones included (empty tensors: a single 0), and for a NaN, a +inf and a -inf each alone in a
+   tile, at the last row or column of ragged tiles and inside whole ones, beside finite ragged tiles: fp32
+   and bf16, rowwise only and with columnwise, with and without keys.
    Transformer Engine's rules by hand: a NaN leaves its block's scale to the other elements (scale 0x7E,
    not NaN), and the decode scale is amax / 2688 correctly rounded (amax 5: 0x3af3cf3d).
 4. ``BlockQuantizer`` casts every NVFP4 tensor with the kernel where ``kernels.runs_on`` holds (the
@@ -34,7 +38,8 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))  # for triton_strict (this runs as a script)
-from fp8_cast_checks import train  # noqa: E402  (this file's folder is on the path too)
+from block_fp8_checks import flag_failure, planted  # noqa: E402  (this file's folder is on the path too)
+from fp8_cast_checks import train  # noqa: E402
 from triton_strict import index_as_triton_36  # noqa: E402
 
 import lowprec  # noqa: E402
@@ -53,6 +58,7 @@ NAN_BITS = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0x7FFFFFFF, 0xFFFFFF
 FP32_MAX = torch.finfo(torch.float32).max
 TENSOR_MAX = E4M3.max * E2M1.max  # a tensor amax of 2688 * 2**k makes the encode scale 2**-k
 PARTS = ("data", "scales", "tensor_scale_inv", "data_t", "scales_t", "tensor_scale_inv_t")
+AMAX_TILE = (nvfp4.AMAX_TILE_ROWS, nvfp4.AMAX_TILE_COLS)  # the tiles of the flags
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -199,7 +205,10 @@ def check_cases(failures: list[str]) -> int:
         for height in (1, 16):
             count += 1
             want = reference(x, height)
-            compare(f"{name}, {height} x 16", nvfp4.quantize_nvfp4(x, height, columnwise=True), want, failures)
+            got = nvfp4.quantize_nvfp4(x, height, columnwise=True)
+            compare(f"{name}, {height} x 16", got[:6], want, failures)
+            if wrong := flag_failure(got[6], x, AMAX_TILE):
+                failures.append(f"{name}, {height} x 16: {wrong}")
     return count
 
 
@@ -224,7 +233,9 @@ def check_stochastic(failures: list[str]) -> int:
             count += 1
             want = emulation(height, stream, offset).quantize(x, transpose=True).inner_tensors().values()
             got = nvfp4.quantize_nvfp4(x, height, columnwise=True, keys=keys)
-            compare(f"stochastic {name}, {height} x 16, offset {offset}", got, want, failures)
+            compare(f"stochastic {name}, {height} x 16, offset {offset}", got[:6], want, failures)
+            if wrong := flag_failure(got[6], x, AMAX_TILE):
+                failures.append(f"stochastic {name}, {height} x 16: {wrong}")
             nearest = nvfp4.quantize_nvfp4(x, height, columnwise=True)
             if x.numel() > 100 and torch.equal(nearest[0], got[0]):
                 failures.append(f"stochastic {name}: rounds as round to nearest does")
@@ -254,6 +265,32 @@ def _noise_kernel(index_ptr, out_ptr, key_lo, key_hi, n, BLOCK: tl.constexpr):
     offsets = tl.arange(0, BLOCK)
     index = tl.load(index_ptr + offsets, mask=offsets < n, other=0)
     tl.store(out_ptr + offsets, nvfp4._uniform(index, key_lo.to(tl.uint32), key_hi.to(tl.uint32)), mask=offsets < n)
+
+
+def check_nonfinite_flags(failures: list[str]) -> int:
+    """A NaN, a +inf and a -inf each alone in its amax tile: at the last row and the last column of ragged tiles
+    and inside whole ones, beside finite tiles (ragged ones too); and a finite ragged tensor."""
+    g = torch.Generator().manual_seed(6)
+    stream, count = RoundingStream(8, "flags"), 0
+    tile_rows, tile_cols = AMAX_TILE
+    rows, cols = tile_rows + 5, 2 * tile_cols + 3  # 2 x 3 tiles, the last row and column of them ragged
+    spots = {  # tile (row, col): what it holds
+        (rows - 1, cols - 1): math.nan,  # (1, 2): the ragged corner's last element
+        (rows - 1, 3): -math.inf,  # (1, 0): the ragged tile row's last row
+        (7, cols - 1): math.inf,  # (0, 2): the ragged tile column's last column
+        (9, tile_cols + 9): -math.inf,  # (0, 1): inside a whole tile
+    }
+    for height, dtype, columnwise, offset in ((1, torch.float32, False, None), (16, torch.bfloat16, True, 0)):
+        keys = None if offset is None else (stream.key(offset, "rowwise"), stream.key(offset, "columnwise"))
+        for name, x in (
+            ("planted", planted((rows, cols), dtype, spots, g)),
+            ("finite ragged", planted((rows - 2, cols - 1), dtype, {}, g)),
+        ):
+            count += 1
+            got = nvfp4.quantize_nvfp4(x, height, columnwise, keys)
+            if wrong := flag_failure(got[6], x, AMAX_TILE):
+                failures.append(f"{height} x 16 {dtype} columnwise={columnwise} keys={keys is not None} {name}: {wrong}")
+    return count
 
 
 def check_noise(failures: list[str]) -> None:
@@ -299,7 +336,7 @@ def check_te_rules(failures: list[str]) -> None:
         failures.append(f"NaN block: scales {scales.view(torch.uint8).tolist()}, codes {data[0, :3].tolist()}")
     x = torch.zeros(16, 16)
     x[3, 5] = -5.0
-    *_, decode, _, _, decode_t = nvfp4.quantize_nvfp4(x, 1, True)
+    _, _, decode, _, _, decode_t, _ = nvfp4.quantize_nvfp4(x, 1, True)
     for name, got in (("rowwise", decode), ("columnwise", decode_t)):
         if got.view(torch.int32).item() != 0x3AF3CF3D:
             failures.append(f"{name} decode scale of amax 5: {hex(got.view(torch.int32).item())}, not 0x3af3cf3d")
@@ -317,9 +354,11 @@ def check_rowwise_only(failures: list[str]) -> None:
         both = nvfp4.quantize_nvfp4(x, height, columnwise=True, keys=keys)
         alone = nvfp4.quantize_nvfp4(x, height, columnwise=False, keys=keys)
         if not (
-            all(torch.equal(bits(a), bits(b)) for a, b in zip(alone[:3], both[:3], strict=True)) and alone[3:] == (None,) * 3
+            all(torch.equal(bits(a), bits(b)) for a, b in zip(alone[:3], both[:3], strict=True)) and alone[3:6] == (None,) * 3
         ):
             failures.append(f"{height} x 16, keys {keys is not None}: the rowwise-only cast differs")
+        if wrong := flag_failure(alone[6], x, AMAX_TILE):
+            failures.append(f"{height} x 16, keys {keys is not None}, rowwise only: {wrong}")
 
 
 def check_wiring(failures: list[str]) -> None:
@@ -378,13 +417,14 @@ def main() -> None:
     failures: list[str] = []
     count = check_cases(failures)
     count += check_stochastic(failures)
+    flag_count = check_nonfinite_flags(failures)
     check_te_rules(failures)
     check_rowwise_only(failures)
     check_noise(failures)
     check_amax(failures)
     check_wiring(failures)
     check_training(failures)
-    print("\n".join(failures) or f"ok: {count} NVFP4 cases (Triton {triton.__version__})")
+    print("\n".join(failures) or f"ok: {count} NVFP4 cases, {flag_count} non-finite flag cases (Triton {triton.__version__})")
     sys.exit(1 if failures else 0)
 
 

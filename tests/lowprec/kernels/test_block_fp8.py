@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,19 @@ needs_fp8_gpu = pytest.mark.skipif(
 SIGNATURE = {
     "x_ptr": "*bf16",
     **dict.fromkeys(["out_ptr", "scales_ptr", "out_t_ptr", "scales_t_ptr"], "*u8"),
+    "flags_ptr": "*fp32",
     **dict.fromkeys(["rows", "cols", "stride_row", "stride_col"], "i32"),
     **dict.fromkeys(["INV_FP8_MAX", "FP8_MAX", "MIN_NORMAL_EXP", "MANTISSA_BITS", "IS_E4M3"], "constexpr"),
     **dict.fromkeys(["SCALE_KIND", "OVERFLOW_SCALE", "SQUARE", "COLUMNWISE", "BLOCK"], "constexpr"),
 }
+
+
+def stores_nonfinite_flag(ptx: str) -> bool:
+    """Whether ``ptx`` stores a 32-bit register selected between NaN (0x7FC00000) and 0: a tile's flag."""
+    return any(
+        re.search(rf"st\.global\.b32 \[ %rd\d+ \+ 0 \], {{ {register} }};", ptx)
+        for register in re.findall(r"selp\.b32\s+(%r\d+), 2143289344, 0, %p\d+;", ptx)
+    )
 
 
 def test_kernel_in_the_triton_interpreter():
@@ -59,6 +69,7 @@ def test_kernel_compiles_for_hopper_with_exact_conversions(fmt, dtype, kind, squ
     assert ".ftz" not in ptx and "fma" not in ptx  # subnormals kept, each rounding as written
     assert ("div.rn.f32" in ptx) == (kind != 0)  # fp32 scales: IEEE division, as torch divides
     assert "div.full" not in ptx and "div.approx" not in ptx and "rcp.approx" not in ptx
+    assert stores_nonfinite_flag(ptx)  # each tile's NaN/inf flag, from the same read
 
 
 def test_unsupported_blocks_are_refused_with_what_is_allowed():
@@ -102,6 +113,8 @@ def test_cpu_tensors_keep_the_torch_path():
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(rule, block, dtype):
+    from lowprec.kernels import block_fp8
+
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(1000, 777, generator=g) * torch.logspace(-30, 30, 777)).to(dtype)
     x[0, :5] = torch.tensor([float("nan"), -float("nan"), float("inf"), -0.0, 1e-40]).to(dtype)
@@ -109,6 +122,9 @@ def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(rule, block, dtype):
     quantizer = BlockQuantizer(rule, rule.element, block, rule.element)
     assert runs_on(x.cuda())
     cuda, cpu = quantizer.quantize(x.cuda(), transpose=True), quantizer.quantize(x, transpose=True)
+    flags = block_fp8.quantize_block_fp8(x.cuda(), rule, block, columnwise=False)[4]
+    assert flags.is_cuda and flags.dtype == torch.float32 and flags.amax().isnan()  # the NaN and inf in row 0
+    assert block_fp8.quantize_block_fp8(x.nan_to_num().cuda(), rule, block, columnwise=True)[4].amax().item() == 0
     for got, want in zip(cuda.inner_tensors().values(), cpu.inner_tensors().values(), strict=True):
         assert (got is None) == (want is None)
         if got is not None:

@@ -211,3 +211,25 @@ def test_a_per_tensor_amax_and_its_nonfinite_probe_come_from_one_read(dtype):
     finally:
         kernels.set_kernel_mode(previous)
     assert amax_and_probe(base.t())[1] is None  # a non-contiguous tensor: torch's path
+
+
+@pytest.mark.parametrize("name", ["mx-FP8E4M3-nvidia", "block-FP8E4M3-128-True", "nvfp4-sr", "nvfp4-rht-seeded"])
+def test_a_block_cast_tells_whether_its_source_held_nan_or_inf(name):
+    """The C block cast's own read says whether ``x`` held NaN or inf (``BlockScaledTensor.nonfinite_probe``), for
+    ragged shapes, both orientations and a Hadamard-transformed columnwise one (whose rowwise read answers)."""
+    quantizer = QUANTIZERS[name]
+    g = torch.Generator().manual_seed(1)
+    for shape, dtype in (((33, 70), torch.float32), ((129, 160), torch.bfloat16)):
+        base = torch.randn(shape, generator=g).to(dtype)
+        for planted in (None, math.nan, math.inf, -math.inf):
+            x = base.clone()
+            if planted is not None:
+                x[-1, -1] = planted  # the last row and column: a ragged block's
+            for transpose in (False, True):
+                probe = quantizer.quantize(x, transpose).nonfinite_probe
+                assert probe.shape == () and math.isnan(probe) == (planted is not None) and (math.isnan(probe) or probe == 0)
+    previous = kernels.set_kernel_mode("emulated")  # torch's cast keeps no probe: the guard reads the tensor itself
+    try:
+        assert quantizer.quantize(base, True).nonfinite_probe is None
+    finally:
+        kernels.set_kernel_mode(previous)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,14 @@ SIGNATURE = {
 }
 
 
+def stores_nonfinite_flag(ptx: str) -> bool:
+    """Whether ``ptx`` stores a 32-bit register selected between NaN (0x7FC00000) and 0: a tile's flag."""
+    return any(
+        re.search(rf"st\.global\.b32 \[ %rd\d+ \+ 0 \], {{ {register} }};", ptx)
+        for register in re.findall(r"selp\.b32\s+(%r\d+), 2143289344, 0, %p\d+;", ptx)
+    )
+
+
 def test_kernel_in_the_triton_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run([sys.executable, str(CHECKS)], capture_output=True, text=True, env=env, timeout=600)
@@ -56,6 +65,7 @@ def test_kernel_compiles_for_hopper_with_exact_arithmetic(dtype, block_height, s
     amax_signature = {
         "x_ptr": dtype,
         "partials_ptr": "*fp32",
+        "flags_ptr": "*fp32",
         **dict.fromkeys(["rows", "cols", "stride_row", "stride_col"], "i32"),
     }
     amax_ptx = hopper_ptx(
@@ -65,6 +75,7 @@ def test_kernel_compiles_for_hopper_with_exact_arithmetic(dtype, block_height, s
         nvfp4.OPTIONS,
     )
     assert ".ftz" not in amax_ptx
+    assert amax_ptx.count("st.global") == 2 and stores_nonfinite_flag(amax_ptx)  # the partial amax and the tile's flag
 
 
 def test_arguments_are_checked():
@@ -95,6 +106,9 @@ def test_cuda_casts_equal_the_cpu_emulation_bit_for_bit(dtype, block_height, sto
     keys = (stream.key(2, "rowwise"), stream.key(2, "columnwise")) if stochastic else None
     want = quantizer.quantize(x, transpose=True).inner_tensors().values()
     got = nvfp4.quantize_nvfp4(x.cuda(), block_height, columnwise=True, keys=keys)
-    for part, expected in zip(got, want, strict=True):
+    flags = got[6]
+    assert flags.is_cuda and flags.dtype == torch.float32 and flags.amax().isnan()  # the NaNs and the inf
+    assert nvfp4.quantize_nvfp4(x.nan_to_num().cuda(), block_height, columnwise=True, keys=keys)[6].amax().item() == 0
+    for part, expected in zip(got[:6], want, strict=True):
         assert part.is_cuda and part.dtype == expected.dtype and part.shape == expected.shape
         assert torch.equal(part.cpu().reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8))
