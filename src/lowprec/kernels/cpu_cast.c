@@ -131,6 +131,14 @@ static float tensor_amax(const void *x, int dtype, int64_t n) {
     return scan_amax(x, dtype, n, &nonfinite);
 }
 
+/* The non-finite probe alone (0 when every value is finite, NaN otherwise): how NonfiniteGuard reads a CPU tensor
+   that no cast read for it. */
+void nonfinite_probe(const void *x, int dtype, int64_t n, float *probe) {
+    int nonfinite;
+    scan_amax(x, dtype, n, &nonfinite);
+    *probe = nonfinite ? NAN : 0.0f;
+}
+
 /* A per-tensor FP8 cast's amax (NaN ignored) and, from the same read, its non-finite probe: 0 when every value is
    finite, NaN otherwise (what NonfiniteGuard takes instead of reading the tensor again). */
 void amax_and_probe(const void *x, int dtype, int64_t n, float *amax, float *probe) {

@@ -40,7 +40,7 @@ def _library() -> ctypes.CDLL | None:
     source = resources.files(__package__).joinpath("cpu_cast.c").read_text(encoding="utf-8")
     try:
         library = load_library("cpu_cast", source)
-        cast, decode, scan = library.block_cast, library.block_decode, library.amax_and_probe
+        cast, decode, scan, probe = library.block_cast, library.block_decode, library.amax_and_probe, library.nonfinite_probe
     except (OSError, AttributeError, subprocess.SubprocessError) as error:  # AttributeError: a library without the symbol
         logger.warning(
             f"lowprec: CPU block casts use torch operations, several times slower: the C kernel is unavailable ({error}); "
@@ -54,6 +54,8 @@ def _library() -> ctypes.CDLL | None:
     decode.argtypes = [pointer, i64, i64, i32, i32, pointer, pointer, i32, f32, pointer]
     scan.restype = None
     scan.argtypes = [pointer, i32, i64, pointer, pointer]
+    probe.restype = None
+    probe.argtypes = [pointer, i32, i64, pointer]
     return library
 
 
@@ -178,6 +180,16 @@ def amax_and_probe(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax, probe = torch.empty((), dtype=torch.float32), torch.empty((), dtype=torch.float32)
     _library().amax_and_probe(x.data_ptr(), DTYPE_CODES[x.dtype], x.numel(), amax.data_ptr(), probe.data_ptr())
     return amax, probe
+
+
+def nonfinite_probe(x: torch.Tensor) -> torch.Tensor | None:
+    """The probe of :func:`amax_and_probe` where the kernel reads ``x`` (:func:`scans`), else None: on a CPU one
+    vectorized pass, about three times faster than ``torch.aminmax``."""
+    if not scans(x):
+        return None
+    probe = torch.empty((), dtype=torch.float32)
+    _library().nonfinite_probe(x.data_ptr(), DTYPE_CODES[x.dtype], x.numel(), probe.data_ptr())
+    return probe
 
 
 def decode(

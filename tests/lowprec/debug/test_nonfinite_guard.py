@@ -190,7 +190,15 @@ def test_a_failure_of_the_guard_itself_does_not_stop_training(log_dir, monkeypat
         model(torch.randn(4, 32)).float().sum().backward()
 
 
-def test_each_tensor_costs_one_op_and_the_first_nan_or_infinity_is_found_across_dtypes(log_dir):
+@pytest.fixture(params=["auto", "emulated"])
+def kernel_mode(request):
+    """Either the C kernels (a CPU tensor's check is their pass) or torch alone (``aminmax``)."""
+    previous = lowprec.kernels.set_kernel_mode(request.param)
+    yield request.param
+    lowprec.kernels.set_kernel_mode(previous)
+
+
+def test_each_tensor_costs_one_op_and_the_first_nan_or_infinity_is_found_across_dtypes(log_dir, kernel_mode):
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     from harness import count_ops
 
@@ -207,7 +215,9 @@ def test_each_tensor_costs_one_op_and_the_first_nan_or_infinity_is_found_across_
     ]
     for layer, tensor in tensors:
         ops = count_ops(lambda layer=layer, tensor=tensor: guard._record(layer, "activation", tensor, None, "warn"))
-        assert sum(ops.values()) <= 1, ops  # torch.aminmax, none for the empty tensor
+        # none for the empty tensor; on a CPU the C kernel's pass (its result scalar allocated), else aminmax
+        one_op = {"aten::empty.memory_format": 1} if kernel_mode == "auto" else {"aten::aminmax": 1}
+        assert dict(ops) == ({} if tensor.numel() == 0 else one_op), ops
     error, mode = guard.verdict(step=5, group=None)
     assert (error.layer, error.tensor, error.step, mode) == ("c", "activation", 5, "warn")
     guard.reset()
@@ -227,13 +237,18 @@ def test_each_tensor_costs_one_op_and_the_first_nan_or_infinity_is_found_across_
     [lowprec.DelayedScaling(), lowprec.Float8CurrentScaling(), MXFP8, lowprec.NVFP4BlockScaling()],
     ids=["delayed", "current", "mxfp8", "nvfp4"],
 )
-def test_operands_a_cast_reads_are_checked_by_the_casts_own_read(tmp_path, recipe):
+def test_operands_a_cast_reads_are_checked_by_the_casts_own_read(tmp_path, recipe, monkeypatch):
     """The C kernels that cast (a per-tensor cast's amax pass, a block cast) also tell whether the tensor held NaN or
-    inf: the guard reads only the GEMM outputs itself, and names the same first tensor as when it reads every tensor
-    (torch casts)."""
+    inf: the guard reads only the GEMM outputs itself (with the C kernel's pass, not torch's ``aminmax``), and names
+    the same first tensor as when it reads every tensor with ``aminmax`` (torch casts, kernel mode "emulated")."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     from harness import count_ops
 
+    from lowprec.kernels import cpu_cast
+
+    own_reads = []  # the tensors the guard's own C pass read
+    probe = cpu_cast.nonfinite_probe
+    monkeypatch.setattr(cpu_cast, "nonfinite_probe", lambda t: own_reads.append(t) or probe(t))
     verdicts, reads = {}, {}
     for kernels in ("auto", "emulated"):
         previous = lowprec.kernels.set_kernel_mode(kernels)
@@ -250,7 +265,9 @@ def test_operands_a_cast_reads_are_checked_by_the_casts_own_read(tmp_path, recip
                 out.float().pow(2).mean().backward()  # sum()'s gradient is expanded: not contiguous, read by torch
 
             micro_batch()  # the first call routes the questions
-            reads[kernels] = count_ops(micro_batch)["aten::aminmax"]
+            own_reads.clear()
+            aminmax = count_ops(micro_batch)["aten::aminmax"]
+            reads[kernels] = (aminmax, sum(cpu_cast.scans(t) for t in own_reads))
             debug_api.end_debug()
         finally:
             lowprec.kernels.set_kernel_mode(previous)
@@ -259,4 +276,5 @@ def test_operands_a_cast_reads_are_checked_by_the_casts_own_read(tmp_path, recip
         verdicts[kernels] = (error.layer, error.gemm, error.tensor, error.micro_batch, error.step)
     assert verdicts["auto"] == verdicts["emulated"] == ("model.fc1", "dgrad", "gradient", 1, 1)  # a cast operand
     # fc1: activation, weight, gradient, output, wgrad (no dgrad: x needs no gradient); fc2: the six
-    assert (reads["emulated"], reads["auto"]) == (11, 5)  # the outputs only: fc1's output, wgrad; fc2's output, dgrad, wgrad
+    # the outputs only: fc1's output, wgrad; fc2's output, dgrad, wgrad
+    assert (reads["emulated"], reads["auto"]) == ((11, 0), (0, 5))

@@ -204,13 +204,15 @@ def test_a_per_tensor_amax_and_its_nonfinite_probe_come_from_one_read(dtype):
                 assert torch.equal(amax, nan_ignoring_amax(tensor.abs())), (shape, planted)
                 assert probe.shape == () and probe.dtype == torch.float32
                 assert math.isnan(probe) == (not tensor.isfinite().all()) and (math.isnan(probe) or probe == 0)
+                alone = cpu_cast.nonfinite_probe(tensor)  # the guard's own read, without the amax
+                assert alone.shape == () and math.isnan(alone) == math.isnan(probe) and (math.isnan(alone) or alone == 0)
     previous = kernels.set_kernel_mode("emulated")  # torch's path: the same amax, no probe (it would take a read)
     try:
         amax, probe = amax_and_probe(base)
         assert torch.equal(amax, nan_ignoring_amax(base.abs())) and probe is None
     finally:
         kernels.set_kernel_mode(previous)
-    assert amax_and_probe(base.t())[1] is None  # a non-contiguous tensor: torch's path
+    assert amax_and_probe(base.t())[1] is None and cpu_cast.nonfinite_probe(base.t()) is None  # not contiguous: torch's
 
 
 @pytest.mark.parametrize("name", ["mx-FP8E4M3-nvidia", "block-FP8E4M3-128-True", "nvfp4-sr", "nvfp4-rht-seeded"])

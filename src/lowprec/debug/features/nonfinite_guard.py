@@ -1,14 +1,14 @@
 """``NonfiniteGuard``: find the first NaN or inf among a step's GEMM tensors without waiting for the device.
 
-An operand that a per-tensor FP8 cast read comes with that read's verdict (the quantized tensor's
-``nonfinite_probe``: 0, or NaN when the tensor held a NaN or an infinity; the C kernel on a CPU, the Triton kernels
-on a GPU): the guard adds no device work for it. Every other inspected tensor (GEMM outputs, operands kept in high
-precision or cast per block) adds one device operation, a reduction to its minimum and maximum (``torch.aminmax``:
-one read of the tensor, nothing written but two scalars), which are NaN or infinite exactly when the tensor holds a
-NaN or an infinity. The host keeps, per position in the step's order of calls, the layer, tensor and micro-batch.
-``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which comes first) stacks the step's
-values, finds the first position holding a non-finite one on the device, and reads that one scalar: the one host
-read of the guard in a step.
+An operand that a cast read (per-tensor FP8 or block-scaled) comes with that read's verdict (the quantized tensor's
+``nonfinite_probe``: 0, or NaN when the tensor held a NaN or an infinity; the C kernels on a CPU, the Triton kernels
+on a GPU): the guard adds no read for it. Every other inspected tensor (GEMM outputs, operands kept in high precision)
+costs one read: on a CPU the C kernel's vectorized pass (``cpu_cast.nonfinite_probe``), elsewhere a reduction to its
+minimum and maximum (``torch.aminmax``, nothing written but two scalars), which are NaN or infinite exactly when the
+tensor holds a NaN or an infinity. The host keeps, per position in the step's order of calls, the layer, tensor and
+micro-batch. ``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which comes first) stacks
+the step's values, finds the first position holding a non-finite one on the device, and reads that one scalar: the
+one host read of the guard in a step.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import EveryIteration, TEConfigAPIMapper
 from lowprec.debug.features.dump_tensors import dump_path
 from lowprec.debug.names import BACKWARD_TENSORS, TENSOR_GEMMS, TENSORS
+from lowprec.kernels import cpu_cast
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, NonFiniteError
 from nvdlfw_inspect.logging import get_logger, say_once
 from nvdlfw_inspect.registry import Registry, api_method
@@ -106,8 +107,10 @@ class NonfiniteGuard(TEConfigAPIMapper):
         micro_batch = self._micro_batch_of(layer, tensor_name)
         if tensor.numel() == 0:  # nothing to check (and no extrema to take)
             return
+        if probe is None:
+            probe = cpu_cast.nonfinite_probe(tensor)  # a CPU tensor: the C kernel's pass, cheaper than aminmax's
         if probe is not None:
-            extrema = (probe, probe)  # the cast's read found it: non-finite exactly when the tensor is
+            extrema = (probe, probe)  # non-finite exactly when the tensor is
         else:
             checked = tensor.detach() if tensor.requires_grad else tensor
             extrema = torch.aminmax(checked)  # NaN propagates into both; an infinity is one of them
