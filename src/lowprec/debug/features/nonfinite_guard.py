@@ -189,8 +189,8 @@ class NonfiniteGuard(TEConfigAPIMapper):
 
 
 def _probe(*casts: Any) -> torch.Tensor | None:
-    """The non-finite probe a per-tensor cast of the tensor took from its own read (``Float8Tensor.nonfinite_probe``),
-    if one did: the GEMM operand it made is non-finite exactly when that is."""
+    """The non-finite probe a cast of the tensor took from its own read (``nonfinite_probe`` of ``Float8Tensor`` and
+    ``BlockScaledTensor``), if one did: the GEMM operand it made is non-finite exactly when that is."""
     for cast in casts:
         probe = getattr(cast, "nonfinite_probe", None)
         if probe is not None:
