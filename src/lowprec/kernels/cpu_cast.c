@@ -125,26 +125,27 @@ static float scan_amax(const void *x, int dtype, int64_t n, int *nonfinite) {
     return dtype == DT_BF16 ? bits_float((uint32_t)amax << 16) : half_to_float((uint16_t)amax);
 }
 
+/* The non-finite probe of what a read found: 0 when every value was finite, NaN when one was NaN or infinite. */
+static inline float probe_of(int nonfinite) { return nonfinite ? NAN : 0.0f; }
+
 /* An NVFP4 tensor's amax, for its per-tensor scale. */
 static float tensor_amax(const void *x, int dtype, int64_t n) {
     int nonfinite;
     return scan_amax(x, dtype, n, &nonfinite);
 }
 
-/* The non-finite probe alone (0 when every value is finite, NaN otherwise): how NonfiniteGuard reads a CPU tensor
-   that no cast read for it. */
-void nonfinite_probe(const void *x, int dtype, int64_t n, float *probe) {
-    int nonfinite;
-    scan_amax(x, dtype, n, &nonfinite);
-    *probe = nonfinite ? NAN : 0.0f;
-}
-
-/* A per-tensor FP8 cast's amax (NaN ignored) and, from the same read, its non-finite probe: 0 when every value is
-   finite, NaN otherwise (what NonfiniteGuard takes instead of reading the tensor again). */
+/* A per-tensor FP8 cast's amax (NaN ignored) and, from the same read, its non-finite probe (what NonfiniteGuard
+   takes instead of reading the tensor again). */
 void amax_and_probe(const void *x, int dtype, int64_t n, float *amax, float *probe) {
     int nonfinite;
     *amax = scan_amax(x, dtype, n, &nonfinite);
-    *probe = nonfinite ? NAN : 0.0f;
+    *probe = probe_of(nonfinite);
+}
+
+/* The probe alone: how NonfiniteGuard reads a CPU tensor that no cast read for it. */
+void nonfinite_probe(const void *x, int dtype, int64_t n, float *probe) {
+    float amax;
+    amax_and_probe(x, dtype, n, &amax, probe);
 }
 
 /* fp32 v rounded to bf16 (nearest even; NaN to the canonical NaN, as torch's conversion) and back. */
@@ -415,8 +416,8 @@ static void gather_panel(const void *x, int dtype, int64_t top, int64_t height, 
    fp32(1 / element max); MX OCP: the element's emax; FP8 block: the input dtype's largest value (an overflowing
    scale's); NVFP4: fp32(1 / 6). key: the noise key of stochastic rounding (stochastic != 0). signs: the 16 signs of
    the Hadamard transform the rows go through first (a columnwise cast's only, row_stride 1; block_w 16; an fp32 or
-   bf16 x), NULL for none. probe (NULL: not wanted; meaningful without signs): 0 when every value of x is finite, NaN
-   when one is NaN or infinite, from the same read. Returns 0, or -1 where memory ran out. */
+   bf16 x), NULL for none. probe (NULL: not wanted): the non-finite probe of the values the blocks read (x's, or
+   with signs the transformed ones). Returns 0, or -1 where memory ran out. */
 int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride,
                int block_h, int block_w, int rule, int mantissa_bits, int first_exponent, float element_max,
                int sign_bit, int nan_code, float element_param, int power_2, int marks_nan, int stochastic,
@@ -506,7 +507,7 @@ int block_cast(const void *x, int dtype, int64_t rows, int64_t cols, int64_t row
         }
     }
     free(panel);
-    if (probe) *probe = nonfinite ? NAN : 0.0f;
+    if (probe) *probe = probe_of(nonfinite);
     return 0;
 }
 

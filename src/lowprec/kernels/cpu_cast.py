@@ -89,14 +89,14 @@ def quantize(
     columnwise: bool,
     key: int | None = None,
     signs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``(data, scales, tensor_scale_inv, nonfinite_flags)`` of ``BlockScaledData``: the rowwise (``columnwise``: the
     columnwise, stored as ``x.t()``'s rows) cast of contiguous 2-D CPU ``x`` in ``block``s, made from values of a tensor
     of ``dtype``; ``key``: stochastic rounding's noise key (``RoundingStream.key``), None for round to nearest;
     ``signs``: the fp32 sign vector of the Hadamard transform the blocks go through first (``hadamard.random_signs``; a
     columnwise cast's 16-wide blocks of an fp32 or bf16 ``x``: :func:`transforms`), None for none. The flags: a 0-dim
-    fp32 from the cast's own read, 0 when ``x`` is all finite, NaN when it holds NaN or inf (None with ``signs``: the
-    blocks then hold the transformed values, not ``x``'s)."""
+    fp32 from the cast's own read of the values its blocks hold (``x``'s, or with ``signs`` the transformed ones), 0
+    when they are all finite, NaN when one is NaN or inf."""
     if signs is not None and not columnwise:
         raise ValueError("the CPU cast applies the Hadamard transform to columnwise casts only (as the NVFP4 recipe does)")
     rows, cols = x.shape
@@ -119,7 +119,7 @@ def quantize(
         code, param = RULE_NVFP4, 1.0 / E2M1.max
         scales = torch.empty(shape, dtype=torch.uint8)
         tensor_scale_inv = torch.empty((), dtype=torch.float32)
-    probe = torch.empty((), dtype=torch.float32) if signs is None else None  # transformed values: not x's
+    probe = torch.empty((), dtype=torch.float32)
     status = _library().block_cast(
         x.data_ptr(),
         DTYPE_CODES[x.dtype],
@@ -139,7 +139,7 @@ def quantize(
         data.data_ptr(),
         scales.data_ptr(),
         None if tensor_scale_inv is None else tensor_scale_inv.data_ptr(),
-        None if probe is None else probe.data_ptr(),
+        probe.data_ptr(),
     )
     if status != 0:
         raise MemoryError(f"lowprec's CPU block cast of a {rows} x {cols} tensor could not allocate its work buffers")

@@ -235,7 +235,8 @@ class BlockQuantizer:
         key = None if offset is None else self.rounding.key(offset, "columnwise" if columnwise else "rowwise")
         data, scales, scale_inv, flags = cpu_cast.quantize(x, self.rule, self.element, self.block, dtype, columnwise, key, signs)
         layout = BlockLayout(self.element, self.block, (cols, rows) if columnwise else (rows, cols), hadamard_seed)
-        return BlockScaledData(data, scales, scale_inv, layout, nonfinite_flags=flags if hadamard_seed is None else None)
+        own = hadamard_seed is None  # else the cast read transformed values, whose probe is not x's
+        return BlockScaledData(data, scales, scale_inv, layout, nonfinite_flags=flags if own else None)
 
 
 def transposed(rowwise: BlockScaledData) -> BlockScaledData:
