@@ -24,7 +24,7 @@ from lowprec.debug.names import TENSOR_GEMMS, TENSORS
 from lowprec.debug.plan import LayerPlan, Precision, TensorPlan
 from lowprec.gemm import Operand
 from lowprec.modules.gemm_quantizers import GemmQuantizers, Pair
-from lowprec.quant.protocol import Quantizer
+from lowprec.quant.protocol import Quantizer, detached
 from nvdlfw_inspect.debug_manager import DebugManager, held
 from nvdlfw_inspect.logging import say_once
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
@@ -81,7 +81,7 @@ class DebugProcessing:
         gemms = TENSOR_GEMMS[tensor_name]
         first, second = gemms
         pair = self.quantizers.pair(tensor_name)
-        tensor = tensor.detach() if tensor.requires_grad else tensor  # a detach is a dispatched op
+        tensor = detached(tensor)
         iteration = _iteration()
         casts = self._casts(tensor, plan, gemms, pair, transpose)
         operands: dict[str, Operand] = {}
@@ -179,7 +179,7 @@ class DebugProcessing:
                 iteration=iteration,
             )
         if plan.inspect and tensor_name in self.inspected:
-            self._inspect(tensor_name, tensor.detach() if tensor.requires_grad else tensor, iteration, None, None, None)
+            self._inspect(tensor_name, detached(tensor), iteration, None, None, None)
         return tensor
 
     def _inspect(

@@ -47,7 +47,7 @@ from lowprec.formats.scales import (
     default_mx_scale_rule,
 )
 from lowprec.kernels import cpu_cast
-from lowprec.quant.protocol import BlockLayout, BlockScaledData, BlockScaledTensor, CastState
+from lowprec.quant.protocol import BlockLayout, BlockScaledData, BlockScaledTensor, CastState, detached
 
 MXFP8_LABEL, FLOAT8_BLOCK_LABEL, NVFP4_LABEL = "mxfp8", "fp8_block_scaling", "nvfp4"
 """How statistics name the block recipes (``LogFp8TensorStats``' ``mxfp8_underflows%``)."""
@@ -93,7 +93,7 @@ class BlockQuantizer:
 
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> BlockScaledTensor:
         """``tensor`` viewed as 2-D (``[-1, last_dim]``), rowwise and, with ``transpose``, columnwise."""
-        tensor = tensor.detach() if tensor.requires_grad else tensor  # a detach is a dispatched op
+        tensor = detached(tensor)
         x = tensor.reshape(math.prod(tensor.shape[:-1]), tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
         offset = None
         if self.rounding is not None:

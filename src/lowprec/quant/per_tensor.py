@@ -18,7 +18,7 @@ from lowprec import kernels
 from lowprec.formats.elements import FP8Format
 from lowprec.formats.scales import scale_from_amax
 from lowprec.kernels import cpu_cast
-from lowprec.quant.protocol import CastState, Float8Tensor, Quantizer
+from lowprec.quant.protocol import CastState, Float8Tensor, Quantizer, detached
 
 DELAYED_LABEL, CURRENT_LABEL = "fp8_delayed_scaling", "fp8_current_scaling"
 """How statistics name the per-tensor recipes (``LogFp8TensorStats``' ``fp8_delayed_scaling_underflows%``)."""
@@ -105,7 +105,7 @@ class CurrentScalingQuantizer:
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
         """On the fused path: one pass for the amax (and the non-finite probe), a tiny kernel for the scale, one for
         the cast."""
-        tensor = tensor.detach() if tensor.requires_grad else tensor  # a detach is a dispatched op
+        tensor = detached(tensor)
         if kernels.runs_on(tensor):
             from lowprec.kernels import fp8_scales
 
@@ -176,7 +176,7 @@ class DelayedScalingQuantizer:
     def quantize(self, tensor: torch.Tensor, transpose: bool = False) -> Float8Tensor:
         """On the fused path: one pass casts (and transposes if asked) and records the amax; a tiny
         kernel then updates the history and the scales."""
-        tensor = tensor.detach() if tensor.requires_grad else tensor  # a detach is a dispatched op
+        tensor = detached(tensor)
         with outside_inference_mode():
             scale = self.scale_for(tensor)
             quantized, partials = _cast(tensor, scale, self.format, transpose, self.scale_inv, record_amax=True)

@@ -35,6 +35,12 @@ CastState = tuple[torch.Tensor, torch.Tensor] | int | None
 cast's stochastic-rounding offset (None: nothing to repeat, or the cast used no noise)."""
 
 
+def detached(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` cut from its autograd graph: itself when it has none (a ``detach`` is a dispatched op, and the casts
+    and the guard take every GEMM tensor of a step)."""
+    return tensor.detach() if tensor.requires_grad else tensor
+
+
 class QuantizedTensor:
     """Base of the quantized tensors: a high-precision ``dtype`` it stands for, named inner tensors
     (what autograd saves) and the metadata that rebuilds it from them."""

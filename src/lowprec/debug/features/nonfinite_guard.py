@@ -24,6 +24,7 @@ from lowprec.debug.features.api import EveryIteration, TEConfigAPIMapper
 from lowprec.debug.features.dump_tensors import dump_path
 from lowprec.debug.names import BACKWARD_TENSORS, TENSOR_GEMMS, TENSORS
 from lowprec.kernels import cpu_cast
+from lowprec.quant.protocol import detached
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, NonFiniteError
 from nvdlfw_inspect.logging import get_logger, say_once
 from nvdlfw_inspect.registry import Registry, api_method
@@ -112,8 +113,7 @@ class NonfiniteGuard(TEConfigAPIMapper):
         if probe is not None:
             extrema = (probe, probe)  # non-finite exactly when the tensor is
         else:
-            checked = tensor.detach() if tensor.requires_grad else tensor
-            extrema = torch.aminmax(checked)  # NaN propagates into both; an infinity is one of them
+            extrema = torch.aminmax(detached(tensor))  # NaN propagates into both; an infinity is one of them
         if self._extrema and tensor.device != self._extrema[0].device:  # kept on the step's first device, for one stack
             extrema = [value.to(self._extrema[0].device) for value in extrema]
         self._extrema.extend(extrema)
