@@ -174,7 +174,11 @@ def measure_variant(bench: Bench, variant: str, log_dir: str) -> dict:
 
 
 def markdown(
-    args: argparse.Namespace, bench: Bench, fastest: dict[str, float], cpu: dict[str, float], measured: dict[str, dict]
+    args: argparse.Namespace,
+    bench: Bench,
+    fastest: dict[str, float],
+    cpu_ratios: dict[str, float] | None,
+    measured: dict[str, dict],
 ) -> str:
     cuda = bench.device.type == "cuda"
     machine = torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()}), {torch.get_num_threads()} threads"
@@ -196,9 +200,6 @@ def markdown(
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def cpu_ratio(variant: str) -> str:  # the host's work only on a GPU: not the step's cost there
-        return "-" if cuda else f"{cpu[variant] / cpu['no debug']:.3f}"
-
     for variant in VARIANTS:
         m, seconds = measured[variant], fastest[variant]
         ops = sum(m["ops"].values())
@@ -208,8 +209,9 @@ def markdown(
         calls_per_guarded = f"{(calls - base_calls) / bench.guarded:.1f}" if guard else "-"
         in_step = "-" if m["syncs_in_step"] is None else f"{m['syncs_in_step']:g}"
         reads = "-" if m["reads_in_step"] is None else f"{m['reads_in_step']:g} ({m['values_read_in_step']:g})"
+        cpu_ratio = "-" if cpu_ratios is None else f"{cpu_ratios[variant]:.3f}"
         lines.append(
-            f"| {variant} | {seconds * 1e3:.2f} | {seconds / fastest['no debug']:.3f} | {cpu_ratio(variant)} | {ops:.0f} "
+            f"| {variant} | {seconds * 1e3:.2f} | {seconds / fastest['no debug']:.3f} | {cpu_ratio} | {ops:.0f} "
             f"| {ops - base_ops:+.0f} "
             f"| {per_guarded} | {calls:.0f} | {calls_per_guarded} | {m['syncs_train']:g} | {in_step} | {reads} |"
         )
@@ -226,16 +228,18 @@ def markdown(
 
 
 def json_measures(
-    args: argparse.Namespace, bench: Bench, fastest: dict[str, float], cpu: dict[str, float], measured: dict[str, dict]
+    args: argparse.Namespace,
+    bench: Bench,
+    fastest: dict[str, float],
+    cpu_ratios: dict[str, float] | None,
+    measured: dict[str, dict],
 ) -> dict:
     ops = {variant: sum(measured[variant]["ops"].values()) for variant in VARIANTS}
     return {
         "model": f"{args.depth} x lowprec.Linear({args.width}), {args.tokens} tokens, {args.dtype}",
         "ms_per_step": {variant: fastest[variant] * 1e3 for variant in VARIANTS},
         "step_ratio": {variant: fastest[variant] / fastest["no debug"] for variant in VARIANTS},
-        "cpu_time_ratio": None
-        if bench.device.type == "cuda"
-        else {variant: cpu[variant] / cpu["no debug"] for variant in VARIANTS},
+        "cpu_time_ratio": cpu_ratios,
         "ops_per_step": ops,
         "guarded_tensors_per_step": bench.guarded,
         "extra_ops_per_guarded_tensor": (ops["guard only"] - ops["no debug"]) / bench.guarded,
@@ -271,14 +275,17 @@ def main() -> None:
         cpu_samples: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
         worker = InProcess(lambda variant: time_variant(bench, variant, args.steps, log_dir, cpu_samples[variant]))
         fastest = interleave([(variant, worker, variant) for variant in VARIANTS], args.repeats)
-        cpu = {variant: min(samples) for variant, samples in cpu_samples.items()}
+        # interleave's warm-up round is no sample, as for the wall clock; on a GPU process time counts only the host's
+        # work, not the step's cost
+        cpu = {variant: min(samples[1:]) for variant, samples in cpu_samples.items()}
+        cpu_ratios = None if bench.device.type == "cuda" else {variant: cpu[variant] / cpu["no debug"] for variant in VARIANTS}
         measured = {variant: measure_variant(bench, variant, log_dir) for variant in VARIANTS}
-    print(markdown(args, bench, fastest, cpu, measured))
+    print(markdown(args, bench, fastest, cpu_ratios, measured))
     ratio = fastest["guard only"] / fastest["no debug"]
-    on_cpu = "" if bench.device.type == "cuda" else f", CPU time ratio {cpu['guard only'] / cpu['no debug']:.3f}"
+    on_cpu = "" if cpu_ratios is None else f", CPU time ratio {cpu_ratios['guard only']:.3f}"
     print(f"\nguard only: step ratio to no debug {ratio:.3f}{on_cpu} (target: at most {TARGET_RATIO})")
     if args.json:
-        write_json(args.json, "guard_cost", device_name(args.device), json_measures(args, bench, fastest, cpu, measured))
+        write_json(args.json, "guard_cost", device_name(args.device), json_measures(args, bench, fastest, cpu_ratios, measured))
 
 
 if __name__ == "__main__":
