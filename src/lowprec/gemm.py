@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from lowprec.formats.elements import E5M2
+from lowprec.kernels import cpu_cast
 from lowprec.quant.protocol import BlockScaledTensor, Float8Tensor, QuantizedTensor
 from nvdlfw_inspect.logging import say_once
 
@@ -33,9 +34,32 @@ ACCUMULATION_BOUND = 2.0**-11  # relative to the sum of |products|: 8x the ~14-b
 def gemm(a: Operand, b: Operand, out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b + bias`` in ``out_dtype``. In high precision the bias is added inside the GEMM (``addmm``,
     rounded once), as ``F.linear`` adds it; after a quantized GEMM it is added to the result."""
-    quantized = _quantized_gemm(a, b, out_dtype)
-    if quantized is not None:
-        return quantized if bias is None else quantized + bias.to(out_dtype)
+    return gemm_and_probe(a, b, out_dtype, bias)[0]
+
+
+def gemm_and_probe(
+    a: Operand, b: Operand, out_dtype: torch.dtype, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``gemm``'s result and, where the GEMM's own last pass over it tells, its non-finite probe (0-dim fp32: 0, or
+    NaN when the result holds a NaN or an infinity): an emulated per-tensor FP8 GEMM on a CPU scales its product in
+    the C kernel, which checks it on the way. ``NonfiniteGuard`` takes the probe instead of reading the result."""
+    if isinstance(a, Float8Tensor) and isinstance(b, Float8Tensor):
+        reason = scaled_mm_unsupported(a, b)
+        if reason is None:
+            return _with_bias(_scaled_mm(a, b, out_dtype), bias, out_dtype), None
+        if a.device.type == "cuda":
+            say_once(f"lowprec: FP8 GEMM emulated on {a.device}: {reason}", warning=RuntimeWarning, call_site=__name__)
+        return _emulated_fp8_gemm(a, b, out_dtype, bias)
+    if isinstance(a, BlockScaledTensor) and isinstance(b, BlockScaledTensor):
+        if a.device.type == "cuda":
+            element = (a.rowwise or a.columnwise).layout.element.name
+            say_once(
+                f"lowprec: block-scaled GEMM ({element} elements) emulated on {a.device}: lowprec has no kernel for block "
+                "formats (dequantized to fp32, fp32 accumulation); per-tensor FP8 GEMMs run torch._scaled_mm",
+                warning=RuntimeWarning,
+                call_site=__name__,
+            )
+        return _with_bias(emulated_block_gemm(a, b, out_dtype), bias, out_dtype), None
     if isinstance(a, QuantizedTensor) or isinstance(b, QuantizedTensor):
         say_once(
             "lowprec: a GEMM got one quantized and one high-precision operand, or two of different formats; "
@@ -46,29 +70,12 @@ def gemm(a: Operand, b: Operand, out_dtype: torch.dtype, bias: torch.Tensor | No
         a = a.dequantize(out_dtype) if isinstance(a, QuantizedTensor) else a
         b = b.t().dequantize(out_dtype).t() if isinstance(b, QuantizedTensor) else b  # a right operand as the GEMM reads it
     a, b = a.to(out_dtype), b.to(out_dtype)
-    return torch.matmul(a, b) if bias is None else torch.addmm(bias.to(out_dtype), a, b)
+    return (torch.matmul(a, b) if bias is None else torch.addmm(bias.to(out_dtype), a, b)), None
 
 
-def _quantized_gemm(a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor | None:
-    """``a @ b`` when both operands are quantized in the same kind of format, else None."""
-    if isinstance(a, Float8Tensor) and isinstance(b, Float8Tensor):
-        reason = scaled_mm_unsupported(a, b)
-        if reason is None:
-            return _scaled_mm(a, b, out_dtype)
-        if a.device.type == "cuda":
-            say_once(f"lowprec: FP8 GEMM emulated on {a.device}: {reason}", warning=RuntimeWarning, call_site=__name__)
-        return emulated_fp8_gemm(a, b, out_dtype)
-    if isinstance(a, BlockScaledTensor) and isinstance(b, BlockScaledTensor):
-        if a.device.type == "cuda":
-            element = (a.rowwise or a.columnwise).layout.element.name
-            say_once(
-                f"lowprec: block-scaled GEMM ({element} elements) emulated on {a.device}: lowprec has no kernel for block "
-                "formats (dequantized to fp32, fp32 accumulation); per-tensor FP8 GEMMs run torch._scaled_mm",
-                warning=RuntimeWarning,
-                call_site=__name__,
-            )
-        return emulated_block_gemm(a, b, out_dtype)
-    return None
+def _with_bias(out: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """A quantized GEMM's result plus ``bias``, added after it in ``out_dtype``."""
+    return out if bias is None else out + bias.to(out_dtype)
 
 
 def emulated_block_gemm(a: BlockScaledTensor, b: BlockScaledTensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -87,8 +94,19 @@ def emulated_block_gemm(a: BlockScaledTensor, b: BlockScaledTensor, out_dtype: t
 def emulated_fp8_gemm(a: Float8Tensor, b: Float8Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """What an FP8 tensor core computes: ``(qa @ qb) * scale_inv_a * scale_inv_b`` with fp32 accumulation (the codes
     decoded by ``FP8Format.decode``: on a CPU a table lookup, 3x faster than torch's conversion)."""
+    return _emulated_fp8_gemm(a, b, out_dtype, None)[0]
+
+
+def _emulated_fp8_gemm(
+    a: Float8Tensor, b: Float8Tensor, out_dtype: torch.dtype, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``emulated_fp8_gemm`` plus ``bias``, and its probe where the C kernel scales the product (in place, the same
+    fp32 operations as torch's multiply and add: one pass instead of two, and no tensor allocated)."""
     product = torch.matmul(a.format.decode(a.data), b.format.decode(b.data))
-    return (product * (a.scale_inv * b.scale_inv)).to(out_dtype)
+    if cpu_cast.scales_product(product, a.scale_inv, b.scale_inv, bias, out_dtype):
+        probe = cpu_cast.scale_product(product, a.scale_inv, b.scale_inv, bias, out_dtype)
+        return product.to(out_dtype), probe
+    return _with_bias((product * (a.scale_inv * b.scale_inv)).to(out_dtype), bias, out_dtype), None
 
 
 def scaled_mm_unsupported(a: Float8Tensor, b: Float8Tensor) -> str | None:

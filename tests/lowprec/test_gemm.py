@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import lowprec
 from lowprec.formats.elements import E4M3, E5M2
-from lowprec.gemm import ACCUMULATION_BOUND, emulated_fp8_gemm, gemm, scaled_mm_unsupported
+from lowprec.gemm import ACCUMULATION_BOUND, emulated_fp8_gemm, gemm, gemm_and_probe, scaled_mm_unsupported
 from lowprec.quant.per_tensor import CurrentScalingQuantizer
 from lowprec.quant.protocol import Float8Tensor
 
@@ -28,6 +29,49 @@ def test_emulated_fp8_gemm_equals_matmul_of_dequantized_operands():
     assert got.dtype == torch.float32
     assert torch.allclose(got.double(), expected, rtol=1e-5, atol=1e-6)
     assert torch.equal(got, emulated_fp8_gemm(qa, qb, torch.float32))
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_c_epilogue_equals_torchs_and_checks_the_result(out_dtype, with_bias):
+    """On a CPU the emulated FP8 GEMM scales its product (and adds an fp32 bias) in the C kernel: bit for bit torch's
+    multiply and add, with the result's non-finite probe from the same pass; in kernel mode "emulated" torch's ops,
+    and no probe. A bias of another dtype than the output's is added by torch (no probe)."""
+    qa, qb = operands()
+    bias = torch.randn(48) if with_bias else None
+    previous = lowprec.kernels.set_kernel_mode("emulated")
+    try:
+        expected, none = gemm_and_probe(qa, qb, out_dtype, bias)
+    finally:
+        lowprec.kernels.set_kernel_mode(previous)
+    got, probe = gemm_and_probe(qa, qb, out_dtype, bias)
+    assert none is None and torch.equal(got, expected) and got.dtype == out_dtype
+    fused = bias is None or out_dtype == torch.float32
+    assert (probe is not None) == fused
+    if fused:
+        assert probe.shape == () and probe.item() == 0
+        if bias is not None:
+            bias[7] = float("inf")
+            result, probe = gemm_and_probe(qa, qb, out_dtype, bias)
+            assert torch.isinf(result[:, 7]).all() and probe.isnan()
+
+
+@pytest.mark.parametrize(
+    ("out_dtype", "finite", "overflowing"),
+    [
+        (torch.float16, (65504.0, 65519.0), (65520.0,)),  # 65519 rounds down to the largest value; 65520 is a tie: inf
+        (torch.bfloat16, (float.fromhex("0x1.fep127"), float.fromhex("0x1.fefffep127")), (float.fromhex("0x1.ffp127"),)),
+        (torch.float32, (float.fromhex("0x1.fffffep127"),), (2.0**129,)),
+    ],
+)
+def test_the_probe_is_nan_exactly_when_the_result_overflows_its_dtype(out_dtype, finite, overflowing):
+    """Each output is 16 products of ones times the scale: the value asked for. The probe is NaN exactly when that value
+    is no longer finite in the output dtype (rounded to it as torch converts), however finite in the fp32 product."""
+    ones = Float8Tensor(torch.ones(16, 16).to(torch.float8_e4m3fn), torch.tensor(1.0), E4M3, torch.float32)
+    for value in (*finite, *overflowing):
+        a = Float8Tensor(ones.data, torch.tensor(value / 16, dtype=torch.float32), E4M3, torch.float32)
+        result, probe = gemm_and_probe(a, ones, out_dtype)
+        assert bool(probe.isnan()) == (value in overflowing) == (not torch.isfinite(result).all()), (out_dtype, value)
 
 
 def test_transposed_operands():

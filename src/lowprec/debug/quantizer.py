@@ -22,6 +22,7 @@ import torch
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.names import TENSOR_GEMMS, TENSORS
 from lowprec.debug.plan import LayerPlan, Precision, TensorPlan
+from lowprec.debug.result_probes import RESULT_PROBES
 from lowprec.gemm import Operand
 from lowprec.modules.gemm_quantizers import GemmQuantizers, Pair
 from lowprec.quant.protocol import Quantizer, detached
@@ -158,14 +159,15 @@ class DebugProcessing:
         columnwise = operands[second] if gemm == second else None
         self._inspect(tensor_name, tensor, iteration, rowwise, columnwise, reported)
 
-    def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The GEMM result ``tensor_name`` (output, dgrad or wgrad), modified and inspected as planned."""
+    def output(self, tensor_name: str, tensor: torch.Tensor, probe: torch.Tensor | None = None) -> torch.Tensor:
+        """The GEMM result ``tensor_name`` (output, dgrad or wgrad), modified and inspected as planned; ``probe``: its
+        non-finite probe, where the GEMM gave one (``gemm_and_probe``)."""
         if not self._calls_features(tensor_name):
             return tensor
         with held(self.session) as open_:
-            return self._output(tensor_name, tensor) if open_ else tensor
+            return self._output(tensor_name, tensor, probe) if open_ else tensor
 
-    def _output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
+    def _output(self, tensor_name: str, tensor: torch.Tensor, probe: torch.Tensor | None) -> torch.Tensor:
         plan = self.plan.tensors[tensor_name]
         gemm = TENSOR_GEMMS[tensor_name][0]
         iteration = _iteration()
@@ -178,8 +180,17 @@ class DebugProcessing:
                 default_quantizer=None,
                 iteration=iteration,
             )
+            probe = None  # it told of the GEMM's result, not of what a feature made of it
         if plan.inspect and tensor_name in self.inspected:
-            self._inspect(tensor_name, detached(tensor), iteration, None, None, None)
+            inspected = detached(tensor)
+            if probe is None:
+                self._inspect(tensor_name, inspected, iteration, None, None, None)
+                return tensor
+            RESULT_PROBES[id(inspected)] = probe
+            try:
+                self._inspect(tensor_name, inspected, iteration, None, None, None)
+            finally:
+                del RESULT_PROBES[id(inspected)]
         return tensor
 
     def _inspect(

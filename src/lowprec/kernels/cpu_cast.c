@@ -530,3 +530,30 @@ void block_decode(const uint8_t *codes, int64_t rows, int64_t cols, int block_h,
         }
     }
 }
+
+/* An emulated per-tensor FP8 GEMM's epilogue, in place on its rows x cols fp32 product: each value times
+   scale_a[0] * scale_b[0] (the operands' scale_inv), plus bias[col] where given, as torch's multiply then add
+   (two roundings); and from the same pass the result's non-finite probe: NaN when a value is NaN, infinite, or
+   at least limit in magnitude (what rounds to infinity in the output dtype), else 0. */
+void scale_product(float *restrict x, int64_t rows, int64_t cols, const float *scale_a, const float *scale_b,
+                   const float *restrict bias, float limit, float *probe) {
+    float scale = scale_a[0] * scale_b[0];
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        float *restrict row = x + r * cols;
+        if (bias) {
+            for (int64_t c = 0; c < cols; c++) {
+                float v = row[c] * scale + bias[c];
+                row[c] = v;
+                bad |= !(fabsf(v) < limit);
+            }
+        } else {
+            for (int64_t c = 0; c < cols; c++) {
+                float v = row[c] * scale;
+                row[c] = v;
+                bad |= !(fabsf(v) < limit);
+            }
+        }
+    }
+    *probe = probe_of(bad);
+}

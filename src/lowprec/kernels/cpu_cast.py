@@ -41,6 +41,7 @@ def _library() -> ctypes.CDLL | None:
     try:
         library = load_library("cpu_cast", source)
         cast, decode, scan, probe = library.block_cast, library.block_decode, library.amax_and_probe, library.nonfinite_probe
+        scale = library.scale_product
     except (OSError, AttributeError, subprocess.SubprocessError) as error:  # AttributeError: a library without the symbol
         logger.warning(
             f"lowprec: CPU block casts use torch operations, several times slower: the C kernel is unavailable ({error}); "
@@ -56,6 +57,8 @@ def _library() -> ctypes.CDLL | None:
     scan.argtypes = [pointer, i32, i64, pointer, pointer]
     probe.restype = None
     probe.argtypes = [pointer, i32, i64, pointer]
+    scale.restype = None
+    scale.argtypes = [pointer, i64, i64, pointer, pointer, pointer, f32, pointer]
     return library
 
 
@@ -216,3 +219,52 @@ def decode(
         out.data_ptr(),
     )
     return out
+
+
+def _overflow_limit(dtype: torch.dtype) -> float:
+    """The least fp32 magnitude that rounds to infinity in ``dtype``: its largest value plus half its last step (the
+    tie rounds to even, which is infinity's side); none for fp32 itself."""
+    if dtype == torch.float32:
+        return math.inf
+    info = torch.finfo(dtype)
+    return info.max + 2.0 ** math.floor(math.log2(info.max)) * info.eps / 2
+
+
+def scales_product(
+    product: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+) -> bool:
+    """Whether :func:`scale_product` serves this epilogue: a contiguous 2-D fp32 CPU ``product`` the kernel serves, fp32
+    scales, an output of fp32, bf16 or fp16, and no bias or an fp32 one added in fp32."""
+    return (
+        product.dtype == torch.float32
+        and product.dim() == 2
+        and product.is_contiguous()
+        and out_dtype in DTYPE_CODES
+        and scale_a.dtype == scale_b.dtype == torch.float32
+        and (
+            bias is None
+            or (out_dtype == bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == product.shape[1:])
+        )
+        and decodes(product)
+    )
+
+
+def scale_product(
+    product: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """An emulated FP8 GEMM's epilogue in one pass (:func:`scales_product` serves it), in place: ``product`` becomes
+    ``product * (scale_a * scale_b) (+ bias)``, bit for bit torch's; returns the non-finite probe of the result in
+    ``out_dtype`` (0-dim fp32: 0, or NaN when a value is NaN or infinite, or overflows ``out_dtype``)."""
+    probe = torch.empty((), dtype=torch.float32)
+    rows, cols = product.shape
+    _library().scale_product(
+        product.data_ptr(),
+        rows,
+        cols,
+        scale_a.data_ptr(),
+        scale_b.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        _overflow_limit(out_dtype),
+        probe.data_ptr(),
+    )
+    return probe

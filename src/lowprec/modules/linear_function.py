@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
-from lowprec.gemm import Operand, gemm
+from lowprec.gemm import Operand, gemm_and_probe
 from lowprec.modules.gemm_quantizers import GemmQuantizers
 from lowprec.quant.protocol import CastState, QuantizedTensor, Quantizer
 from lowprec.quant.weight_cache import WeightCache
@@ -23,7 +23,7 @@ class Processing(Protocol):
 
     def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]: ...
 
-    def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor: ...
+    def output(self, tensor_name: str, tensor: torch.Tensor, probe: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class PlainProcessing:
@@ -59,7 +59,7 @@ class PlainProcessing:
             return self.weight_caches[position].quantize(tensor, quantizer, transpose)
         return quantizer.quantize(tensor, transpose)
 
-    def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
+    def output(self, tensor_name: str, tensor: torch.Tensor, probe: torch.Tensor | None = None) -> torch.Tensor:
         return tensor
 
 
@@ -121,8 +121,7 @@ class LinearFunction(torch.autograd.Function):
         needs_dgrad, needs_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         activation_fprop, activation_wgrad = processing.input("activation", x2d, transpose=needs_wgrad)
         weight_fprop, weight_dgrad = processing.input("weight", weight, transpose=needs_dgrad)
-        out = gemm(activation_fprop, weight_fprop.t(), x.dtype, bias)
-        out = processing.output("output", out)
+        out = processing.output("output", *gemm_and_probe(activation_fprop, weight_fprop.t(), x.dtype, bias))
         ctx.processing = processing
         ctx.cast_states = cast_states(activation_fprop, activation_wgrad, weight_fprop, weight_dgrad)
         ctx.operand_kinds = save_operands(ctx, activation_wgrad, weight_dgrad)
@@ -141,9 +140,10 @@ class LinearFunction(torch.autograd.Function):
         gradient_dgrad, gradient_wgrad = processing.input("gradient", dy, transpose=ctx.needs_input_grad[1])
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = processing.output("dgrad", gemm(gradient_dgrad, weight_dgrad, dy.dtype)).reshape(ctx.x_shape)
+            dx = processing.output("dgrad", *gemm_and_probe(gradient_dgrad, weight_dgrad, dy.dtype)).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            dw = processing.output("wgrad", gemm(gradient_wgrad.t(), activation_wgrad, dy.dtype)).to(ctx.weight_dtype)
+            dw = processing.output("wgrad", *gemm_and_probe(gradient_wgrad.t(), activation_wgrad, dy.dtype))
+            dw = dw.to(ctx.weight_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(dim=0).to(ctx.bias_dtype)
         return dx, dw, db, None

@@ -179,8 +179,8 @@ class CastRecorder:
         self._operands[tensor_name] = self.processing.input(tensor_name, tensor, transpose)
         return self._operands[tensor_name]
 
-    def output(self, tensor_name: str, tensor: torch.Tensor) -> torch.Tensor:
-        return self.processing.output(tensor_name, tensor)
+    def output(self, tensor_name: str, tensor: torch.Tensor, probe: torch.Tensor | None = None) -> torch.Tensor:
+        return self.processing.output(tensor_name, tensor, probe)
 
     def cast_states(self) -> dict[str, tuple[CastState, CastState]]:
         return cast_states(*self._operands["activation"], *self._operands["weight"])

@@ -275,6 +275,44 @@ def test_operands_a_cast_reads_are_checked_by_the_casts_own_read(tmp_path, recip
         assert isinstance(error, NonFiniteError) and unchanged
         verdicts[kernels] = (error.layer, error.gemm, error.tensor, error.micro_batch, error.step)
     assert verdicts["auto"] == verdicts["emulated"] == ("model.fc1", "dgrad", "gradient", 1, 1)  # a cast operand
-    # fc1: activation, weight, gradient, output, wgrad (no dgrad: x needs no gradient); fc2: the six
-    # the outputs only: fc1's output, wgrad; fc2's output, dgrad, wgrad
-    assert (reads["emulated"], reads["auto"]) == ((11, 0), (0, 5))
+    # fc1: activation, weight, gradient, output, wgrad (no dgrad: x needs no gradient); fc2: the six. With the C
+    # kernels the guard reads the outputs only (fc1's output, wgrad; fc2's output, dgrad, wgrad), and not even those
+    # after a per-tensor FP8 GEMM, whose epilogue (the C kernel's scaling of the product) checked them
+    per_tensor = isinstance(recipe, lowprec.DelayedScaling | lowprec.Float8CurrentScaling)
+    assert (reads["emulated"], reads["auto"]) == ((11, 0), (0, 0 if per_tensor else 5))
+
+
+@pytest.mark.parametrize("kernels", ["auto", "emulated"])
+@pytest.mark.parametrize(
+    ("where", "dtype"), [("bias", torch.float32), ("overflow", torch.float16)], ids=["inf bias", "fp16 overflow"]
+)
+def test_a_gemm_output_gone_non_finite_from_finite_operands_is_named(log_dir, kernels, where, dtype, monkeypatch):
+    """Finite operands, a non-finite result: an infinite bias, or an fp16 output that overflows (finite in fp32). With
+    the C kernels the emulated FP8 GEMM's epilogue tells the guard (it reads no output itself); with torch's
+    emulation the guard's own read does: both name fc2's output."""
+    from lowprec.kernels import cpu_cast
+
+    own_reads = []
+    probe = cpu_cast.nonfinite_probe
+    monkeypatch.setattr(cpu_cast, "nonfinite_probe", lambda t: own_reads.append(t) or probe(t))
+    previous = lowprec.kernels.set_kernel_mode(kernels)
+    try:
+        start(section({"NonfiniteGuard": {"enabled": True, "on_nonfinite": "raise"}}), log_dir)
+        model = Net().to(dtype)
+        with torch.no_grad():
+            if where == "bias":
+                model.fc2.bias[5] = float("inf")
+            else:
+                model.fc2.weight[5] = 4000.0  # output 5 sums 64 of them times relu(y): ~1e5, finite in fp32 only
+                model.fc1.bias = model.fc2.bias = None  # (the epilogue adds fp32 biases only; torch adds the others)
+        debug_api.infer_and_assign_layer_names(model)
+        with lowprec.autocast(recipe=lowprec.Float8CurrentScaling()):
+            out = model(torch.randn(16, 32, dtype=dtype))
+        assert not torch.isfinite(out).all() and torch.isfinite(model.fc2.weight).all()
+        with pytest.raises(NonFiniteError) as error:
+            debug_api.step()
+    finally:
+        lowprec.kernels.set_kernel_mode(previous)
+    assert (error.value.layer, error.value.gemm, error.value.tensor) == ("model.fc2", "fprop", "output")
+    if kernels == "auto":
+        assert own_reads == []  # operands: their casts' reads; outputs: the GEMMs' epilogues

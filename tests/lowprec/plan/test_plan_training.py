@@ -61,7 +61,7 @@ class GemmRecorder:
         self._layer: list[str] = []
         self._context: dict = {}
         original_linear, original_forward = GemmUnit.linear, LinearFunction.forward
-        original_backward, original_gemm = LinearFunction.backward, linear_function.gemm
+        original_backward, original_gemm = LinearFunction.backward, linear_function.gemm_and_probe
         recorder = self
 
         def linear(unit, layer_name, *args, **kwargs):
@@ -92,7 +92,7 @@ class GemmRecorder:
         monkeypatch.setattr(GemmUnit, "linear", linear)
         monkeypatch.setattr(LinearFunction, "forward", staticmethod(forward))
         monkeypatch.setattr(LinearFunction, "backward", staticmethod(backward))
-        monkeypatch.setattr(linear_function, "gemm", gemm)
+        monkeypatch.setattr(linear_function, "gemm_and_probe", gemm)
 
 
 def operand_views(gemm: str, a: object, b: object) -> dict[str, tuple[object, str]]:

@@ -2,8 +2,9 @@
 
 An operand that a cast read (per-tensor FP8 or block-scaled) comes with that read's verdict (the quantized tensor's
 ``nonfinite_probe``: 0, or NaN when the tensor held a NaN or an infinity; the C kernels on a CPU, the Triton kernels
-on a GPU): the guard adds no read for it. Every other inspected tensor (GEMM outputs, operands kept in high precision)
-costs one read: on a CPU the C kernel's vectorized pass (``cpu_cast.nonfinite_probe``), elsewhere a reduction to its
+on a GPU): the guard adds no read for it; nor for the result of an emulated per-tensor FP8 GEMM on a CPU, whose
+epilogue (the C kernel scaling the product) checks it (``lowprec.gemm.gemm_and_probe``, lent through
+``RESULT_PROBES``). Every other inspected tensor (other GEMM results, operands kept in high precision) costs one read: on a CPU the C kernel's vectorized pass (``cpu_cast.nonfinite_probe``), elsewhere a reduction to its
 minimum and maximum (``torch.aminmax``, nothing written but two scalars), which are NaN or infinite exactly when the
 tensor holds a NaN or an infinity. The host keeps, per position in the step's order of calls, the layer, tensor and
 micro-batch. ``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which comes first) stacks
@@ -23,6 +24,7 @@ import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import EveryIteration, TEConfigAPIMapper
 from lowprec.debug.features.dump_tensors import dump_path
 from lowprec.debug.names import BACKWARD_TENSORS, TENSOR_GEMMS, TENSORS
+from lowprec.debug.result_probes import RESULT_PROBES
 from lowprec.kernels import cpu_cast
 from lowprec.quant.protocol import detached
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, NonFiniteError
@@ -96,7 +98,7 @@ class NonfiniteGuard(TEConfigAPIMapper):
         if tensor is None:
             return
         try:
-            probe = _probe(kwargs.get("rowwise_quantized_tensor"), kwargs.get("columnwise_quantized_tensor"))
+            probe = _probe(tensor, kwargs.get("rowwise_quantized_tensor"), kwargs.get("columnwise_quantized_tensor"))
             self._record(layer_name, tensor_name, tensor, probe, config.get("on_nonfinite", "warn"))
         except Exception as error:  # the guard's own failure must not stop training
             say_once(f"NonfiniteGuard could not check {layer_name} {tensor_name}: {type(error).__name__}: {error}")
@@ -188,9 +190,13 @@ class NonfiniteGuard(TEConfigAPIMapper):
         self._reset()
 
 
-def _probe(*casts: Any) -> torch.Tensor | None:
+def _probe(tensor: torch.Tensor, *casts: Any) -> torch.Tensor | None:
     """The non-finite probe a cast of the tensor took from its own read (``nonfinite_probe`` of ``Float8Tensor`` and
-    ``BlockScaledTensor``), if one did: the GEMM operand it made is non-finite exactly when that is."""
+    ``BlockScaledTensor``), if one did: the GEMM operand it made is non-finite exactly when that is; for a GEMM result,
+    the one the GEMM's last pass took, if the debug path lent it (``RESULT_PROBES``)."""
+    result = RESULT_PROBES.get(id(tensor))
+    if result is not None:
+        return result
     for cast in casts:
         probe = getattr(cast, "nonfinite_probe", None)
         if probe is not None:
