@@ -4,12 +4,13 @@ An operand that a cast read (per-tensor FP8 or block-scaled) comes with that rea
 ``nonfinite_probe``: 0, or NaN when the tensor held a NaN or an infinity; the C kernels on a CPU, the Triton kernels
 on a GPU): the guard adds no read for it; nor for the result of an emulated per-tensor FP8 GEMM on a CPU, whose
 epilogue (the C kernel scaling the product) checks it (``lowprec.gemm.gemm_and_probe``, lent through
-``RESULT_PROBES``). Every other inspected tensor (other GEMM results, operands kept in high precision) costs one read: on a CPU the C kernel's vectorized pass (``cpu_cast.nonfinite_probe``), elsewhere a reduction to its
-minimum and maximum (``torch.aminmax``, nothing written but two scalars), which are NaN or infinite exactly when the
-tensor holds a NaN or an infinity. The host keeps, per position in the step's order of calls, the layer, tensor and
-micro-batch. ``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which comes first) stacks
-the step's values, finds the first position holding a non-finite one on the device, and reads that one scalar: the
-one host read of the guard in a step.
+``RESULT_PROBES``). Every other inspected tensor (other GEMM results, operands kept in high precision) costs one read:
+on a CPU the C kernel's vectorized pass (``cpu_cast.nonfinite_probe``), elsewhere a reduction to its minimum and
+maximum (``torch.aminmax``, nothing written but two scalars), which are NaN or infinite exactly when the tensor holds
+a NaN or an infinity. The host keeps, per position in the step's order of calls, the layer, tensor and micro-batch.
+``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which comes first) stacks the step's
+values, finds the first position holding a non-finite one on the device, and reads that one scalar: the one host read
+of the guard in a step.
 """
 
 from __future__ import annotations
