@@ -20,12 +20,15 @@ from nvdlfw_inspect.diagnose.trends import growth
 from nvdlfw_inspect.reading import Statistic, iter_statistics
 from nvdlfw_inspect.report import report_data
 
-#: steps between the first iteration of a growth finding and the divergence of the loss, at least (measured: 11
-#: for the growing channel, by a loss x100 its start; 13 to 15 for the attention logits, by a loss no longer finite)
+#: steps between the first iteration of a growth finding and the loss's divergence (``diverged_at``: x100 its start),
+#: at least (measured: 11 for the growing channel; 22 to 25 for the attention logits, k_proj's weight scale drifting
+#: from iteration 28 and the loss x100 at step 50 to 53 as the CPU's kernels round; 15 to 19 with the learning rate
+#: 10% higher or lower)
 CHANNEL_LEAD, ATTENTION_LEAD = 8, 12
-#: steps between the first step whose diagnosis (of the statistics logged before it) names the attention's growth
-#: and the first loss no longer finite, at least (measured: 10)
-ATTENTION_WARNING = 8
+#: steps between the first step whose diagnosis (of the statistics logged before it) names the attention's growth and
+#: the loss's divergence, at least (measured: 19 to 22, the warning at step 31; 12 to 16 with the learning rate 10%
+#: higher or lower)
+ATTENTION_WARNING = 10
 QK_LAYERS = ("model.attn.q_proj", "model.attn.k_proj")
 
 
@@ -78,13 +81,15 @@ def test_the_report_lists_the_growth_findings_and_names_their_kinds(channel):
 
 def test_attention_logits_that_grow_under_a_high_learning_rate_are_flagged_before_the_loss_diverges(tmp_path):
     losses = attention_run(tmp_path)
-    # the run is chaotic once it blows up: the step of its first non-finite loss moves with the CPU's matmul
-    # kernels (29 and 27 on the two CPUs it has run on), so the leads below are measured from the step it happened
-    diverged = diverged_at(losses, math.inf)  # the first loss that is not finite
-    assert 24 <= diverged <= 30 and diverged_at(losses) < diverged
+    # the query and key weights grow over tens of steps while the loss creeps up, then it runs away: x100 its start at
+    # step 50 to 53 (the step moves with the CPU's matmul kernels, so a range), still finite
+    diverged = diverged_at(losses)
+    assert diverged is not None and 44 <= diverged <= 60 and math.isfinite(losses[diverged])
     found = growths(before(tmp_path, diverged))
     qk = {key: f for key, f in found.items() if key[1] in QK_LAYERS}
-    assert {kind for kind, _, _ in qk} == set(GROWTH_KINDS)
+    # the whole matrices grow, not one channel: their per-tensor scales drift (kurtosis and the outlier-channel ratio,
+    # the growing channel's kinds, pass their factors a few steps before the loss diverges, if at all)
+    assert {("scale_drift", layer, "weight") for layer in QK_LAYERS} <= set(qk)
     assert diverged - min(f.first_iteration for f in qk.values()) >= ATTENTION_LEAD
     # and the warning itself: the first step at which diagnose, given what was logged before it, names the growth
     warned = next(step for step in range(diverged + 1) if any(key[1] in QK_LAYERS for key in growths(before(tmp_path, step))))
@@ -99,8 +104,8 @@ def test_attention_logits_that_grow_under_a_high_learning_rate_are_flagged_befor
     "run",
     [
         lambda d: growing_channel_run(d, growth=1.0),
-        lambda d: attention_run(d, lr=2.0),
-        lambda d: attention_run(d, steps=80, lr=0.1, optimizer=torch.optim.Adam),  # kurtosis x2 as it sharpens
+        lambda d: attention_run(d, lr=0.5),  # q and k's scales x3 (drift: x8) while the loss falls
+        lambda d: attention_run(d, lr=0.01, optimizer=torch.optim.Adam),  # x2.6
     ],
 )
 def test_healthy_runs_give_no_growth_finding(tmp_path, run):
