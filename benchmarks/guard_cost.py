@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 from harness import (
@@ -201,20 +202,24 @@ def measure_variant(bench: Bench, variant: str, log_dir: str) -> dict:
     }
 
 
+class Results(NamedTuple):
+    """Everything measured, for the Markdown tables and the JSON: per variant the fastest round's seconds per step,
+    the CPU time ratios (None on a GPU) and ``measure_variant``'s counts; the paired ratio's ``quartiles``."""
+
+    fastest: dict[str, float]
+    cpu_ratios: dict[str, float] | None
+    measured: dict[str, dict]
+    paired: dict[str, float]
+
+
 def quartiles(ratios: list[float]) -> dict[str, float]:
     """Median and quartiles of the paired ratios."""
     q1, median, q3 = statistics.quantiles(ratios, n=4)
     return {"median": median, "q1": q1, "q3": q3, "pairs": len(ratios)}
 
 
-def markdown(
-    args: argparse.Namespace,
-    bench: Bench,
-    fastest: dict[str, float],
-    cpu_ratios: dict[str, float] | None,
-    measured: dict[str, dict],
-    paired: dict[str, float],
-) -> str:
+def markdown(args: argparse.Namespace, bench: Bench, results: Results) -> str:
+    fastest, cpu_ratios, measured, paired = results
     cuda = bench.device.type == "cuda"
     machine = torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()}), {torch.get_num_threads()} threads"
     base_ops = sum(measured["no debug"]["ops"].values())
@@ -267,14 +272,8 @@ def markdown(
     return "\n".join(lines)
 
 
-def json_measures(
-    args: argparse.Namespace,
-    bench: Bench,
-    fastest: dict[str, float],
-    cpu_ratios: dict[str, float] | None,
-    measured: dict[str, dict],
-    paired: dict[str, float],
-) -> dict:
+def json_measures(args: argparse.Namespace, bench: Bench, results: Results) -> dict:
+    fastest, cpu_ratios, measured, paired = results
     ops = {variant: sum(measured[variant]["ops"].values()) for variant in VARIANTS}
     return {
         "paired_step_ratio": paired,
@@ -324,7 +323,8 @@ def main() -> None:
         cpu_ratios = None if bench.device.type == "cuda" else {variant: cpu[variant] / cpu["no debug"] for variant in VARIANTS}
         measured = {variant: measure_variant(bench, variant, log_dir) for variant in VARIANTS}
         paired = quartiles(paired_ratios(bench, args, args.pairs, log_dir))
-    print(markdown(args, bench, fastest, cpu_ratios, measured, paired))
+    results = Results(fastest, cpu_ratios, measured, paired)
+    print(markdown(args, bench, results))
     ratio = fastest["guard only"] / fastest["no debug"]
     on_cpu = "" if cpu_ratios is None else f", CPU time ratio {cpu_ratios['guard only']:.3f}"
     print(
@@ -332,8 +332,7 @@ def main() -> None:
         f"(target: at most {TARGET_RATIO})"
     )
     if args.json:
-        measures = json_measures(args, bench, fastest, cpu_ratios, measured, paired)
-        write_json(args.json, "guard_cost", device_name(args.device), measures)
+        write_json(args.json, "guard_cost", device_name(args.device), json_measures(args, bench, results))
 
 
 if __name__ == "__main__":

@@ -183,14 +183,12 @@ class DebugProcessing:
             probe = None  # it told of the GEMM's result, not of what a feature made of it
         if plan.inspect and tensor_name in self.inspected:
             inspected = detached(tensor)
-            if probe is None:
-                self._inspect(tensor_name, inspected, iteration, None, None, None)
-                return tensor
-            RESULT_PROBES[id(inspected)] = probe
+            if probe is not None:
+                RESULT_PROBES[id(inspected)] = probe
             try:
                 self._inspect(tensor_name, inspected, iteration, None, None, None)
             finally:
-                del RESULT_PROBES[id(inspected)]
+                RESULT_PROBES.pop(id(inspected), None)
         return tensor
 
     def _inspect(

@@ -221,6 +221,7 @@ def decode(
     return out
 
 
+@functools.cache
 def _overflow_limit(dtype: torch.dtype) -> float:
     """The least fp32 magnitude that rounds to infinity in ``dtype``: its largest value plus half its last step (the
     tie rounds to even, which is infinity's side); none for fp32 itself."""
