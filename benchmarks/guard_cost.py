@@ -307,6 +307,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--json", help="also write the key numbers to this JSON file (for scripts/gpu_check.sh)")
     args = parser.parse_args()
+    if args.pairs < 2:
+        parser.error(f"--pairs must be at least 2 (quartiles need two ratios), got {args.pairs}")
     for key, value in DEFAULTS[args.device].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
