@@ -6,6 +6,7 @@ import copy
 import logging
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -171,18 +172,38 @@ class BaseNamespaceAPI(ABC):
     def route_api(self, layer_name: str | None = None, api_name: str | None = None, **kwargs: Any) -> Any:
         self.input_assertions_hook(api_name, **kwargs)
         uid = APICacheIdentifier.get_unique_identifier(self._cacheable_api_kwargs_map, layer_name, api_name, **kwargs)
-        if uid is not None:
-            cached = self._api_cache.get(uid, _MISS)
-            if cached is not _MISS:
-                if cached is None:
-                    return {}
-                if isinstance(cached, list):
-                    return self._call_several(api_name, cached, layer_name, kwargs)
-                feature_name, method, cfg = cached
-                if feature_name is None:  # the namespace's default
-                    return self.call_feature(method, cfg, layer_name, **kwargs)
-                return self._call_checked(feature_name, method, api_name, cfg, layer_name, kwargs)
+        route = _MISS if uid is None else self._api_cache.get(uid, _MISS)
+        if route is _MISS:
+            route = self._resolve(uid, layer_name, api_name, kwargs)
+            if uid is not None:
+                self._api_cache[uid] = route
+        return self._follow(route, api_name, layer_name, kwargs)
 
+    def bind(self, layer_name: str, api_name: str, **routing_kwargs: Any) -> Callable[..., Any]:
+        """``route_api`` for ``layer_name`` and ``api_name`` with ``routing_kwargs`` (exactly the keyword arguments its
+        routing depends on: the API's cacheable ones), its features chosen once, now, as a function of the call's
+        other keyword arguments. For a caller that makes the same call many times (a layer, at every step): each call
+        then costs what the features do, not the routing's work again."""
+        keys = self._cacheable_api_kwargs_map.get(api_name)
+        if keys is None or set(keys) != routing_kwargs.keys():
+            raise ValueError(
+                f"{self.name}.{api_name} is bound with the keyword arguments its routing depends on, "
+                f"{'none known (it is routed per call)' if keys is None else sorted(keys)}; got {sorted(routing_kwargs)}"
+            )
+        APICacheIdentifier.save_call_details()
+        self.input_assertions_hook(api_name, **routing_kwargs)
+        uid = APICacheIdentifier.get_unique_identifier(self._cacheable_api_kwargs_map, layer_name, api_name, **routing_kwargs)
+        route = self._resolve(uid, layer_name, api_name, routing_kwargs)
+
+        def call(**kwargs: Any) -> Any:
+            return self._follow(route, api_name, layer_name, {**routing_kwargs, **kwargs})
+
+        return call
+
+    def _resolve(self, uid: str | None, layer_name: str | None, api_name: str, kwargs: dict) -> Any:
+        """Which features serve this call: None (nobody, and no default), ``(None, default method, {})``,
+        ``(feature name, method, resolved config)`` or a list of those for several features. Said once in the debug
+        log."""
         logger = get_logger()
         if uid not in logger.logged_api_encountered:
             logger.logged_api_encountered.add(uid)
@@ -190,19 +211,13 @@ class BaseNamespaceAPI(ABC):
                 f"Debug API call '{api_name}' encountered at the line: {APICacheIdentifier.get_call_details()}",
                 level=logging.DEBUG,
             )
-
         ConfigManager.note_routed(layer_name, self.name)
         features_to_invoke, configured = self._select_features(layer_name, api_name, kwargs)
         if not features_to_invoke:
             if configured:
                 self.no_feature_served(api_name, layer_name, configured, **kwargs)
             default = self._default_api_map.get(api_name)
-            if uid is not None:
-                self._api_cache[uid] = None if default is None else (None, default, {})
-            if default is None:
-                return {}
-            return self.call_feature(default, {}, layer_name, **kwargs)
-
+            return None if default is None else (None, default, {})
         if len(features_to_invoke) > 1:
             if not self.is_multiple_feature_invocation_allowed(api_name):
                 raise ValueError(
@@ -210,19 +225,23 @@ class BaseNamespaceAPI(ABC):
                     f"{list(features_to_invoke)} are enabled for {kwargs_summary(kwargs)}; "
                     "select the layer in only one of them"
                 )
-            several = [(name, getattr(self.namespace_features[name], api_name), cfg) for name, cfg in features_to_invoke.items()]
-            if uid is not None:
-                self._api_cache[uid] = several
             self._log_executed(api_name, f"Debug API call '{api_name}' found and multiple debug features were executed.")
-            return self._call_several(api_name, several, layer_name, kwargs)
-
+            return [(name, getattr(self.namespace_features[name], api_name), cfg) for name, cfg in features_to_invoke.items()]
         ((feature_name, cfg),) = features_to_invoke.items()
-        method = getattr(self.namespace_features[feature_name], api_name)
-        if uid is not None:
-            self._api_cache[uid] = (feature_name, method, cfg)
         self._log_executed(
             api_name, f"Debug API call '{api_name}' found and the corresponding debug feature '{feature_name}' was called."
         )
+        return feature_name, getattr(self.namespace_features[feature_name], api_name), cfg
+
+    def _follow(self, route: Any, api_name: str, layer_name: str | None, kwargs: dict) -> Any:
+        """Call what ``_resolve`` chose."""
+        if route is None:
+            return {}
+        if isinstance(route, list):
+            return self._call_several(api_name, route, layer_name, kwargs)
+        feature_name, method, cfg = route
+        if feature_name is None:  # the namespace's default
+            return self.call_feature(method, cfg, layer_name, **kwargs)
         return self._call_checked(feature_name, method, api_name, cfg, layer_name, kwargs)
 
     def _select_features(self, layer_name: str | None, api_name: str, kwargs: dict) -> tuple[dict[str, dict], dict[str, dict]]:

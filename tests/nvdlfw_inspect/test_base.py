@@ -168,6 +168,39 @@ def test_routing_is_cached_per_call_site_layer_and_cacheable_kwargs(probe, log_d
     assert events["routing"] == 3
 
 
+def test_a_bound_call_routes_once_and_then_calls_what_route_api_calls(probe, log_dir):
+    events = start(
+        probe,
+        log_dir,
+        {
+            "s": section(
+                "net.fc1",
+                Scale={"enabled": True, "factor": 3, "tensors": ["act"]},
+                Watch={"enabled": True, "answer": False, "value": 1, "tensors": ["act"]},
+            ),
+            "t": section("net.fc2", Scale={"enabled": True, "drop": True, "tensors": ["act"]}),
+        },
+    )
+    namespace = debug_api.DEBUG_MANAGER.get_extension_api("probe")
+    x = torch.ones(2)
+    scale = namespace.bind("net.fc1", "scale", tensor_name="act")
+    unserved = namespace.bind("net.fc1", "scale", tensor_name="weight")  # the namespace's default
+    several = namespace.bind("net.fc1", "enabled", tensor_name="act")
+    assert events["routing"] == 4  # one feature for scale twice, two for enabled
+    for _ in range(3):
+        assert torch.equal(scale(tensor=x)["tensor"], x * 3)
+        assert unserved(tensor=x)["tensor"] is x
+        assert several() is True
+    assert events["routing"] == 4
+    assert [kind for kind, _, _ in events["multi"]] == ["FeatureOutputs"] * 3  # combined by the hook at every call
+    with pytest.raises(ValueError, match="scale must return a dict"):  # the output hook checks every bound call
+        namespace.bind("net.fc2", "scale", tensor_name="act")(tensor=x)
+    with pytest.raises(ValueError, match=r"probe.note is bound with .*none known \(it is routed per call\)"):
+        namespace.bind("net.fc1", "note", tensor_name="act")
+    with pytest.raises(ValueError, match=r"probe.scale is bound with .*\['tensor_name'\]; got \['gemm'\]"):
+        namespace.bind("net.fc1", "scale", gemm="fprop")
+
+
 def test_non_cacheable_api_routes_every_call(probe, log_dir):
     events = start(probe, log_dir, {"s": section("net.fc1", Watch={"enabled": True, "value": 4, "tensors": ["act"]})})
     for _ in range(3):

@@ -3,9 +3,13 @@
 A layer asks at its first forward of an iteration, and only the questions that previous answers said
 are due by now (their ``next_iteration``, see ``plan.py``). Later micro-batches of the iteration reuse
 the plan. Turning FP8 on or off, or a new debug session, makes the layer ask everything again at once.
+Its calls of the features themselves (inspect, modify) are routed once per session (``SessionRoutes``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import nvdlfw_inspect.api as debug_api
 from lowprec.debug.plan import GemmFormats, LayerPlan, Memory, Routing, TensorPlan, build_plan, log_plan
@@ -13,11 +17,32 @@ from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.debug_manager import DebugManager, held
 
 
+class SessionRoutes:
+    """A layer's feature calls in one debug session (``inspect_tensor``, ``modify_tensor``, ...), each routed once
+    (``BaseNamespaceAPI.bind``): the session's config never changes, and a layer makes the same calls at every
+    step."""
+
+    def __init__(self, session: DebugManager) -> None:
+        self.session = session
+        self._bound: dict[tuple[str, str, str, str | None], Callable[..., Any]] = {}
+
+    def call(self, api_name: str, layer_name: str, tensor_name: str, gemm: str | None = None) -> Callable[..., Any]:
+        """``debug_api.transformer_engine.<api_name>`` for this layer, tensor (and GEMM, where the API's routing
+        depends on it), to be called with the other keyword arguments."""
+        key = (api_name, layer_name, tensor_name, gemm)
+        bound = self._bound.get(key)
+        if bound is None:
+            routing = {"tensor_name": tensor_name} if gemm is None else {"tensor_name": tensor_name, "gemm": gemm}
+            namespace = self.session.get_extension_api("transformer_engine")
+            bound = self._bound[key] = namespace.bind(layer_name, api_name, **routing)
+        return bound
+
+
 class DebugLayerState:
     """Per-layer routing memory; ``plan_for`` answers None when the layer can take its plain path."""
 
     def __init__(self) -> None:
-        self._session: DebugManager | None = None
+        self.routes: SessionRoutes | None = None  # the session the plans are of, and its feature calls
         self._key: tuple[int, GemmFormats] | None = None
         self._plan: LayerPlan | None = None
         self._next_iteration: int | None = 0
@@ -29,7 +54,7 @@ class DebugLayerState:
     @property
     def session(self) -> DebugManager | None:
         """The debug session the plans are of (None before the first)."""
-        return self._session
+        return None if self.routes is None else self.routes.session
 
     def plan_for(self, layer_name: str, formats: GemmFormats | bool, layer_types: tuple[str, ...] = ()) -> LayerPlan | None:
         """The plan of this forward, or None for the plain path (also when ``end_debug()`` runs meanwhile on another
@@ -41,7 +66,7 @@ class DebugLayerState:
             return None
         if not isinstance(formats, GemmFormats):
             formats = GemmFormats.uniform(formats)
-        if manager is self._session and (manager._trainer_iteration_count, formats) == self._key:
+        if manager is self.session and (manager._trainer_iteration_count, formats) == self._key:
             return self._plan  # this iteration's plan: asking nothing of the session, it does not hold it
         with held(manager) as open_:
             return self._plan_in(manager, layer_name, formats, layer_types) if open_ else None
@@ -49,9 +74,9 @@ class DebugLayerState:
     def _plan_in(
         self, manager: DebugManager, layer_name: str, formats: GemmFormats, layer_types: tuple[str, ...]
     ) -> LayerPlan | None:
-        if manager is not self._session:
+        if manager is not self.session:
             self.__init__()
-            self._session = manager
+            self.routes = SessionRoutes(manager)
         iteration = manager._trainer_iteration_count
         self._key = (iteration, formats)
         due = self._next_iteration is not None and iteration >= self._next_iteration

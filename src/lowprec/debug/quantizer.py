@@ -6,9 +6,10 @@ them two), the high-precision tensor, or whatever ``modify_tensor`` returns; the
 high-precision tensor and the operands of the recipe it reports (``GemmQuantizers.reported``).
 Outputs (output, dgrad, wgrad) can be modified and inspected after their GEMM.
 
-Each tensor is processed inside the layer's debug session (``held``): an ``end_debug()`` on another thread waits for
-it. Once the session has ended (between a forward and its backward, say), a tensor gets the plan's precisions but
-neither modification nor inspection, as a layer without a session.
+A forward's tensors, and a backward's, are processed inside the layer's debug session (``with processing:`` holds
+it): an ``end_debug()`` on another thread waits for them. Once the session has ended (between a forward and its
+backward, say), a tensor gets the plan's precisions but neither modification nor inspection, as a layer without a
+session.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from typing import Any
 import torch
 
 import nvdlfw_inspect.api as debug_api
+from lowprec.debug.layer_state import SessionRoutes
 from lowprec.debug.names import TENSOR_GEMMS, TENSORS
 from lowprec.debug.plan import LayerPlan, Precision, TensorPlan
 from lowprec.debug.result_probes import RESULT_PROBES
 from lowprec.gemm import Operand
 from lowprec.modules.gemm_quantizers import GemmQuantizers, Pair
 from lowprec.quant.protocol import Quantizer, detached
-from nvdlfw_inspect.debug_manager import DebugManager, held
+from nvdlfw_inspect.debug_manager import held
 from nvdlfw_inspect.logging import say_once
 from nvdlfw_inspect.stats.buffers import STATS_BUFFERS
 from nvdlfw_inspect.utils import get_distributed_world_size
@@ -49,35 +51,36 @@ class DebugProcessing:
         layer_name: str,
         quantizers: GemmQuantizers,
         plan: LayerPlan,
-        session: DebugManager | None,
+        routes: SessionRoutes,
         tp_group: Any = None,
         inspected: Collection[str] = TENSORS,
     ):
-        """``session``: the debug session that made ``plan``. ``inspected``: the tensors shown to the inspection
-        features; the others only get the plan's casts and modifications (a recomputed forward's, which the
-        original forward has already shown, or all of a forward run inside ``debug_api.paused()``)."""
+        """``routes``: the layer's feature calls in the debug session that made ``plan``. ``inspected``: the tensors
+        shown to the inspection features; the others only get the plan's casts and modifications (a recomputed
+        forward's, which the original forward has already shown, or all of a forward run inside
+        ``debug_api.paused()``)."""
         self.layer_name = layer_name
-        self.session = session
+        self.routes = routes
         self.inspected = inspected
         self.quantizers = quantizers
         self.plan = plan
         self.tp_group = tp_group
         self.tp_size = get_distributed_world_size(tp_group) if tp_group is not None else 1
+        self._open = False  # inside ``with self:``, in the session: features may run
+
+    def __enter__(self) -> DebugProcessing:
+        """Hold the debug session for the calls of one forward or one backward (not reentrant)."""
+        self._open = held(self.routes.session).__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._open:
+            self._open = False
+            held(self.routes.session).__exit__(*exc_info)
 
     def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
         """``(operand for the tensor's first GEMM, operand for its second GEMM)``."""
-        if not self._calls_features(tensor_name):
-            return self._input(tensor_name, tensor, transpose, False)
-        with held(self.session) as open_:
-            return self._input(tensor_name, tensor, transpose, open_)
-
-    def _calls_features(self, tensor_name: str) -> bool:
-        """Whether a feature runs on the tensor (modifies or inspects it): only then is the session held."""
-        plan = self.plan.tensors[tensor_name]
-        inspects = tensor_name in self.inspected and (plan.inspect or any(plan.inspect_postquantize.values()))
-        return inspects or Precision.MODIFY in plan.gemms.values()
-
-    def _input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool, open_: bool) -> tuple[Operand, Operand]:
+        open_ = self._open
         plan = self.plan.tensors[tensor_name]
         gemms = TENSOR_GEMMS[tensor_name]
         first, second = gemms
@@ -89,10 +92,7 @@ class DebugProcessing:
         for gemm, quantizer in ((second, pair[1]), (first, pair[0])):
             precision = plan.gemms[gemm]
             if precision is Precision.MODIFY and open_:
-                operands[gemm] = debug_api.transformer_engine.modify_tensor(
-                    layer_name=self.layer_name,
-                    gemm=gemm,
-                    tensor_name=tensor_name,
+                operands[gemm] = self.routes.call("modify_tensor", self.layer_name, tensor_name, gemm)(
                     tensor=tensor,
                     default_quantizer=quantizer,
                     iteration=iteration,
@@ -107,9 +107,7 @@ class DebugProcessing:
             self._inspect_input(tensor_name, tensor, iteration, operands, pair)
         for gemm in (first, second):
             if inspected and plan.inspect_postquantize.get(gemm) and plan.gemms[gemm] is not Precision.HIGH_PRECISION:
-                debug_api.transformer_engine.inspect_tensor_postquantize(
-                    layer_name=self.layer_name,
-                    tensor_name=tensor_name,
+                self.routes.call("inspect_tensor_postquantize", self.layer_name, tensor_name)(
                     gemm=gemm,
                     tensor=operands[gemm],
                     iteration=iteration,
@@ -162,20 +160,13 @@ class DebugProcessing:
     def output(self, tensor_name: str, tensor: torch.Tensor, probe: torch.Tensor | None = None) -> torch.Tensor:
         """The GEMM result ``tensor_name`` (output, dgrad or wgrad), modified and inspected as planned; ``probe``: its
         non-finite probe, where the GEMM gave one (``gemm_and_probe``)."""
-        if not self._calls_features(tensor_name):
+        if not self._open:
             return tensor
-        with held(self.session) as open_:
-            return self._output(tensor_name, tensor, probe) if open_ else tensor
-
-    def _output(self, tensor_name: str, tensor: torch.Tensor, probe: torch.Tensor | None) -> torch.Tensor:
         plan = self.plan.tensors[tensor_name]
         gemm = TENSOR_GEMMS[tensor_name][0]
         iteration = _iteration()
         if plan.gemms[gemm] is Precision.MODIFY:
-            tensor = debug_api.transformer_engine.modify_tensor(
-                layer_name=self.layer_name,
-                gemm=gemm,
-                tensor_name=tensor_name,
+            tensor = self.routes.call("modify_tensor", self.layer_name, tensor_name, gemm)(
                 tensor=tensor,
                 default_quantizer=None,
                 iteration=iteration,
@@ -201,9 +192,7 @@ class DebugProcessing:
         quantizer: Quantizer | None,
     ) -> None:
         with STATS_BUFFERS.one_launch(tensor):  # every statistics feature on this tensor shares one kernel
-            debug_api.transformer_engine.inspect_tensor(
-                layer_name=self.layer_name,
-                tensor_name=tensor_name,
+            self.routes.call("inspect_tensor", self.layer_name, tensor_name)(
                 tensor=tensor,
                 iteration=iteration,
                 tp_group=self.tp_group,

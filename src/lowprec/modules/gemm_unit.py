@@ -196,7 +196,7 @@ class GemmUnit:
             return F.linear(x, weight, bias)
         if plan is not None:
             processing = DebugProcessing(
-                layer_name, quantizers, plan, self.debug.session, self.tp_group, inspected=TENSORS if inspect else ()
+                layer_name, quantizers, plan, self.debug.routes, self.tp_group, inspected=TENSORS if inspect else ()
             )
         else:
             # an evaluation forward under another fprop recipe than training's casts past the caches, which keep the
@@ -228,7 +228,7 @@ class GemmUnit:
             quantizers = original.quantizers.replaying(getattr(original.node, "cast_states", {}))
             if original.plan is not None:
                 processing = DebugProcessing(
-                    layer_name, quantizers, original.plan, self.debug.session, self.tp_group, inspected=()
+                    layer_name, quantizers, original.plan, self.debug.routes, self.tp_group, inspected=()
                 )
             else:
                 processing = PlainProcessing(quantizers)
@@ -246,7 +246,7 @@ class GemmUnit:
         quantizers = replay.quantizers.replaying(replay.cast_states, names=("activation", "weight"))
         if replay.plan is not None:
             processing = DebugProcessing(
-                layer_name, quantizers, replay.plan, self.debug.session, self.tp_group, inspected=BACKWARD_TENSORS
+                layer_name, quantizers, replay.plan, self.debug.routes, self.tp_group, inspected=BACKWARD_TENSORS
             )
         else:
             processing = PlainProcessing(quantizers)

@@ -19,7 +19,12 @@ from lowprec.quant.weight_cache import WeightCache
 
 class Processing(Protocol):
     """How a layer turns tensors into GEMM operands and treats GEMM results. ``transpose`` says that
-    an FP8 operand should also carry its other memory order (a GEMM will want it)."""
+    an FP8 operand should also carry its other memory order (a GEMM will want it). The calls of one forward, and
+    those of one backward, run inside one ``with processing:`` (the debug path holds the debug session for it)."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
 
     def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]: ...
 
@@ -34,6 +39,12 @@ class PlainProcessing:
     def __init__(self, quantizers: GemmQuantizers, weight_caches: tuple[WeightCache, WeightCache] | None = None):
         self.quantizers = quantizers
         self.weight_caches = weight_caches
+
+    def __enter__(self) -> PlainProcessing:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
 
     def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
         first, second = self.quantizers.pair(tensor_name)
@@ -119,9 +130,10 @@ class LinearFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         x2d = x.reshape(-1, x.shape[-1])
         needs_dgrad, needs_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        activation_fprop, activation_wgrad = processing.input("activation", x2d, transpose=needs_wgrad)
-        weight_fprop, weight_dgrad = processing.input("weight", weight, transpose=needs_dgrad)
-        out = processing.output("output", *gemm_and_probe(activation_fprop, weight_fprop.t(), x.dtype, bias))
+        with processing:
+            activation_fprop, activation_wgrad = processing.input("activation", x2d, transpose=needs_wgrad)
+            weight_fprop, weight_dgrad = processing.input("weight", weight, transpose=needs_dgrad)
+            out = processing.output("output", *gemm_and_probe(activation_fprop, weight_fprop.t(), x.dtype, bias))
         ctx.processing = processing
         ctx.cast_states = cast_states(activation_fprop, activation_wgrad, weight_fprop, weight_dgrad)
         ctx.operand_kinds = save_operands(ctx, activation_wgrad, weight_dgrad)
@@ -137,13 +149,15 @@ class LinearFunction(torch.autograd.Function):
         activation_wgrad, weight_dgrad = saved_operands(ctx)
         ctx.backward_done = True  # tells the layer's forward history (recompute.py) this forward is finished
         dy = grad_out.reshape(-1, grad_out.shape[-1])
-        gradient_dgrad, gradient_wgrad = processing.input("gradient", dy, transpose=ctx.needs_input_grad[1])
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            dx = processing.output("dgrad", *gemm_and_probe(gradient_dgrad, weight_dgrad, dy.dtype)).reshape(ctx.x_shape)
-        if ctx.needs_input_grad[1]:
-            dw = processing.output("wgrad", *gemm_and_probe(gradient_wgrad.t(), activation_wgrad, dy.dtype))
-            dw = dw.to(ctx.weight_dtype)
+        with processing:
+            gradient_dgrad, gradient_wgrad = processing.input("gradient", dy, transpose=ctx.needs_input_grad[1])
+            if ctx.needs_input_grad[0]:
+                dx = processing.output("dgrad", *gemm_and_probe(gradient_dgrad, weight_dgrad, dy.dtype))
+                dx = dx.reshape(ctx.x_shape)
+            if ctx.needs_input_grad[1]:
+                dw = processing.output("wgrad", *gemm_and_probe(gradient_wgrad.t(), activation_wgrad, dy.dtype))
+                dw = dw.to(ctx.weight_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(dim=0).to(ctx.bias_dtype)
         return dx, dw, db, None

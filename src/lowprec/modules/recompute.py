@@ -174,6 +174,12 @@ class CastRecorder:
         self.quantizers = quantizers
         self._operands: dict[str, tuple[Operand, Operand]] = {}
 
+    def __enter__(self) -> object:
+        return self.processing.__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.processing.__exit__(*exc_info)
+
     def input(self, tensor_name: str, tensor: torch.Tensor, transpose: bool = False) -> tuple[Operand, Operand]:
         transpose = transpose or not self.quantizers.shared(tensor_name)
         self._operands[tensor_name] = self.processing.input(tensor_name, tensor, transpose)

@@ -248,7 +248,7 @@ class StatsBuffers:
         self._layouts: dict[Any, _Layout] = {}
         self._own: dict[tuple[int, ...], OwnGroup] = {}  # the tool's own group over each rank set reduced over
         self._session = 0  # resets so far: debug sessions of this process, which name the own groups
-        self._launch: _Launch | None = None
+        self._one_launch: _OneLaunch | None = None  # the innermost one_launch() under way
         self._lock = threading.RLock()  # the requests, tables and launch: every feed, and a flush's snapshot
         # One flush at a time, so that steps reach the loggers in order; reentrant for end_debug's reset from a
         # signal handler that interrupted this thread's flush.
@@ -347,9 +347,9 @@ class StatsBuffers:
             if taken and buffer.want_channels:
                 buffer.add_channels(table, channel_amax if channel_amax is not None else column_amax(tensor))
             if tensor.numel() > 0 or call_out is not None or amax_out is not None:  # an empty tensor: the row stays empty
-                launch = self._launch
-                if launch is not None and launch.tensor is tensor:
-                    launch.add(buffer, quantization, amax_out)
+                scope = self._one_launch
+                if scope is not None and scope.tensor is tensor:
+                    scope.joined().add(buffer, quantization, amax_out)
                 else:
                     launch = _Launch(tensor)
                     launch.add(buffer, quantization, amax_out)
@@ -556,7 +556,7 @@ class StatsBuffers:
                 own.release()
             self._own.clear()
             self._session += 1
-            self._launch = None
+            self._one_launch = None
 
 
 def _max_channels(
@@ -580,24 +580,31 @@ def _max_channels(
 class _OneLaunch:
     """``StatsBuffers.one_launch``: a class rather than a generator context, as it runs for every inspected tensor."""
 
-    __slots__ = ("buffers", "launch", "outer")
+    __slots__ = ("buffers", "tensor", "launch", "outer")
 
     def __init__(self, buffers: StatsBuffers, tensor: torch.Tensor):
-        self.buffers, self.launch, self.outer = buffers, _Launch(tensor), None
+        self.buffers, self.tensor, self.outer = buffers, tensor, None
+        self.launch: _Launch | None = None  # made by the first feed (a tensor only the guard sees has none)
 
     def __enter__(self) -> None:
         self.buffers._lock.acquire()
-        self.outer, self.buffers._launch = self.buffers._launch, self.launch
+        self.outer, self.buffers._one_launch = self.buffers._one_launch, self
 
     def __exit__(self, error_type: type | None, *_: object) -> None:
         buffers = self.buffers
         try:
-            buffers._launch = self.outer
+            buffers._one_launch = self.outer
             launch = self.launch
-            if error_type is None and launch.fed:  # else no feature fed it: no table to look up
+            if error_type is None and launch is not None and launch.fed:  # else nothing fed it: no table to look up
                 launch.run(buffers._table(launch.tensor.device).rows)
         finally:
             buffers._lock.release()
+
+    def joined(self) -> _Launch:
+        """The operator call that this tensor's feeds join."""
+        if self.launch is None:
+            self.launch = _Launch(self.tensor)
+        return self.launch
 
 
 STATS_BUFFERS = StatsBuffers()

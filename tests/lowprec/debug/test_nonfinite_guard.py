@@ -232,6 +232,35 @@ def test_each_tensor_costs_one_op_and_the_first_nan_or_infinity_is_found_across_
     assert (error.layer, error.step) == ("b", 7)
 
 
+def test_the_reported_micro_batch_follows_the_order_of_calls_empty_tensors_included(log_dir):
+    """The micro-batch of the reported call is worked out at the verdict from the step's order of calls: forward calls
+    count the model's first tensor's repeats, a backward tensor takes its layer's matching forward; empty tensors (an
+    expert no token reached) have no row of extrema but are calls all the same."""
+    from lowprec.debug.features.nonfinite_guard import NonfiniteGuard
+
+    start(section({"NonfiniteGuard": {"enabled": True}}), log_dir)
+    guard = NonfiniteGuard()
+    finite, empty, nan = torch.ones(2), torch.empty(0), torch.tensor([float("nan")])
+    step = [("l0", "activation", finite), ("l1", "activation", empty)]  # micro-batch 0: l1 receives no token
+    step += [("l1", "gradient", empty), ("l1", "dgrad", empty), ("l0", "gradient", finite)]  # its backward
+    step += [("l0", "activation", finite), ("l1", "activation", finite)]  # micro-batch 1
+    step += [("l1", "gradient", finite), ("l1", "dgrad", nan)]
+    for layer, tensor_name, tensor in step:
+        guard._record(layer, tensor_name, tensor, None, "warn")
+    error, _ = guard.verdict(step=3, group=None)
+    assert (error.layer, error.tensor, error.micro_batch) == ("l1", "dgrad", 1)
+    guard.reset()
+    for layer, tensor_name, tensor in [*step[:6], ("l1", "activation", nan)]:  # the first non-empty tensor of l1
+        guard._record(layer, tensor_name, tensor, None, "warn")
+    error, _ = guard.verdict(step=4, group=None)
+    assert (error.layer, error.tensor, error.micro_batch) == ("l1", "activation", 1)
+    guard.reset()
+    for layer, tensor_name, tensor in [("l1", "activation", empty), ("l0", "gradient", nan)]:
+        guard._record(layer, tensor_name, tensor, None, "warn")
+    error, _ = guard.verdict(step=5, group=None)
+    assert (error.layer, error.tensor, error.micro_batch) == ("l0", "gradient", 0)
+
+
 @pytest.mark.parametrize(
     "recipe",
     [lowprec.DelayedScaling(), lowprec.Float8CurrentScaling(), MXFP8, lowprec.NVFP4BlockScaling()],

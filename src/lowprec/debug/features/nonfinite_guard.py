@@ -7,7 +7,8 @@ epilogue (the C kernel scaling the product) checks it (``lowprec.gemm.gemm_and_p
 ``RESULT_PROBES``). Every other inspected tensor (other GEMM results, operands kept in high precision) costs one read:
 on a CPU the C kernel's vectorized pass (``cpu_cast.nonfinite_probe``), elsewhere a reduction to its minimum and
 maximum (``torch.aminmax``, nothing written but two scalars), which are NaN or infinite exactly when the tensor holds
-a NaN or an infinity. The host keeps, per position in the step's order of calls, the layer, tensor and micro-batch.
+a NaN or an infinity. The host keeps, per position in the step's order of calls, the layer and tensor (the
+micro-batch follows from that order: worked out for the one position reported).
 ``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which comes first) stacks the step's
 values, finds the first position holding a non-finite one on the device, and reads that one scalar: the one host read
 of the guard in a step.
@@ -37,11 +38,42 @@ MODES = ("warn", "raise")
 _NONE = 2**62  # no non-finite tensor yet: larger than any position
 
 
-class _Call(NamedTuple):  # a tuple: one is made per inspected tensor
+class _Call(NamedTuple):  # the reported call (a plain tuple per inspected tensor until then)
     layer: str
     tensor: str
     micro_batch: int
     mode: str
+
+
+class _MicroBatches:
+    """Which micro-batch each call of a step belongs to, from the order of the step's calls. A forward tensor's: how
+    often the step's first guarded forward call came before it (with the default, every layer, the model's first
+    layer: once per micro-batch). A backward tensor's: that of its layer's forward it belongs to, the k-th backward
+    the k-th forward (so an expert no token reached in some micro-batch keeps the micro-batch's number); without a
+    guarded forward of its layer, its call count."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], int] = {}
+        self._anchor: tuple[str, str] | None = None
+        self._micro_batch = 0
+        self._layer_forwards: dict[str, tuple[str, list[int]]] = {}  # layer -> (its first forward tensor, micro-batches)
+
+    def next(self, layer: str, tensor_name: str) -> int:
+        """The micro-batch of the step's next call, of ``tensor_name`` in ``layer``."""
+        key = (layer, tensor_name)
+        count = self._seen.get(key, 0)
+        self._seen[key] = count + 1
+        if tensor_name in BACKWARD_TENSORS:
+            forwards = self._layer_forwards.get(layer, ("", []))[1]
+            return forwards[count] if count < len(forwards) else count
+        if self._anchor is None:
+            self._anchor = key
+        elif key == self._anchor:
+            self._micro_batch += 1
+        first, forwards = self._layer_forwards.setdefault(layer, (tensor_name, []))
+        if first == tensor_name:
+            forwards.append(self._micro_batch)
+        return self._micro_batch
 
 
 def _with_default_tensors(config: dict) -> dict:
@@ -67,11 +99,8 @@ class NonfiniteGuard(TEConfigAPIMapper):
 
     def _reset(self) -> None:
         self._extrema: list[torch.Tensor] = []  # device scalars: each call's minimum and maximum, in call order
-        self._calls: list[_Call] = []
-        self._seen: dict[tuple[str, str], int] = {}
-        self._anchor: tuple[str, str] | None = None  # the step's first forward call: each repeat is a micro-batch
-        self._micro_batch = 0
-        self._layer_forwards: dict[str, tuple[str, list[int]]] = {}  # layer -> (its first forward tensor, micro-batches)
+        self._calls: list[tuple[str, str, str]] = []  # each call's (layer, tensor, on_nonfinite)
+        self._unchecked: list[int] = []  # the calls of empty tensors (no extrema), by position in _calls
 
     # --- config ------------------------------------------------------------------------------------
     def parse_config_and_api(self, config: dict, **kwargs: Any) -> tuple[bool, dict | None]:
@@ -108,8 +137,9 @@ class NonfiniteGuard(TEConfigAPIMapper):
         manager = debug_api.DEBUG_MANAGER
         if manager is not None:
             manager.guard = self
-        micro_batch = self._micro_batch_of(layer, tensor_name)
-        if tensor.numel() == 0:  # nothing to check (and no extrema to take)
+        if tensor.numel() == 0:  # nothing to check (and no extrema to take); a call still, for the micro-batches
+            self._unchecked.append(len(self._calls))
+            self._calls.append((layer, tensor_name, mode))
             return
         if probe is None:
             probe = cpu_cast.nonfinite_probe(tensor)  # a CPU tensor: the C kernel's pass, cheaper than aminmax's
@@ -120,64 +150,55 @@ class NonfiniteGuard(TEConfigAPIMapper):
         if self._extrema and tensor.device != self._extrema[0].device:  # kept on the step's first device, for one stack
             extrema = [value.to(self._extrema[0].device) for value in extrema]
         self._extrema.extend(extrema)
-        self._calls.append(_Call(layer, tensor_name, micro_batch, mode))
+        self._calls.append((layer, tensor_name, mode))
 
-    def _first_position(self) -> torch.Tensor:
-        """Device scalar: the position of the step's first call whose tensor held a NaN or an infinity, or _NONE."""
+    def _first_row(self) -> torch.Tensor:
+        """Device scalar: the row of the step's first call whose tensor held a NaN or an infinity, or _NONE."""
         if not self._extrema:
             return torch.full((), _NONE, dtype=torch.int64)
-        extrema = torch.stack(self._extrema).view(-1, 2)  # one row per call
+        extrema = torch.stack(self._extrema).view(-1, 2)  # one row per call of a non-empty tensor
         bad = ~torch.isfinite(extrema).all(dim=1)
         first = bad.to(torch.int64).argmax()  # the first True (0 when there is none)
         return torch.where(bad.any(), first, _NONE)
 
-    def _micro_batch_of(self, layer: str, tensor_name: str) -> int:
-        """A forward tensor's micro-batch: how often the step's first guarded forward call came before it (with the
-        default, every layer, the model's first layer: once per micro-batch). A backward tensor's: that of its layer's
-        forward it belongs to, the k-th backward the k-th forward (so an expert no token reached in some micro-batch
-        keeps the micro-batch's number); without a guarded forward of its layer, its call count."""
-        key = (layer, tensor_name)
-        count = self._seen.get(key, 0)
-        self._seen[key] = count + 1
-        if tensor_name in BACKWARD_TENSORS:
-            forwards = self._layer_forwards.get(layer, ("", []))[1]
-            return forwards[count] if count < len(forwards) else count
-        if self._anchor is None:
-            self._anchor = key
-        elif key == self._anchor:
-            self._micro_batch += 1
-        first, forwards = self._layer_forwards.setdefault(layer, (tensor_name, []))
-        if first == tensor_name:
-            forwards.append(self._micro_batch)
-        return self._micro_batch
+    def _call(self, row: int) -> _Call:
+        """The step's call of extrema row ``row``, with its micro-batch."""
+        position = row
+        for unchecked in self._unchecked:  # in increasing order
+            position += unchecked <= position
+        micro_batches = _MicroBatches()
+        for layer, tensor_name, _ in self._calls[:position]:
+            micro_batches.next(layer, tensor_name)
+        layer, tensor_name, mode = self._calls[position]
+        return _Call(layer, tensor_name, micro_batches.next(layer, tensor_name), mode)
 
     def verdict(self, step: int, group: Any) -> tuple[NonFiniteError, str] | None:
         """The step's first non-finite tensor and its ``on_nonfinite``, from one read of the device; with a
         reduction ``group``, also when only another rank of it saw one (the flag all-reduced with MAX)."""
-        first = self._first_position()
+        first = self._first_row()
         reduce = group is not None and dist.is_available() and dist.is_initialized()
         if not reduce:
-            position = first.item()  # the one host read
-            flag = position < _NONE
+            row = first.item()  # the one host read
+            flag = row < _NONE
         else:
-            values = torch.stack([first, (first < _NONE).to(torch.int64)])  # position, and a flag to reduce with MAX
+            values = torch.stack([first, (first < _NONE).to(torch.int64)])  # row, and a flag to reduce with MAX
             on_device = dist.get_backend(group) == "nccl"
             if on_device:
                 dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
             values = values.cpu()  # the one host read
             if not on_device:
                 dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
-            position, flag = values.tolist()
+            row, flag = values.tolist()
         if not flag:
             return None
-        if position == _NONE:
+        if row == _NONE:
             error = NonFiniteError(
                 f"non-finite values (NaN or inf) at step {step} on another rank of the reduction group; this rank's "
                 "tensors are finite",
                 step=step,
             )
-            return error, self._calls[0].mode if self._calls else "warn"
-        call = self._calls[position]
+            return error, self._calls[0][2] if self._calls else "warn"
+        call = self._call(row)
         gemm, other = TENSOR_GEMMS[call.tensor]
         read_by = f"the {gemm} GEMM" + (f" (and {other})" if other else "")
         message = (
