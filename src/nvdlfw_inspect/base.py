@@ -194,9 +194,18 @@ class BaseNamespaceAPI(ABC):
         self.input_assertions_hook(api_name, **routing_kwargs)
         uid = APICacheIdentifier.get_unique_identifier(self._cacheable_api_kwargs_map, layer_name, api_name, **routing_kwargs)
         route = self._resolve(uid, layer_name, api_name, routing_kwargs)
+        if isinstance(route, tuple) and route[0] is not None:  # one feature (the common case, made direct)
+            feature_name, method, cfg = route
+
+            def call_feature(**kwargs: Any) -> Any:
+                kwargs.update(routing_kwargs)
+                return self._call_checked(feature_name, method, api_name, cfg, layer_name, kwargs)
+
+            return call_feature
 
         def call(**kwargs: Any) -> Any:
-            return self._follow(route, api_name, layer_name, {**routing_kwargs, **kwargs})
+            kwargs.update(routing_kwargs)
+            return self._follow(route, api_name, layer_name, kwargs)
 
         return call
 

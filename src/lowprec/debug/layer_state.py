@@ -1,8 +1,9 @@
 """When a layer asks its routing questions, and what it remembers of the answers.
 
-A layer asks at its first forward of an iteration, and only the questions that previous answers said
-are due by now (their ``next_iteration``, see ``plan.py``). Later micro-batches of the iteration reuse
-the plan. Turning FP8 on or off, or a new debug session, makes the layer ask everything again at once.
+A layer asks at its first forward of an iteration whose plan may differ from the last one's, and only the
+questions that previous answers said are due by now (their ``next_iteration``, see ``plan.py``); other forwards
+(later micro-batches, iterations under standing answers such as the guard's) reuse the plan. Turning FP8 on or
+off, or a new debug session, makes the layer ask everything again at once.
 Its calls of the features themselves (inspect, modify) are routed once per session (``SessionRoutes``).
 """
 
@@ -43,9 +44,8 @@ class DebugLayerState:
 
     def __init__(self) -> None:
         self.routes: SessionRoutes | None = None  # the session the plans are of, and its feature calls
-        self._key: tuple[int, GemmFormats] | None = None
         self._plan: LayerPlan | None = None
-        self._next_iteration: int | None = 0
+        self._next_iteration: int | None = 0  # when the plan may change next (None: never, in this session)
         self._formats: GemmFormats | None = None
         self._memory = Memory()
         self._said: tuple[dict[str, TensorPlan], GemmFormats] | None = None  # the plan last said (log_plan)
@@ -66,8 +66,10 @@ class DebugLayerState:
             return None
         if not isinstance(formats, GemmFormats):
             formats = GemmFormats.uniform(formats)
-        if manager is self.session and (manager._trainer_iteration_count, formats) == self._key:
-            return self._plan  # this iteration's plan: asking nothing of the session, it does not hold it
+        if manager is self.session and (formats is self._formats or formats == self._formats):
+            upcoming = self._next_iteration
+            if upcoming is None or manager._trainer_iteration_count < upcoming:
+                return self._plan  # the plan holds: asking nothing of the session, it does not hold it
         with held(manager) as open_:
             return self._plan_in(manager, layer_name, formats, layer_types) if open_ else None
 
@@ -77,21 +79,15 @@ class DebugLayerState:
         if manager is not self.session:
             self.__init__()
             self.routes = SessionRoutes(manager)
-        iteration = manager._trainer_iteration_count
-        self._key = (iteration, formats)
-        due = self._next_iteration is not None and iteration >= self._next_iteration
-        if due or formats != self._formats:
-            if layer_types:
-                ConfigManager.set_layer_types(layer_name, *layer_types)
-            if self._formats is None or formats.quantized_gemms != self._formats.quantized_gemms:
-                self._memory = Memory()  # other questions are asked with FP8 on
-            plan = build_plan(layer_name, iteration, formats, self._memory)
-            if (plan.tensors, formats) != self._said:  # a new plan, or one reused that differs from the last said
-                self._said = (plan.tensors, formats)
-                log_plan(plan, self._written)
-            self._formats = formats
-            self._next_iteration = plan.next_iteration
-            self._plan = plan if plan.active else None
-        else:
-            self._plan = None
+        if layer_types:
+            ConfigManager.set_layer_types(layer_name, *layer_types)
+        if self._formats is None or formats.quantized_gemms != self._formats.quantized_gemms:
+            self._memory = Memory()  # other questions are asked with FP8 on
+        plan = build_plan(layer_name, manager._trainer_iteration_count, formats, self._memory)
+        if (plan.tensors, formats) != self._said:  # a new plan, or one reused that differs from the last said
+            self._said = (plan.tensors, formats)
+            log_plan(plan, self._written)
+        self._formats = formats
+        self._next_iteration = plan.next_iteration
+        self._plan = plan if plan.active else None
         return self._plan

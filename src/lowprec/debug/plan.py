@@ -6,7 +6,8 @@ takes its default answer (the one a layer gets when no feature serves it), and f
 asked again (None: never). An ``EveryIteration`` answer holds at every later iteration: it is never
 asked again in the session. So a layer asks, at an iteration, only the questions that are due: with
 statistics every few steps, the inspection questions of the inspected tensors, not all 24; with
-statistics or the guard every step, none. Each input
+statistics or the guard every step, none, and its plan stands from one iteration to the next
+(``LayerPlan.next_iteration``: when the plan may change). Each input
 tensor gets a precision for each of its two GEMMs, each output tensor whether it is modified; any
 tensor may be inspected.
 """
@@ -225,8 +226,16 @@ class _Asker:
         )
 
     def next_iteration(self) -> int | None:
-        """The first iteration after this one at which some question is due (None: none ever is)."""
-        upcoming = [nxt for _, nxt, _ in self.answers.values() if nxt is not None and nxt > self.iteration]
+        """The first iteration after this one whose plan may differ from this one's (None: none's does): the next
+        when an answer in effect holds for this iteration only (the default answer follows), else the first at which
+        a question is due. An ``EveryIteration`` answer holds at every later iteration: it changes no plan."""
+        if any(question not in self.every_iteration for question, _ in self.in_effect()):
+            return self.iteration + 1
+        upcoming = [
+            nxt
+            for question, (_, nxt, _) in self.answers.items()
+            if question not in self.every_iteration and nxt is not None and nxt > self.iteration
+        ]
         return min(upcoming) if upcoming else None
 
 

@@ -198,6 +198,45 @@ def kernel_mode(request):
     lowprec.kernels.set_kernel_mode(previous)
 
 
+@pytest.mark.parametrize(
+    ("stats", "logged_at"),
+    [
+        (None, set()),
+        ({"freq": 3}, {0, 3}),  # inspected at every iteration for the guard; the statistics feature keeps its schedule
+    ],
+)
+def test_the_guards_plan_stands_across_iterations_and_checks_every_step(log_dir, stats, logged_at, monkeypatch):
+    """The guard answers once for every iteration: the layer plans at its first forward only."""
+    from debugrun import make_linear, train_step
+    from logreader import read_stats
+
+    import lowprec.debug.layer_state as layer_state
+
+    planned = []
+    original = layer_state.build_plan
+    monkeypatch.setattr(layer_state, "build_plan", lambda name, it, *rest: planned.append(it) or original(name, it, *rest))
+    features = {"NonfiniteGuard": {"enabled": True}}
+    if stats is not None:
+        features["LogTensorStats"] = {"enabled": True, "tensors": ["activation"], "stats": ["max"], **stats}
+    start(section(features), log_dir)
+    layer = make_linear()
+    verdicts = []
+    for step in range(6):
+        x = torch.randn(2, 32)
+        if step == 5:
+            x[0, 0] = float("nan")
+        train_step(layer, x, torch.randn(2, 24))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            debug_api.step()
+        verdicts.append([str(w.message) for w in caught if "non-finite" in str(w.message)])
+    debug_api.end_debug()
+    assert planned == [0]
+    assert {iteration for _, iteration in read_stats(log_dir)} == logged_at
+    assert verdicts[:5] == [[]] * 5
+    assert len(verdicts[5]) == 1 and "layer lin, tensor activation" in verdicts[5][0], verdicts[5]
+
+
 def test_each_tensor_costs_one_op_and_the_first_nan_or_infinity_is_found_across_dtypes(log_dir, kernel_mode):
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     from harness import count_ops

@@ -85,20 +85,29 @@ def test_file_log_and_once_only_message(log_dir):
 
 
 @pytest.mark.parametrize(
-    ("window", "iterations"),
+    ("window", "iterations", "asked_at"),
     [
-        ({"freq": 2, "start_step": 1, "end_step": 5}, {2, 4}),
-        ({"start_end_list": [[0, 1], [4, 4]]}, {0, 1, 4}),  # closed windows
-        ({"start_step": 3}, {3, 4, 5, 6, 7}),
-        ({"end_step": -1, "freq": 4}, {0, 4}),
+        ({"freq": 2, "start_step": 1, "end_step": 5}, {2, 4}, {0, 2, 4}),
+        ({"start_end_list": [[0, 1], [4, 4]]}, {0, 1, 4}, {0, 1, 4}),  # closed windows
+        ({"start_step": 3}, {3, 4, 5, 6, 7}, {0, 3}),  # from 3 on: answered once for every iteration
+        ({"end_step": -1, "freq": 4}, {0, 4}, {0, 4}),
     ],
 )
-def test_schedule_and_the_layer_sleeps_in_between(log_dir, window, iterations, monkeypatch):
-    import lowprec.debug.layer_state as layer_state
+def test_schedule_and_the_layer_sleeps_in_between(log_dir, window, iterations, asked_at, monkeypatch):
+    import lowprec.debug.plan as plan
 
-    asked = []
-    original = layer_state.build_plan
-    monkeypatch.setattr(layer_state, "build_plan", lambda name, it, *rest: asked.append(it) or original(name, it, *rest))
+    asked = []  # the iterations at which the layer asked a routing question (normalizing its answer)
+    original = plan.normalize_answer
+    monkeypatch.setattr(plan, "normalize_answer", lambda answer, it: asked.append(it) or original(answer, it))
+    import lowprec.modules.gemm_unit as gemm_unit
+
+    debug_path = set()  # the iterations at which the layer took its debug path (not its plain one)
+    processing = gemm_unit.DebugProcessing
+    monkeypatch.setattr(
+        gemm_unit,
+        "DebugProcessing",
+        lambda *args, **kwargs: debug_path.add(debug_api.DEBUG_MANAGER._trainer_iteration_count) or processing(*args, **kwargs),
+    )
     start(stats_config(tensors=["activation"], stats=["mean"], **window), log_dir)
     layer = make_linear()
     for _ in range(8):
@@ -106,7 +115,8 @@ def test_schedule_and_the_layer_sleeps_in_between(log_dir, window, iterations, m
         debug_api.step()
     debug_api.end_debug()
     assert {it for name, it in read_stats(log_dir)} == iterations
-    assert set(asked) == {0} | iterations  # routing questions only when something is due
+    assert set(asked) == asked_at  # routing questions only when something is due
+    assert debug_path == iterations  # a plan lapses after the iteration its answers were for
 
 
 @pytest.mark.parametrize(

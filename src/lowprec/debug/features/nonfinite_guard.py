@@ -10,8 +10,8 @@ maximum (``torch.aminmax``, nothing written but two scalars), which are NaN or i
 a NaN or an infinity. The host keeps, per position in the step's order of calls, the layer and tensor (the
 micro-batch follows from that order: worked out for the one position reported).
 ``debug_api.step()`` (or an optimizer wrapped by ``debug_api.guard_optimizer``, which comes first) stacks the step's
-values, finds the first position holding a non-finite one on the device, and reads that one scalar: the one host read
-of the guard in a step.
+values (per call its probe, or its minimum and maximum), finds the first non-finite one on the device, and reads its
+index: the one host read of the guard in a step.
 """
 
 from __future__ import annotations
@@ -98,9 +98,9 @@ class NonfiniteGuard(TEConfigAPIMapper):
         self._reset()
 
     def _reset(self) -> None:
-        self._extrema: list[torch.Tensor] = []  # device scalars: each call's minimum and maximum, in call order
-        self._calls: list[tuple[str, str, str]] = []  # each call's (layer, tensor, on_nonfinite)
-        self._unchecked: list[int] = []  # the calls of empty tensors (no extrema), by position in _calls
+        self._values: list[torch.Tensor] = []  # device scalars, per call a probe or the minimum and maximum, in order
+        self._calls: list[tuple[str, str, str, int]] = []  # each call's (layer, tensor, on_nonfinite, its values)
+        self._device: torch.device | None = None  # the step's first value's: all are kept there, for one stack
 
     # --- config ------------------------------------------------------------------------------------
     def parse_config_and_api(self, config: dict, **kwargs: Any) -> tuple[bool, dict | None]:
@@ -134,71 +134,70 @@ class NonfiniteGuard(TEConfigAPIMapper):
             say_once(f"NonfiniteGuard could not check {layer_name} {tensor_name}: {type(error).__name__}: {error}")
 
     def _record(self, layer: str, tensor_name: str, tensor: torch.Tensor, probe: torch.Tensor | None, mode: str) -> None:
-        manager = debug_api.DEBUG_MANAGER
-        if manager is not None:
-            manager.guard = self
+        if not self._calls:  # the step's first: the session asks this guard for its verdict at step()
+            manager = debug_api.DEBUG_MANAGER
+            if manager is not None:
+                manager.guard = self
         if tensor.numel() == 0:  # nothing to check (and no extrema to take); a call still, for the micro-batches
-            self._unchecked.append(len(self._calls))
-            self._calls.append((layer, tensor_name, mode))
+            self._calls.append((layer, tensor_name, mode, 0))
             return
         if probe is None:
             probe = cpu_cast.nonfinite_probe(tensor)  # a CPU tensor: the C kernel's pass, cheaper than aminmax's
-        if probe is not None:
-            extrema = (probe, probe)  # non-finite exactly when the tensor is
-        else:
-            extrema = torch.aminmax(detached(tensor))  # NaN propagates into both; an infinity is one of them
-        if self._extrema and tensor.device != self._extrema[0].device:  # kept on the step's first device, for one stack
-            extrema = [value.to(self._extrema[0].device) for value in extrema]
-        self._extrema.extend(extrema)
-        self._calls.append((layer, tensor_name, mode))
+        # a probe is non-finite exactly when the tensor is; else the extrema: NaN propagates into both, an infinity
+        # is one of them
+        values = (probe,) if probe is not None else torch.aminmax(detached(tensor))
+        if self._device is None:
+            self._device = values[0].device
+        elif values[0].device != self._device:
+            values = [value.to(self._device) for value in values]
+        self._values.extend(values)
+        self._calls.append((layer, tensor_name, mode, len(values)))
 
-    def _first_row(self) -> torch.Tensor:
-        """Device scalar: the row of the step's first call whose tensor held a NaN or an infinity, or _NONE."""
-        if not self._extrema:
+    def _first_value(self) -> torch.Tensor:
+        """Device scalar: the index in ``_values`` of the step's first non-finite value, or _NONE."""
+        if not self._values:
             return torch.full((), _NONE, dtype=torch.int64)
-        extrema = torch.stack(self._extrema).view(-1, 2)  # one row per call of a non-empty tensor
-        bad = ~torch.isfinite(extrema).all(dim=1)
+        bad = ~torch.isfinite(torch.stack(self._values))
         first = bad.to(torch.int64).argmax()  # the first True (0 when there is none)
         return torch.where(bad.any(), first, _NONE)
 
-    def _call(self, row: int) -> _Call:
-        """The step's call of extrema row ``row``, with its micro-batch."""
-        position = row
-        for unchecked in self._unchecked:  # in increasing order
-            position += unchecked <= position
+    def _call(self, value: int) -> _Call:
+        """The step's call that value ``value`` is of, with its micro-batch."""
         micro_batches = _MicroBatches()
-        for layer, tensor_name, _ in self._calls[:position]:
-            micro_batches.next(layer, tensor_name)
-        layer, tensor_name, mode = self._calls[position]
-        return _Call(layer, tensor_name, micro_batches.next(layer, tensor_name), mode)
+        for layer, tensor_name, mode, width in self._calls:
+            micro_batch = micro_batches.next(layer, tensor_name)
+            if value < width:
+                return _Call(layer, tensor_name, micro_batch, mode)
+            value -= width
+        raise IndexError(f"no call of the step holds value {value}")
 
     def verdict(self, step: int, group: Any) -> tuple[NonFiniteError, str] | None:
         """The step's first non-finite tensor and its ``on_nonfinite``, from one read of the device; with a
         reduction ``group``, also when only another rank of it saw one (the flag all-reduced with MAX)."""
-        first = self._first_row()
+        first = self._first_value()
         reduce = group is not None and dist.is_available() and dist.is_initialized()
         if not reduce:
-            row = first.item()  # the one host read
-            flag = row < _NONE
+            index = first.item()  # the one host read
+            flag = index < _NONE
         else:
-            values = torch.stack([first, (first < _NONE).to(torch.int64)])  # row, and a flag to reduce with MAX
+            values = torch.stack([first, (first < _NONE).to(torch.int64)])  # the value's index, and a flag to reduce with MAX
             on_device = dist.get_backend(group) == "nccl"
             if on_device:
                 dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
             values = values.cpu()  # the one host read
             if not on_device:
                 dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
-            row, flag = values.tolist()
+            index, flag = values.tolist()
         if not flag:
             return None
-        if row == _NONE:
+        if index == _NONE:
             error = NonFiniteError(
                 f"non-finite values (NaN or inf) at step {step} on another rank of the reduction group; this rank's "
                 "tensors are finite",
                 step=step,
             )
             return error, self._calls[0][2] if self._calls else "warn"
-        call = self._call(row)
+        call = self._call(index)
         gemm, other = TENSOR_GEMMS[call.tensor]
         read_by = f"the {gemm} GEMM" + (f" (and {other})" if other else "")
         message = (
