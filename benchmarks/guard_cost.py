@@ -19,8 +19,11 @@ synchronize on a GPU: ``.item()``, host data into a tensor); and the host reads 
 (``Tensor.item``, ``tolist``, ``cpu``, ``numpy`` and the conversions to Python numbers, with the values they read):
 the guard's one read of its flag. Then the paired ratio, steadier where the machine's speed drifts between rounds:
 in one session, the guarded model and an identical one its section does not select, alternating step by step
-(``--pairs`` pairs); the median and quartiles of guarded / other. Then the ops the guard adds, by name. The tables
-are Markdown, with the machine, torch version, date and commit.
+(``--pairs`` pairs); the median and quartiles of guarded / other, and each model's page faults per step. On a CPU
+with glibc, twice: with malloc's defaults, under which whether a step's end hands the heap's top back to the OS (to
+fault it in again) depends on how the process's allocations happen to lie, so that either model may pay ~10% for it
+by chance; then with its thresholds pinned (``harness.pin_malloc_thresholds``), which leaves the guard's own cost.
+Then the ops the guard adds, by name. The tables are Markdown, with the machine, torch version, date and commit.
 
 Run: ``python benchmarks/guard_cost.py [--device cpu|cuda] [--width W] [--depth D] [--tokens T] [--dtype D]
 [--steps N] [--repeats R] [--pairs P] [--threads N] [--json PATH]``.
@@ -50,6 +53,8 @@ from harness import (
     git_commit,
     interleave,
     mean_seconds,
+    page_faults,
+    pin_malloc_thresholds,
     synchronize,
     write_json,
 )
@@ -69,6 +74,10 @@ DEFAULTS = {
 }
 # Python-level reads of a tensor's values on the host (the guard's verdict makes one per step).
 READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__")
+MALLOC_SETTINGS = {
+    "default": "glibc's defaults (thresholds adapt as the process frees)",
+    "pinned": "thresholds pinned (harness.pin_malloc_thresholds: freed memory stays mapped)",
+}
 
 
 def guard_config(regex: str) -> dict:
@@ -125,13 +134,21 @@ def time_variant(bench: Bench, variant: str, steps: int, log_dir: str, cpu_secon
         return mean_seconds(bench.step_fn(debug), steps, bench.device, cpu_seconds)
 
 
-def paired_ratios(bench: Bench, args: argparse.Namespace, pairs: int, log_dir: str) -> list[float]:
+class Paired(NamedTuple):
+    """``paired_ratios``: one ratio per pair of steps; per model, the median page faults of its steps."""
+
+    ratios: list[float]
+    faults: dict[str, float]
+
+
+def paired_ratios(bench: Bench, args: argparse.Namespace, pairs: int, log_dir: str) -> Paired:
     """Per pair of steps, the guarded model's step time over that of an identical model the guard's section does not
     select (its layers named ``other.*``: the plain path), in one debug session, the two alternating step by step
     (each pair's order swapped). Where the machine's speed drifts by more than the guard costs between the interleaved
     rounds (this VM: +-8% at 1024 wide), each pair still sees one speed."""
     other = Bench(args, prefix="other")
     ratios = []
+    faults: dict[str, list[int]] = {"guarded": [], "other": []}
     with debug_session(guard_config(r"^mlp\."), log_dir):
         steps = {"guarded": bench.step_fn(True), "other": other.step_fn(True)}
         for _ in range(WARMUP_STEPS):
@@ -140,12 +157,13 @@ def paired_ratios(bench: Bench, args: argparse.Namespace, pairs: int, log_dir: s
             seconds = {}
             for name in ("guarded", "other") if pair % 2 == 0 else ("other", "guarded"):
                 synchronize(bench.device)
-                start = time.perf_counter()
+                faults_before, start = page_faults(), time.perf_counter()
                 steps[name]()
                 synchronize(bench.device)
                 seconds[name] = time.perf_counter() - start
+                faults[name].append(page_faults() - faults_before)
             ratios.append(seconds["guarded"] / seconds["other"])
-    return ratios
+    return Paired(ratios, {name: statistics.median(counts) for name, counts in faults.items()})
 
 
 @contextlib.contextmanager
@@ -204,18 +222,24 @@ def measure_variant(bench: Bench, variant: str, log_dir: str) -> dict:
 
 class Results(NamedTuple):
     """Everything measured, for the Markdown tables and the JSON: per variant the fastest round's seconds per step,
-    the CPU time ratios (None on a GPU) and ``measure_variant``'s counts; the paired ratio's ``quartiles``."""
+    the CPU time ratios (None on a GPU) and ``measure_variant``'s counts; the paired ratio's ``summary`` per malloc
+    setting (``MALLOC_SETTINGS``)."""
 
     fastest: dict[str, float]
     cpu_ratios: dict[str, float] | None
     measured: dict[str, dict]
-    paired: dict[str, float]
+    paired: dict[str, dict]
 
 
 def quartiles(ratios: list[float]) -> dict[str, float]:
     """Median and quartiles of the paired ratios."""
     q1, median, q3 = statistics.quantiles(ratios, n=4)
     return {"median": median, "q1": q1, "q3": q3, "pairs": len(ratios)}
+
+
+def summary(paired: Paired) -> dict:
+    """The paired ratios' ``quartiles`` and the models' page faults per step."""
+    return {**quartiles(paired.ratios), "page_faults_per_step": paired.faults}
 
 
 def markdown(args: argparse.Namespace, bench: Bench, results: Results) -> str:
@@ -255,11 +279,19 @@ def markdown(args: argparse.Namespace, bench: Bench, results: Results) -> str:
             f"| {ops - base_ops:+.0f} "
             f"| {per_guarded} | {calls:.0f} | {calls_per_guarded} | {m['syncs_train']:g} | {in_step} | {reads} |"
         )
-    lines.append(
-        f"\npaired steps (the guarded model against an identical one its section does not select, alternating step by "
-        f"step in one session): guarded / other, median of {paired['pairs']} pairs {paired['median']:.3f} "
-        f"(quartiles {paired['q1']:.3f}-{paired['q3']:.3f})"
-    )
+    lines += [
+        "\npaired steps (the guarded model against an identical one its section does not select, alternating step by "
+        "step in one session): guarded / other",
+        "",
+        "| malloc | pairs | median | quartiles | page faults per step: guarded | other |",
+        "|---|---|---|---|---|---|",
+    ]
+    for setting, measure in paired.items():
+        faults = measure["page_faults_per_step"]
+        lines.append(
+            f"| {MALLOC_SETTINGS[setting]} | {measure['pairs']} | {measure['median']:.3f} | {measure['q1']:.3f}-"
+            f"{measure['q3']:.3f} | {faults['guarded']:g} | {faults['other']:g} |"
+        )
     if not cuda:
         lines.append(
             "\n\\* sync ops: the CPU's proxy for host synchronizations, the ops that would wait for a GPU "
@@ -324,15 +356,16 @@ def main() -> None:
         cpu = {variant: min(samples[1:]) for variant, samples in cpu_samples.items()}
         cpu_ratios = None if bench.device.type == "cuda" else {variant: cpu[variant] / cpu["no debug"] for variant in VARIANTS}
         measured = {variant: measure_variant(bench, variant, log_dir) for variant in VARIANTS}
-        paired = quartiles(paired_ratios(bench, args, args.pairs, log_dir))
+        paired = {"default": summary(paired_ratios(bench, args, args.pairs, log_dir))}
+        # then with the heap kept mapped: the guard's own cost, not where it leaves the allocator (a one-way switch)
+        if bench.device.type == "cpu" and pin_malloc_thresholds():
+            paired["pinned"] = summary(paired_ratios(bench, args, args.pairs, log_dir))
     results = Results(fastest, cpu_ratios, measured, paired)
     print(markdown(args, bench, results))
     ratio = fastest["guard only"] / fastest["no debug"]
     on_cpu = "" if cpu_ratios is None else f", CPU time ratio {cpu_ratios['guard only']:.3f}"
-    print(
-        f"\nguard only: step ratio to no debug {ratio:.3f}{on_cpu}; paired steps {paired['median']:.3f} "
-        f"(target: at most {TARGET_RATIO})"
-    )
+    medians = "; ".join(f"{setting} malloc {measure['median']:.3f}" for setting, measure in paired.items())
+    print(f"\nguard only: step ratio to no debug {ratio:.3f}{on_cpu}; paired steps: {medians} (target: at most {TARGET_RATIO})")
     if args.json:
         write_json(args.json, "guard_cost", device_name(args.device), json_measures(args, bench, results))
 
