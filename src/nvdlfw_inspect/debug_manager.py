@@ -147,7 +147,8 @@ class DebugManager:
         self._initialize_loggers(statistics_logger, tb_writer, default_logging_enabled)
         self._load_namespace_apis_and_features(normalize_feature_dirs(feature_dirs))
         self._step_watch: StepWatch | None = None  # from ``start``: a failed initialize leaves no hook behind
-        # NonfiniteGuard, once it inspected a tensor: verdict(step, group) -> (NonFiniteError, mode) or None; reset()
+        # NonfiniteGuard where the config enables it (``start``): verdict(step, group) -> (NonFiniteError, mode) or None;
+        # reset()
         self.guard: Any = None
         self._verdict: tuple[int, tuple[NonFiniteError, str] | None] | None = None  # (step, verdict) read this step
         self._raised_at: int | None = None  # the step whose NonFiniteError was raised already
@@ -194,8 +195,24 @@ class DebugManager:
             get_logger().log_message(f"Registered {ns} namespace with features {sorted(data.features)}.", logging.DEBUG)
 
     def start(self) -> None:
-        """The session runs (its config is loaded): watch for training steps that ``step()`` does not separate."""
+        """The session runs (its config is loaded): watch for training steps that ``step()`` does not separate; find
+        the guard."""
         self._step_watch = StepWatch(lambda: self._trainer_iteration_count, STATS_BUFFERS.fed)
+        self.guard = self._configured_guard()
+
+    @staticmethod
+    def _configured_guard() -> Any:
+        """The feature with a ``verdict`` (``NonfiniteGuard``) that a config section enables, if one does. Found from
+        the config, which every rank loads alike, not from the tensors a rank's layers gave it: every rank of a
+        reduction group then takes part in the verdict's reduction, one none of whose layers the guard selects too."""
+        for spec in ConfigManager.configs.values():
+            for namespace, features in spec.extension_config.items():
+                registered = Registry.data[namespace].features if namespace in Registry.data else {}
+                for name, config in features.items():
+                    feature = registered.get(name)
+                    if config.get("enabled") and callable(getattr(feature, "verdict", None)):
+                        return feature
+        return None
 
     def load_config(self) -> None:
         logger = get_logger()

@@ -21,13 +21,12 @@ CONFIG = {
 }
 
 
-def _step(rank: int, out_dir: Path, reduce: bool) -> None:
-    debug_api.initialize(config_file=CONFIG, feature_dirs=[lowprec.FEATURE_DIR], log_dir=out_dir)
+def _step(rank: int, out_dir: Path, reduce: bool, config: dict = CONFIG, prefix: str = "model") -> None:
+    debug_api.initialize(config_file=config, feature_dirs=[lowprec.FEATURE_DIR], log_dir=out_dir)
     if reduce:
         debug_api.set_tensor_reduction_group(dist.group.WORLD)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(lowprec.Linear(32, 32), lowprec.Linear(32, 32))
-    debug_api.infer_and_assign_layer_names(model)
+    model = torch.nn.Sequential(*(lowprec.Linear(32, 32, name=f"{prefix}.{i}") for i in range(2)))
     optimizer = debug_api.guard_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     for micro_batch in range(2):
         with lowprec.autocast(recipe=lowprec.MXFP8BlockScaling()):
@@ -53,3 +52,10 @@ def reduced(rank: int, world: int, out_dir: Path) -> None:
 
 def per_rank(rank: int, world: int, out_dir: Path) -> None:
     _step(rank, out_dir, reduce=False)
+
+
+def one_rank_unguarded(rank: int, world: int, out_dir: Path) -> None:
+    """The guard selects the layers named ``model.*``; rank 0's are ``other.*``: none of its tensors reaches the guard,
+    and it still takes part in the verdict's reduction."""
+    config = {"guard": CONFIG["guard"] | {"layers": {"layer_name_regex_pattern": r"^model\."}}}
+    _step(rank, out_dir, reduce=True, config=config, prefix="model" if rank == 1 else "other")

@@ -22,13 +22,13 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-import nvdlfw_inspect.api as debug_api
 from lowprec.debug.features.api import EveryIteration, TEConfigAPIMapper
 from lowprec.debug.features.dump_tensors import dump_path
 from lowprec.debug.names import BACKWARD_TENSORS, TENSOR_GEMMS, TENSORS
 from lowprec.debug.result_probes import RESULT_PROBES
 from lowprec.kernels import cpu_cast
 from lowprec.quant.protocol import detached
+from nvdlfw_inspect.config_manager import ConfigManager
 from nvdlfw_inspect.errors import ConfigLocation, ErrorCollector, NonFiniteError
 from nvdlfw_inspect.logging import get_logger, say_once
 from nvdlfw_inspect.registry import Registry, api_method
@@ -134,10 +134,6 @@ class NonfiniteGuard(TEConfigAPIMapper):
             say_once(f"NonfiniteGuard could not check {layer_name} {tensor_name}: {type(error).__name__}: {error}")
 
     def _record(self, layer: str, tensor_name: str, tensor: torch.Tensor, probe: torch.Tensor | None, mode: str) -> None:
-        if not self._calls:  # the step's first: the session asks this guard for its verdict at step()
-            manager = debug_api.DEBUG_MANAGER
-            if manager is not None:
-                manager.guard = self
         if tensor.numel() == 0:  # nothing to check (and no extrema to take); a call still, for the micro-batches
             self._calls.append((layer, tensor_name, mode, 0))
             return
@@ -183,6 +179,7 @@ class NonfiniteGuard(TEConfigAPIMapper):
             values = torch.stack([first, (first < _NONE).to(torch.int64)])  # the value's index, and a flag to reduce with MAX
             on_device = dist.get_backend(group) == "nccl"
             if on_device:
+                values = values.to(torch.device("cuda", torch.cuda.current_device()))  # on the host when none came
                 dist.all_reduce(values[1:], op=dist.ReduceOp.MAX, group=group)
             values = values.cpu()  # the one host read
             if not on_device:
@@ -196,7 +193,7 @@ class NonfiniteGuard(TEConfigAPIMapper):
                 "tensors are finite",
                 step=step,
             )
-            return error, self._calls[0][2] if self._calls else "warn"
+            return error, self._calls[0][2] if self._calls else _configured_mode()
         call = self._call(index)
         gemm, other = TENSOR_GEMMS[call.tensor]
         read_by = f"the {gemm} GEMM" + (f" (and {other})" if other else "")
@@ -209,6 +206,18 @@ class NonfiniteGuard(TEConfigAPIMapper):
     def reset(self) -> None:
         """A new step: nothing seen yet."""
         self._reset()
+
+
+def _configured_mode() -> str:
+    """The strictest ``on_nonfinite`` the config gives the guard: a rank none of whose tensors reached it this step
+    answers another rank's non-finite values with it."""
+    modes = {
+        features["NonfiniteGuard"].get("on_nonfinite", "warn")
+        for spec in ConfigManager.configs.values()
+        for namespace, features in spec.extension_config.items()
+        if namespace == "transformer_engine" and features.get("NonfiniteGuard", {}).get("enabled")
+    }
+    return "raise" if "raise" in modes else "warn"
 
 
 def _probe(tensor: torch.Tensor, *casts: Any) -> torch.Tensor | None:
