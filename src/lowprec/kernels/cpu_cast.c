@@ -531,6 +531,12 @@ void block_decode(const uint8_t *codes, int64_t rows, int64_t cols, int block_h,
     }
 }
 
+/* A per-tensor FP8 operand's values: each code's fp32 value from table (torch's own conversion of the 256 bytes), in
+   one pass, with no wider index between. */
+void table_decode(const uint8_t *restrict codes, int64_t n, const float *restrict table, float *restrict out) {
+    for (int64_t i = 0; i < n; i++) out[i] = table[codes[i]];
+}
+
 /* An emulated per-tensor FP8 GEMM's epilogue, in place on its rows x cols fp32 product: each value times
    scale_a[0] * scale_b[0] (the operands' scale_inv), plus bias[col] where given, as torch's multiply then add
    (two roundings); and from the same pass the result's non-finite probe: NaN when a value is NaN, infinite, or

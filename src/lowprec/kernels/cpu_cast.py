@@ -41,7 +41,7 @@ def _library() -> ctypes.CDLL | None:
     try:
         library = load_library("cpu_cast", source)
         cast, decode, scan, probe = library.block_cast, library.block_decode, library.amax_and_probe, library.nonfinite_probe
-        scale = library.scale_product
+        scale, lookup = library.scale_product, library.table_decode
     except (OSError, AttributeError, subprocess.SubprocessError) as error:  # AttributeError: a library without the symbol
         logger.warning(
             f"lowprec: CPU block casts use torch operations, several times slower: the C kernel is unavailable ({error}); "
@@ -59,6 +59,8 @@ def _library() -> ctypes.CDLL | None:
     probe.argtypes = [pointer, i32, i64, pointer]
     scale.restype = None
     scale.argtypes = [pointer, i64, i64, pointer, pointer, pointer, f32, pointer]
+    lookup.restype = None
+    lookup.argtypes = [pointer, i64, pointer, pointer]
     return library
 
 
@@ -218,6 +220,15 @@ def decode(
         0.0 if tensor_scale_inv is None else float(tensor_scale_inv),
         out.data_ptr(),
     )
+    return out
+
+
+def decode_fp8(codes: torch.Tensor, element: FP8Format) -> torch.Tensor:
+    """``element.decode`` of contiguous CPU FP8 ``codes`` the kernel serves (:func:`decodes`), in one pass: each byte's
+    value looked up in ``decode_table``, with no 8-byte index tensor between (torch's ``index_select`` needs one)."""
+    out = torch.empty(codes.shape, dtype=torch.float32)
+    table = decode_table(element, codes.device)
+    _library().table_decode(codes.view(torch.uint8).data_ptr(), codes.numel(), table.data_ptr(), out.data_ptr())
     return out
 
 

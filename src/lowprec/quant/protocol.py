@@ -145,8 +145,15 @@ class Float8Tensor(QuantizedTensor):
                 return layout
         return self.data.t().contiguous().t()
 
+    def values(self) -> torch.Tensor:
+        """Each code's fp32 value, unscaled (``FP8Format.decode``): on a CPU the C kernel's one pass over a row-major
+        layout (``cpu_cast.decode_fp8``), where it serves."""
+        if cpu_cast.decodes(self.data):
+            return cpu_cast.decode_fp8(self.row_major(), self.format)
+        return self.format.decode(self.data)
+
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return (self.format.decode(self.data) * self.scale_inv).to(dtype or self.dtype)
+        return (self.values() * self.scale_inv).to(dtype or self.dtype)
 
     def inner_tensors(self) -> dict[str, torch.Tensor | None]:
         return {"data": self.data, "scale_inv": self.scale_inv, "other_layout": self.other_layout, "scale": self.scale}

@@ -235,3 +235,32 @@ def test_a_block_cast_tells_whether_its_source_held_nan_or_inf(name):
         assert quantizer.quantize(base, True).nonfinite_probe is None
     finally:
         kernels.set_kernel_mode(previous)
+
+
+@pytest.mark.parametrize("element", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_a_per_tensor_fp8_operand_decodes_as_torch_does_every_byte(element):
+    """``Float8Tensor.values`` on a CPU (the C table lookup) equals ``FP8Format.decode`` (torch) bit for bit: all 256
+    bytes (NaN bytes, -0, subnormals, the largest), row-major, transposed (its stored other layout read as it is) and
+    transposed without one (copied first)."""
+    from lowprec.quant.protocol import Float8Tensor
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(3).reshape(16, 48).view(element.dtype)
+    other = codes.t().contiguous().t()  # the same values column-major, as the fused cast stores them
+    one = torch.ones((), dtype=torch.float32)
+    for tensor in (
+        Float8Tensor(codes, one, element, torch.float32, other),
+        Float8Tensor(codes, one, element, torch.float32, other).t(),
+        Float8Tensor(codes, one, element, torch.float32).t(),
+    ):
+        values = tensor.values()
+        reference = element.decode(tensor.data)
+        assert values.shape == reference.shape and values.is_contiguous()
+        assert torch.equal(values.view(torch.int32), reference.view(torch.int32))  # NaN payloads and -0 included
+    previous = kernels.set_kernel_mode("emulated")  # the torch path: the kernel is not called
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(cpu_cast, "decode_fp8", lambda *args: pytest.fail("the C decode ran in the emulated mode"))
+            values = Float8Tensor(codes, one, element, torch.float32).values()
+        assert torch.equal(values.view(torch.int32), element.decode(codes).view(torch.int32))
+    finally:
+        kernels.set_kernel_mode(previous)
