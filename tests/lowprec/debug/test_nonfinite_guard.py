@@ -237,6 +237,21 @@ def test_the_guards_plan_stands_across_iterations_and_checks_every_step(log_dir,
     assert len(verdicts[5]) == 1 and "layer lin, tensor activation" in verdicts[5][0], verdicts[5]
 
 
+def test_a_step_no_tensor_reached_costs_the_guard_nothing_without_a_reduction_group(log_dir):
+    """The session finds the guard in its config; a step in which none of its layers ran (its section selects none
+    here) makes no op and reads nothing in ``step()``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    from debugrun import make_linear, train_step
+    from harness import count_ops
+
+    start(section({"NonfiniteGuard": {"enabled": True}}, layers={"layer_name_regex_pattern": "^no such layer$"}), log_dir)
+    assert debug_api.DEBUG_MANAGER.guard is not None
+    layer = make_linear()
+    for _ in range(2):
+        train_step(layer, torch.randn(2, 32), torch.randn(2, 24))
+        assert sum(count_ops(debug_api.step).values()) == 0
+
+
 def test_each_tensor_costs_one_op_and_the_first_nan_or_infinity_is_found_across_dtypes(log_dir, kernel_mode):
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     from harness import count_ops

@@ -170,8 +170,10 @@ class NonfiniteGuard(TEConfigAPIMapper):
     def verdict(self, step: int, group: Any) -> tuple[NonFiniteError, str] | None:
         """The step's first non-finite tensor and its ``on_nonfinite``, from one read of the device; with a
         reduction ``group``, also when only another rank of it saw one (the flag all-reduced with MAX)."""
-        first = self._first_value()
         reduce = group is not None and dist.is_available() and dist.is_initialized()
+        if not reduce and not self._values:
+            return None  # no tensor this step, and no rank to answer: nothing to read
+        first = self._first_value()
         if not reduce:
             index = first.item()  # the one host read
             flag = index < _NONE
