@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -479,6 +479,15 @@ class ConfigManager:
                     merged.setdefault(namespace, {})[feature] = feature_cfg
         cls.layer_name_to_config_cache[layer_name] = merged
         return merged
+
+    @classmethod
+    def enabled_features(cls) -> Iterator[tuple[str, str, dict]]:
+        """``(namespace, Feature, raw config)`` of each feature a loaded section enables, whatever layers it selects."""
+        for spec in cls.configs.values():
+            for namespace, features in spec.extension_config.items():
+                for feature, feature_cfg in features.items():
+                    if feature_cfg.get("enabled"):
+                        yield namespace, feature, feature_cfg
 
     @classmethod
     def reset(cls) -> None:

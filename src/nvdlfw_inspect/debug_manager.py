@@ -205,13 +205,10 @@ class DebugManager:
         """The feature with a ``verdict`` (``NonfiniteGuard``) that a config section enables, if one does. Found from
         the config, which every rank loads alike, not from the tensors a rank's layers gave it: every rank of a
         reduction group then takes part in the verdict's reduction, one none of whose layers the guard selects too."""
-        for spec in ConfigManager.configs.values():
-            for namespace, features in spec.extension_config.items():
-                registered = Registry.data[namespace].features if namespace in Registry.data else {}
-                for name, config in features.items():
-                    feature = registered.get(name)
-                    if config.get("enabled") and callable(getattr(feature, "verdict", None)):
-                        return feature
+        for namespace, name, _ in ConfigManager.enabled_features():
+            feature = Registry.data[namespace].features.get(name) if namespace in Registry.data else None
+            if callable(getattr(feature, "verdict", None)):
+                return feature
         return None
 
     def load_config(self) -> None:

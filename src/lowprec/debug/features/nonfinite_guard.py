@@ -214,10 +214,9 @@ def _configured_mode() -> str:
     """The strictest ``on_nonfinite`` the config gives the guard: a rank none of whose tensors reached it this step
     answers another rank's non-finite values with it."""
     modes = {
-        features["NonfiniteGuard"].get("on_nonfinite", "warn")
-        for spec in ConfigManager.configs.values()
-        for namespace, features in spec.extension_config.items()
-        if namespace == "transformer_engine" and features.get("NonfiniteGuard", {}).get("enabled")
+        config.get("on_nonfinite", "warn")
+        for namespace, feature, config in ConfigManager.enabled_features()
+        if (namespace, feature) == ("transformer_engine", "NonfiniteGuard")
     }
     return "raise" if "raise" in modes else "warn"
 
